@@ -1,0 +1,52 @@
+"""harvest-celery: durable workflows, sagas and DAGs on the Celery you already run."""
+
+from ._context import WorkflowContext
+from ._errors import (
+    ActivityError,
+    Cancelled,
+    DuplicateRegistration,
+    ExecutionAlreadyExists,
+    ExecutionNotFound,
+    HarvestError,
+    InvalidState,
+    NonDeterministic,
+    NotInWorkflow,
+    PayloadNotSerializable,
+    PayloadTooLarge,
+    RegistrationError,
+    SagaCompensationFailed,
+    UnknownActivity,
+    UnknownWorkflow,
+    WorkflowCancelledError,
+    WorkflowFailed,
+)
+from ._registry import activity, workflow
+from ._retry import RetryPolicy
+from ._saga import Saga
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ActivityError",
+    "Cancelled",
+    "DuplicateRegistration",
+    "ExecutionAlreadyExists",
+    "ExecutionNotFound",
+    "HarvestError",
+    "InvalidState",
+    "NonDeterministic",
+    "NotInWorkflow",
+    "PayloadNotSerializable",
+    "PayloadTooLarge",
+    "RegistrationError",
+    "RetryPolicy",
+    "Saga",
+    "SagaCompensationFailed",
+    "UnknownActivity",
+    "UnknownWorkflow",
+    "WorkflowCancelledError",
+    "WorkflowContext",
+    "WorkflowFailed",
+    "activity",
+    "workflow",
+]

@@ -1,0 +1,140 @@
+"""Dispatch through Celery: the decision task, one Celery task per activity, the pre-run claim.
+
+Every engine-dispatched activity goes through the ``task_prerun`` hook, which claims the task row
+and appends ``ActivityStarted`` before the body runs. Celery only logs a signal handler's
+exception, so the hook alone cannot stop a body: ``ActivityTask.__call__`` refuses to run the
+body unless the claim committed. A body that executed therefore always has an ``ActivityStarted``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery, Task, signals
+from celery.exceptions import SoftTimeLimitExceeded
+
+from ._registry import ActivityDefinition
+from ._store import DECIDE_TASK, Claim, OutboxMessage
+
+if TYPE_CHECKING:
+    from ._runtime import Runtime, Sweeper
+
+log = logging.getLogger("harvest_celery")
+
+_NOT_CLAIMED = object()
+
+
+class CeleryDispatcher:
+    def __init__(self, app: Celery) -> None:
+        self.app = app
+
+    def send(self, message: OutboxMessage) -> None:
+        self.app.send_task(message.task_name, args=message.args, queue=message.queue,
+                           task_id=message.task_id, headers=message.headers or None)
+
+
+class ActivityTask(Task):  # type: ignore[misc]
+    """Base of every engine-native activity task. Its arguments are ids, never the payload."""
+
+    acks_late = True
+    reject_on_worker_lost = True
+    ignore_result = True
+    typing = False
+    harvest_runtime: Runtime
+    harvest_definition: ActivityDefinition
+
+    def __call__(self, execution_id: str, activity_id: str, attempt: int) -> None:
+        claim = getattr(self.request, "harvest_claim", _NOT_CLAIMED)
+        if claim is _NOT_CLAIMED:
+            # Called without the pre-run hook (e.g. .apply()): claim here, same rules.
+            claim = _claim(self.harvest_runtime, execution_id, activity_id, attempt)
+        if claim is None:
+            return None  # refused or the append failed: the body must not run
+        assert isinstance(claim, Claim)
+        fn = self.harvest_definition.fn
+        assert fn is not None
+        self.harvest_runtime.execute(claim, _timeout_as_failure(fn))
+        return None
+
+
+def _timeout_as_failure(fn: Any) -> Any:
+    def run(value: Any) -> Any:
+        try:
+            return fn(value)
+        except SoftTimeLimitExceeded:
+            raise StartToCloseTimeout("start_to_close exceeded") from None
+
+    return run
+
+
+class StartToCloseTimeout(Exception):
+    """The attempt ran past its activity's ``start_to_close``."""
+
+
+def _claim(runtime: Runtime, execution_id: str, activity_id: str, attempt: int) -> Claim | None:
+    try:
+        claim = runtime.claim(execution_id, activity_id, attempt)
+    except Exception:  # noqa: BLE001 - the sweeper re-dispatches the still-scheduled row
+        log.exception("claim of %s/%s attempt %s failed: the body will not run; "
+                      "the sweeper re-dispatches it", execution_id, activity_id, attempt)
+        return None
+    if claim is None:
+        log.info("claim of %s/%s attempt %s refused (duplicate, stale or cancelled)",
+                 execution_id, activity_id, attempt)
+    return claim
+
+
+def _on_prerun(sender: Any = None, task: Any = None, args: Any = None, **_kw: Any) -> None:
+    runtime = getattr(task, "harvest_runtime", None)
+    if runtime is None or not isinstance(task, ActivityTask) or not args or len(args) != 3:
+        return
+    task.request.harvest_claim = _claim(runtime, *args)
+
+
+def install(app: Celery, runtime: Runtime) -> None:
+    """Register the decision task and connect the hooks (idempotent per app)."""
+    if getattr(app, "_harvest_runtime", None) is runtime:
+        return
+    app._harvest_runtime = runtime  # type: ignore[attr-defined]
+    app.conf.setdefault("task_default_queue", "default")
+
+    @app.task(name=DECIDE_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
+              typing=False)
+    def decide(execution_id: str) -> None:
+        runtime.run_decision(execution_id)
+
+    signals.task_prerun.connect(_on_prerun, weak=False)
+    sweeper_holder: list[Sweeper] = []
+
+    def _start_sweeper(sender: Any = None, **_kw: Any) -> None:
+        from ._runtime import Sweeper
+
+        consumer = getattr(sender, "app", None)
+        if consumer is not app:
+            return
+        queues = set(app.amqp.queues.consume_from or {})
+        if runtime.settings.decision_queue in queues and not sweeper_holder:
+            sweeper_holder.append(Sweeper(runtime))
+            sweeper_holder[0].start()
+            log.info("harvest sweeper started (decision queue %r)", runtime.settings.decision_queue)
+
+    signals.worker_ready.connect(_start_sweeper, weak=False)
+
+
+def register_activity(app: Celery, runtime: Runtime, definition: ActivityDefinition) -> None:
+    """A Celery task named after the activity, so Flower shows ``charge_payment``."""
+    if definition.adopted or definition.name in app.tasks:
+        existing = app.tasks.get(definition.name)
+        if existing is not None and getattr(existing, "harvest_definition", None) is definition:
+            return
+    time_limits: dict[str, Any] = {}
+    if definition.start_to_close:
+        time_limits = {"soft_time_limit": definition.start_to_close,
+                       "time_limit": definition.start_to_close + 5}
+    app.task(name=definition.name, base=ActivityTask, bind=False, harvest_runtime=runtime,
+             harvest_definition=definition, **time_limits)(_activity_placeholder)
+
+
+def _activity_placeholder(*_args: Any) -> None:
+    """Never runs: ``ActivityTask.__call__`` is the body."""

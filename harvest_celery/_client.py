@@ -1,0 +1,233 @@
+"""``Harvest``: the one object a Django/Flask app, the CLI and the API use."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from typing import Any
+
+from . import _events as ev
+from ._engine import EngineConfig
+from ._errors import ExecutionNotFound, InvalidState, WorkflowCancelledError, WorkflowFailed
+from ._lifecycle import CANCELLED, COMPLETED, RUNNING, TERMINAL_STATUSES
+from ._payload import check_json
+from ._registry import ActivityDefinition, Registry, register_into
+from ._retry import DEFAULT_RETRY, RetryPolicy
+from ._runtime import InlineDispatcher, Runtime, Settings
+from ._store import DECIDE_TASK, Execution, Store, Timings, utcnow
+
+log = logging.getLogger("harvest_celery")
+
+EMBEDDED_URL = "sqlite:///harvest-embedded.db"
+
+
+class Harvest:
+    """Start, signal, cancel and inspect durable workflows.
+
+    With a ``celery_app``, activities and decisions are Celery tasks on that app (run
+    ``harvest worker``). Without one, the engine runs in **embedded mode**: SQLite-friendly, one
+    process, an in-process worker that ``result()`` drives — for the demo and local development
+    only (no row locks across processes).
+    """
+
+    def __init__(self, database_url: str | None = None, celery_app: Any = None, *,
+                 decision_queue: str = "harvest",
+                 max_activity_input_bytes: int | None = 2 * 1024 * 1024,
+                 timings: Timings | None = None, sweep_interval: float = 1.0) -> None:
+        self.database_url = database_url or EMBEDDED_URL
+        self.store = Store(self.database_url)
+        self.registry = Registry()
+        settings = Settings(decision_queue=decision_queue,
+                            engine=EngineConfig(max_activity_input_bytes=max_activity_input_bytes),
+                            timings=timings or Timings(), sweep_interval=sweep_interval)
+        self.runtime = Runtime(self.store, self.registry, settings)
+        self.celery_app = celery_app
+        self._inline: InlineDispatcher | None = None
+        if celery_app is not None:
+            from ._celery import CeleryDispatcher, install
+
+            install(celery_app, self.runtime)
+            self.runtime.dispatcher = CeleryDispatcher(celery_app)
+        else:
+            self._inline = InlineDispatcher()
+            self.runtime.dispatcher = self._inline
+            log.warning("harvest-celery embedded mode: one process, in-process worker, no row locks "
+                        "across processes (%s). For the demo and local development only.",
+                        self.database_url)
+
+    @classmethod
+    def from_env(cls, celery_app: Any = None, **kwargs: Any) -> Harvest:
+        """``HARVEST_DATABASE_URL`` and ``HARVEST_BROKER_URL`` (a Celery app is made for the
+        broker if none is given; no broker → embedded mode)."""
+        database_url = os.environ.get("HARVEST_DATABASE_URL")
+        broker = os.environ.get("HARVEST_BROKER_URL")
+        if celery_app is None and broker:
+            from celery import Celery
+
+            celery_app = Celery("harvest", broker=broker)
+            configure_celery(celery_app)
+        return cls(database_url, celery_app, **kwargs)
+
+    @property
+    def embedded(self) -> bool:
+        return self._inline is not None
+
+    # ── setup ────────────────────────────────────────────────────────────────────────────────
+    def register(self, *objects: Any) -> Harvest:
+        """Register decorated workflows, DAGs and activities (or whole modules of them)."""
+        register_into(self.registry, objects)
+        if self.celery_app is not None:
+            from ._celery import register_activity
+
+            for definition in self.registry.activities.values():
+                register_activity(self.celery_app, self.runtime, definition)
+        return self
+
+    def adopt_task(self, name: str, *, queue: str = "default", retry: RetryPolicy | None = None,
+                   start_to_close: float | None = None) -> None:
+        """Use an existing Celery task as an activity by name (see docs/concepts.md)."""
+        definition = ActivityDefinition(name=name, fn=None, default_queue=queue,
+                                        retry=retry or DEFAULT_RETRY, start_to_close=start_to_close,
+                                        adopted=True)
+        self.registry.add_activity(definition)
+        if self.celery_app is not None:
+            from ._adopt import adopt
+
+            adopt(self.celery_app, self.runtime, definition)
+
+    def migrate(self) -> None:
+        """Bring the schema to the latest Alembic revision."""
+        from ._migrate import upgrade
+
+        upgrade(self.database_url)
+
+    # ── commands ─────────────────────────────────────────────────────────────────────────────
+    def start_workflow(self, name: str, input: Any = None, execution_id: str | None = None) -> str:
+        """Start a run and return its id. Idempotent on ``execution_id``."""
+        self.registry.workflow(name)
+        payload = check_json(input, f"input of workflow {name!r}")
+        execution_id = _check_id(execution_id or uuid.uuid4().hex)
+        with self.store.begin() as tx:
+            tx.start(execution_id, name, payload, utcnow(), self.runtime.settings.decision_queue)
+        self._after(tx)
+        return execution_id
+
+    def signal(self, execution_id: str, name: str, payload: Any = None) -> None:
+        payload = check_json(payload, f"payload of signal {name!r}")
+        with self.store.begin() as tx:
+            tx.signal(execution_id, name, payload, utcnow(), self.runtime.settings.decision_queue)
+        self._after(tx)
+
+    def signal_with_start(self, workflow: str, input: Any, execution_id: str, signal: str,
+                          payload: Any = None) -> str:
+        """Start the run if it does not exist, and deliver the signal — one transaction."""
+        self.registry.workflow(workflow)
+        payload = check_json(payload, f"payload of signal {signal!r}")
+        data = check_json(input, f"input of workflow {workflow!r}")
+        _check_id(execution_id)
+        now = utcnow()
+        q = self.runtime.settings.decision_queue
+        with self.store.begin() as tx:
+            tx.start(execution_id, workflow, data, now, q)
+            tx.signal(execution_id, signal, payload, now, q)
+        self._after(tx)
+        return execution_id
+
+    def cancel_workflow_execution(self, execution_id: str, reason: str = "") -> str:
+        """Seal a live run: ``WorkflowCancelled`` is appended, the run is CANCELLED at once (FAILED
+        if an unwind had begun), unstarted activities never run, and the post-cancel decision
+        replays the workflow with ``ctx.is_cancelled()`` true. Never compensates by itself."""
+        with self.store.begin() as tx:
+            status = tx.cancel(execution_id, reason, utcnow(), self.runtime.settings.decision_queue)
+        self._after(tx)
+        return status
+
+    def _after(self, tx: Any) -> None:
+        self.runtime._after_commit(tx)
+        if self._inline is not None:
+            self.drain()
+
+    # ── reads ────────────────────────────────────────────────────────────────────────────────
+    def describe(self, execution_id: str) -> Execution:
+        return self.store.get(execution_id)
+
+    def history(self, execution_id: str) -> list[ev.HistoryEvent]:
+        self.store.get(execution_id)
+        return self.store.history(execution_id)
+
+    def list(self, *, status: str | None = None, workflow: str | None = None,
+             nd_blocked: bool | None = None, limit: int = 100, offset: int = 0) -> list[Execution]:
+        return self.store.list(status=status, workflow_type=workflow, nd_blocked=nd_blocked,
+                               limit=limit, offset=offset)
+
+    def result(self, execution_id: str, timeout: float | None = 30.0, poll: float = 0.05) -> Any:
+        """Wait for the run to finish; return its result or raise ``WorkflowFailed`` /
+        ``WorkflowCancelledError`` (``TimeoutError`` after ``timeout`` seconds)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if self._inline is not None:
+                self.drain()
+            row = self.store.get(execution_id)
+            if row.status in TERMINAL_STATUSES:
+                return _outcome(row)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"execution {execution_id} still {row.status} after {timeout}s")
+            time.sleep(poll)
+            if self._inline is not None:
+                self.runtime.sweep_once()
+
+    # ── embedded mode ────────────────────────────────────────────────────────────────────────
+    def drain(self) -> None:
+        """Embedded mode: run every queued decision and activity in this process."""
+        inline = self._inline
+        if inline is None:
+            raise InvalidState("-", "not embedded", "drain")
+        while inline.queue:
+            message = inline.queue.popleft()
+            if message.task_name == DECIDE_TASK:
+                self.runtime.run_decision(message.args[0])
+                continue
+            definition = self.registry.activity(message.task_name)
+            if definition.adopted:
+                ref = (message.headers or {})["harvest"]
+                args = (ref["execution_id"], ref["activity_id"], ref["attempt"])
+            else:
+                args = tuple(message.args)
+            claim = self.runtime.claim(*args)
+            if claim is not None and definition.fn is not None:
+                self.runtime.execute(claim, definition.fn)
+
+
+def _outcome(row: Execution) -> Any:
+    if row.status == COMPLETED:
+        return row.result
+    if row.status == CANCELLED:
+        raise WorkflowCancelledError(row.id, row.cancel_reason or "")
+    error = row.error or {}
+    if row.cancelled_at is not None and not error:
+        raise WorkflowCancelledError(row.id, row.cancel_reason or "")
+    raise WorkflowFailed(row.id, error.get("type", "Error"), error.get("message", ""))
+
+
+def _check_id(execution_id: str) -> str:
+    if not isinstance(execution_id, str) or not execution_id.strip() or len(execution_id) > 200:
+        raise ValueError("an execution id is a non-empty string of at most 200 characters")
+    return execution_id
+
+
+def configure_celery(app: Any) -> None:
+    """The Celery settings harvest-celery relies on (at-least-once, fair dispatch)."""
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_default_queue="default",
+        task_ignore_result=True,
+        broker_connection_retry_on_startup=True,
+    )
+
+
+__all__ = ["Harvest", "configure_celery", "RUNNING"]
+_ = ExecutionNotFound

@@ -1,0 +1,62 @@
+"""Commands: what one decision asks the world to do. Produced by the pure engine, applied by the
+store in the decision's transaction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ScheduleActivity:
+    activity_id: str
+    activity_name: str
+    input: Any
+    queue: str  # resolved: call queue → activity default_queue → "default"
+    compensation: bool = False
+
+
+@dataclass(frozen=True)
+class RecordMarker:
+    name: str
+    details: Any = None
+    # Counter to increment once this marker is committed (saga observability); None for plain markers.
+    metric: str | None = None
+
+
+@dataclass(frozen=True)
+class StartTimer:
+    timer_id: str
+    seconds: float
+    fire_at: str
+
+
+Command = ScheduleActivity | RecordMarker | StartTimer
+
+
+@dataclass(frozen=True)
+class Completed:
+    result: Any
+
+
+@dataclass(frozen=True)
+class Failed:
+    error_type: str
+    message: str
+
+
+Outcome = Completed | Failed
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The output of one decision: new commands, the run's outcome if it finished, and the
+    non-determinism details if replay diverged (in which case nothing may be appended)."""
+
+    commands: list[Command] = field(default_factory=list)
+    outcome: Outcome | None = None
+    nd: dict[str, Any] | None = None
+
+    @property
+    def metrics(self) -> list[str]:
+        return [c.metric for c in self.commands if isinstance(c, RecordMarker) and c.metric]

@@ -1,0 +1,456 @@
+"""The pure decision engine: (definition, history) → commands.
+
+No database, no Celery, no wall clock. ``decide`` runs the workflow function on a small
+deterministic event loop and replays it against the recorded history:
+
+* **Command events** (``ActivityScheduled``, ``MarkerRecorded``, ``TimerStarted``) are matched in
+  order by a command cursor. The cursor steps over result events, signals and terminal events;
+  a ``WorkflowCancelled`` is never consumed and stays in its way, so any dispatch after a cancel
+  diverges against it. At the end of the history (the live frontier) a new command is emitted.
+* **Result events** (``ActivityCompleted``/``Failed``, ``TimerFired``, ``SignalReceived``) are
+  delivered one at a time, in history order, each time the workflow is quiescent. Live and
+  replay therefore run the same algorithm over the same prefix, so they issue the same commands.
+* A divergence raises ``NonDeterministic`` into the workflow and is recorded the moment it is
+  raised (unless the run is sealed by a cancel), so catching it hides nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random as _random
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from . import _events as ev
+from ._commands import (
+    Command,
+    Completed,
+    Decision,
+    Failed,
+    Outcome,
+    RecordMarker,
+    ScheduleActivity,
+    StartTimer,
+)
+from ._errors import ActivityError, HarvestError, NonDeterministic, NotInWorkflow
+from ._payload import check_cap, check_json
+from ._registry import Registry, WorkflowDefinition
+
+_RESULT_TYPES = (ev.ActivityStarted, ev.ActivityCompleted, ev.ActivityFailed, ev.TimerFired)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Live configuration the engine consults (not recorded in history)."""
+
+    max_activity_input_bytes: int | None = 2 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class WorkflowInfo:
+    execution_id: str
+    workflow_type: str
+    started_at: datetime
+
+
+@dataclass(frozen=True)
+class Activation:
+    """Everything one decision needs: the run's identity and its history so far."""
+
+    execution_id: str
+    workflow_type: str
+    history: list[ev.HistoryEvent]
+    config: EngineConfig = field(default_factory=EngineConfig)
+    # A probe (replayer / canary) is a pure read: frontier arms of observability markers record
+    # and count nothing.
+    probe: bool = False
+
+
+class _Future:
+    """The only awaitable a workflow may await (besides coroutines that await these)."""
+
+    __slots__ = ("_done", "_result", "_exc", "_callbacks")
+
+    def __init__(self) -> None:
+        self._done = False
+        self._result: Any = None
+        self._exc: BaseException | None = None
+        self._callbacks: list[Callable[[_Future], None]] = []
+
+    def done(self) -> bool:
+        return self._done
+
+    def set_result(self, value: Any) -> None:
+        if not self._done:
+            self._done, self._result = True, value
+            self._fire()
+
+    def set_exception(self, exc: BaseException) -> None:
+        if not self._done:
+            self._done, self._exc = True, exc
+            self._fire()
+
+    def result(self) -> Any:
+        if self._exc is not None:
+            raise self._exc
+        return self._result
+
+    def add_done_callback(self, cb: Callable[[_Future], None]) -> None:
+        if self._done:
+            cb(self)
+        else:
+            self._callbacks.append(cb)
+
+    def _fire(self) -> None:
+        callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            cb(self)
+
+    def __await__(self) -> Generator[_Future, None, Any]:
+        if not self._done:
+            yield self
+        return self.result()
+
+
+class _Task:
+    """A coroutine driven by the replay loop."""
+
+    def __init__(self, replay: Replay, coro: Coroutine[Any, Any, Any]) -> None:
+        self.replay = replay
+        self.coro = coro
+        self.future = _Future()
+        replay.tasks.append(self)
+        replay.ready.append(self)
+
+    def step(self) -> None:
+        replay = self.replay
+        replay.running = True
+        try:
+            yielded = self.coro.send(None)
+        except StopIteration as stop:
+            self.future.set_result(stop.value)
+            return
+        except Exception as exc:  # noqa: BLE001 - a workflow error becomes the task's outcome
+            self.future.set_exception(exc)
+            return
+        finally:
+            replay.running = False
+        if not isinstance(yielded, _Future):
+            self.coro.close()
+            self.future.set_exception(
+                TypeError(
+                    f"a workflow awaited {yielded!r}; workflows may only await ctx.* calls "
+                    "(no asyncio.sleep, asyncio.gather or other event loops): see docs/concepts.md"
+                )
+            )
+            return
+        yielded.add_done_callback(lambda _f: replay.ready.append(self))
+
+
+class Replay:
+    """One replay of one execution. Built fresh for every decision."""
+
+    def __init__(self, definition: WorkflowDefinition, activation: Activation, registry: Registry) -> None:
+        if not activation.history or not isinstance(activation.history[0].event, ev.WorkflowStarted):
+            raise ValueError("a history starts with WorkflowStarted")
+        self.definition = definition
+        self.activation = activation
+        self.registry = registry
+        self.events = [h.event for h in activation.history]
+        self.times = [h.recorded_at for h in activation.history]
+        self.consumed: set[int] = set()
+        self.cmd_pos = 1
+        self.commands: list[Command] = []
+        self.nd: NonDeterministic | None = None
+        self.ready: deque[_Task] = deque()
+        self.tasks: list[_Task] = []
+        self.running = False
+        self.current_time = self.times[0]
+        self.activity_seq = 0
+        self.timer_seq = 0
+        self.unwind_seq = 0
+        self.compensating = 0
+        self.activity_names: dict[str, str] = {}
+        self.activity_futures: dict[str, _Future] = {}
+        self.timer_futures: dict[str, _Future] = {}
+        self.results: dict[str, ev.Event] = {}
+        self.signal_buffer: dict[str, deque[tuple[int, Any]]] = {}
+        self.signal_waiters: dict[str, deque[_Future]] = {}
+        cancels = [e for e in self.events if isinstance(e, ev.WorkflowCancelled)]
+        self.cancel: ev.WorkflowCancelled | None = cancels[0] if cancels else None
+        seed = hashlib.sha256(activation.execution_id.encode()).digest()
+        self.rng = _random.Random(int.from_bytes(seed[:8], "big"))
+
+    # ── the command cursor ─────────────────────────────────────────────────────────────────
+    @property
+    def sealed(self) -> bool:
+        """A cancelled run is sealed: divergences are raised into the workflow, never nd-block."""
+        return self.cancel is not None
+
+    def _rest(self, *, skip_signals: bool) -> list[int]:
+        """Unconsumed positions from the command cursor that command matchers must look at."""
+        out = []
+        for i in range(self.cmd_pos, len(self.events)):
+            e = self.events[i]
+            if i in self.consumed or isinstance(e, _RESULT_TYPES) or isinstance(e, ev.TERMINAL_EVENTS):
+                continue
+            if skip_signals and isinstance(e, ev.SignalReceived):
+                continue
+            out.append(i)
+        return out
+
+    def _consume(self, index: int) -> None:
+        self.consumed.add(index)
+        while self.cmd_pos < len(self.events) and self.cmd_pos in self.consumed:
+            self.cmd_pos += 1
+
+    def _next_command(self) -> int | None:
+        rest = self._rest(skip_signals=True)
+        return rest[0] if rest else None
+
+    def diverge(self, expected: str, index: int | None) -> NonDeterministic:
+        actual = ev.describe(self.events[index]) if index is not None else "end of history"
+        err = NonDeterministic(expected, actual, index if index is not None else len(self.events),
+                               self.definition.name)
+        if self.nd is None and not self.sealed:
+            self.nd = err  # recorded when raised: catching it in the workflow hides nothing
+        return err
+
+    def match(self, kind: type[ev.Event], expected: str, same: Callable[[Any], bool]) -> ev.Event | None:
+        """Match one command: the recorded event, or None at the live frontier."""
+        index = self._next_command()
+        if index is None:
+            return None
+        event = self.events[index]
+        if isinstance(event, kind) and same(event):
+            self._consume(index)
+            return event
+        raise self.diverge(expected, index)
+
+    # ── commands the context issues ──────────────────────────────────────────────────────────
+    def check_running(self, api: str) -> None:
+        if not self.running:
+            raise NotInWorkflow(api)
+
+    def schedule_activity(self, name: str, input: Any, queue: str) -> _Future:
+        definition = self.registry.activity(name)
+        what = f"input of activity {name!r}"
+        payload = check_json(input, what)
+        # A deterministic pre-dispatch rejection: before an id is allocated or anything recorded.
+        check_cap(payload, what, self.activation.config.max_activity_input_bytes)
+        resolved_queue = definition.resolve_queue(queue)
+        self.activity_seq += 1
+        activity_id = str(self.activity_seq)
+        recorded = self.match(
+            ev.ActivityScheduled, f"ActivityScheduled({name})", lambda e: e.activity_name == name
+        )
+        if recorded is None:
+            self.commands.append(
+                ScheduleActivity(activity_id, name, payload, resolved_queue, self.compensating > 0)
+            )
+        else:
+            assert isinstance(recorded, ev.ActivityScheduled)
+            activity_id = recorded.activity_id
+        future = _Future()
+        self.activity_names[activity_id] = name
+        self.activity_futures[activity_id] = future
+        if activity_id in self.results:
+            self._resolve_activity(self.results[activity_id])
+        return future
+
+    def start_timer(self, seconds: float) -> _Future:
+        if seconds < 0:
+            raise ValueError("ctx.sleep() needs a non-negative number of seconds")
+        self.timer_seq += 1
+        timer_id = str(self.timer_seq)
+        recorded = self.match(ev.TimerStarted, f"TimerStarted({timer_id})", lambda e: True)
+        if recorded is None:
+            fire_at = (self.current_time + timedelta(seconds=seconds)).isoformat()
+            self.commands.append(StartTimer(timer_id, float(seconds), fire_at))
+        else:
+            assert isinstance(recorded, ev.TimerStarted)
+            timer_id = recorded.timer_id
+        future = _Future()
+        self.timer_futures[timer_id] = future
+        if timer_id in self.results:
+            future.set_result(None)
+        return future
+
+    def patched(self, patch_id: str) -> bool:
+        """``patch:{id}`` marker with an Absent arm: histories recorded before the patch replay
+        the old branch."""
+        name = f"patch:{patch_id}"
+        index = self._next_command()
+        if index is None or (isinstance(self.events[index], ev.WorkflowCancelled)
+                             and self._next_after(index) is None):
+            if not self.activation.probe:
+                self.commands.append(RecordMarker(name))
+            return True
+        event = self.events[index]
+        if isinstance(event, ev.MarkerRecorded) and event.name == name:
+            self._consume(index)
+            return True
+        return False
+
+    def _next_after(self, index: int) -> int | None:
+        later = [i for i in self._rest(skip_signals=True) if i > index]
+        return later[0] if later else None
+
+    def wait_signal(self, name: str) -> _Future:
+        future = _Future()
+        buffered = self.signal_buffer.get(name)
+        if buffered:
+            index, payload = buffered.popleft()
+            self._consume(index)
+            future.set_result(payload)
+        else:
+            self.signal_waiters.setdefault(name, deque()).append(future)
+        return future
+
+    # ── saga observability markers ────────────────────────────────────────────────────────────
+    def saga_unwind_started(self, workflow_label: str) -> tuple[int, bool]:
+        """Number the unwind and decide, once, whether it is counted."""
+        self.unwind_seq += 1
+        seq = self.unwind_seq
+        name = f"saga_compensated:{seq}"
+        rest = self._rest(skip_signals=False)
+        counted = self._observe_marker(name, rest, "saga_compensated")
+        if counted is None:
+            # Drained signal frontier (all remaining are un-awaited signals), or unconsumed
+            # events at the cursor (a history recorded before the markers existed): uncounted.
+            return seq, False
+        return seq, counted
+
+    def saga_unwind_failed(self, seq: int) -> None:
+        """Failure marker of a counted unwind: recorded even past a trailing signal."""
+        self._observe_marker(f"saga_compensation_failed:{seq}", self._rest(skip_signals=True),
+                             "saga_compensation_failed")
+
+    def _observe_marker(self, name: str, rest: list[int], metric: str) -> bool | None:
+        """Frontier → record (and count); recorded → consume silently; else None (Absent arm).
+
+        A trailing ``WorkflowCancelled`` is transparent here (and only here): the unwind of a
+        freshly cancelled run is the live frontier.
+        """
+        if rest and isinstance(self.events[rest[0]], ev.WorkflowCancelled):
+            rest = rest[1:]
+        if not rest:
+            if self.activation.probe:
+                return False
+            self.commands.append(RecordMarker(name, metric=metric))
+            return True
+        event = self.events[rest[0]]
+        if isinstance(event, ev.MarkerRecorded) and event.name == name:
+            self._consume(rest[0])
+            return True
+        return None
+
+    # ── delivery of results ──────────────────────────────────────────────────────────────────
+    def _resolve_activity(self, event: ev.Event) -> None:
+        assert isinstance(event, (ev.ActivityCompleted, ev.ActivityFailed))
+        future = self.activity_futures.get(event.activity_id)
+        if future is None:
+            return
+        if isinstance(event, ev.ActivityCompleted):
+            future.set_result(event.output)
+        else:
+            name = self.activity_names.get(event.activity_id, "?")
+            future.set_exception(ActivityError(name, event.error_type, event.message, event.attempt))
+
+    def deliver(self, index: int) -> None:
+        event = self.events[index]
+        self.current_time = self.times[index]
+        if isinstance(event, (ev.ActivityCompleted, ev.ActivityFailed)):
+            self.results[event.activity_id] = event
+            self._resolve_activity(event)
+        elif isinstance(event, ev.TimerFired):
+            self.results[event.timer_id] = event
+            timer = self.timer_futures.get(event.timer_id)
+            if timer is not None:
+                timer.set_result(None)
+        elif isinstance(event, ev.SignalReceived):
+            waiters = self.signal_waiters.get(event.name)
+            if waiters:
+                self._consume(index)
+                waiters.popleft().set_result(event.payload)
+            else:
+                self.signal_buffer.setdefault(event.name, deque()).append((index, event.payload))
+
+    def close(self) -> None:
+        """Drop coroutines still suspended (a blocked workflow): their frames must not outlive the
+        decision. Errors raised by their cleanup are the workflow's, and are not ours to report."""
+        for task in self.tasks:
+            if not task.future.done():
+                try:
+                    task.coro.close()
+                except BaseException:  # noqa: BLE001
+                    pass
+
+    def run_ready(self) -> None:
+        while self.ready:
+            self.ready.popleft().step()
+
+    def spawn(self, awaitable: Awaitable[Any]) -> _Future:
+        if isinstance(awaitable, _Future):
+            return awaitable
+
+        async def _wrap() -> Any:
+            return await awaitable
+
+        return _Task(self, _wrap()).future
+
+
+def _outcome_of(future: _Future) -> Outcome:
+    try:
+        return Completed(future.result())
+    except Exception as exc:  # noqa: BLE001 - the workflow's own error is its outcome
+        return Failed(type(exc).__name__, str(exc))
+
+
+def decide(definition: WorkflowDefinition, activation: Activation, registry: Registry) -> Decision:
+    """Replay ``activation.history`` through the workflow and return this decision."""
+    from ._context import WorkflowContext
+
+    replay = Replay(definition, activation, registry)
+    started = replay.events[0]
+    assert isinstance(started, ev.WorkflowStarted)
+    info = WorkflowInfo(activation.execution_id, activation.workflow_type, replay.times[0])
+    ctx = WorkflowContext(replay, info)
+    main = _Task(replay, definition.fn(ctx, started.input))
+    replay.run_ready()
+    for index in range(1, len(replay.events)):
+        if main.future.done():
+            break
+        replay.deliver(index)
+        replay.run_ready()
+    outcome = _outcome_of(main.future) if main.future.done() else None
+    if replay.nd is None and not replay.sealed:
+        # Recorded commands the code no longer issues are a divergence too (a removed step).
+        leftover = [i for i in replay._rest(skip_signals=True)
+                    if isinstance(replay.events[i], ev.COMMAND_EVENTS)]
+        if leftover:
+            expected = "WorkflowCompleted" if outcome is not None else "no further command"
+            replay.diverge(expected, leftover[0])
+    if replay.nd is not None:
+        return Decision(nd=replay.nd.details())
+    replay.close()
+    return Decision(commands=replay.commands, outcome=outcome)
+
+
+def replay_history(definition: WorkflowDefinition, execution_id: str,
+                   history: list[ev.HistoryEvent], registry: Registry,
+                   config: EngineConfig | None = None) -> Decision:
+    """Replay a recorded history as a probe (a pure read): raises nothing, returns the decision
+    whose ``nd`` says whether the current code still matches the history."""
+    started = history[0].event
+    assert isinstance(started, ev.WorkflowStarted)
+    activation = Activation(execution_id, started.workflow_type, history,
+                            config or EngineConfig(), probe=True)
+    return decide(definition, activation, registry)
+
+
+__all__ = ["Activation", "EngineConfig", "HarvestError", "Replay", "WorkflowInfo", "decide",
+           "replay_history"]

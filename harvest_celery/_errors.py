@@ -1,0 +1,197 @@
+"""The one exception tree of harvest-celery.
+
+::
+
+    HarvestError
+    ├── Cancelled                      check_cancellation() on a cancelled run
+    ├── NonDeterministic               replay diverged from the recorded history
+    ├── SagaCompensationFailed         an unwind finished with compensation errors
+    ├── PayloadTooLarge                an activity input over the configured cap
+    ├── PayloadNotSerializable         a value that is not JSON
+    ├── ActivityError                  an activity failed for good (seen by the workflow)
+    ├── WorkflowFailed                 the run ended FAILED (raised by Harvest.result)
+    ├── RegistrationError
+    │   ├── UnknownWorkflow
+    │   ├── UnknownActivity
+    │   └── DuplicateRegistration
+    ├── NotInWorkflow                  an engine API called outside a workflow
+    ├── ExecutionNotFound
+    ├── ExecutionAlreadyExists         an id reused for another workflow type
+    └── InvalidState                   an operation the run's status forbids
+
+Every error carries structured fields and pickles across processes (``__reduce__``), because
+errors cross Celery. Engine-internal control flow that user code must never see derives from
+``BaseException`` instead (see ``_engine._Suspend``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class HarvestError(Exception):
+    """Root of every error harvest-celery raises."""
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.__dict__.copy()))
+
+
+def _rebuild(cls: type[HarvestError], state: dict[str, Any]) -> HarvestError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, state.get("message", ""))
+    err.__dict__.update(state)
+    return err
+
+
+class Cancelled(HarvestError):
+    """The run was cancelled; raised by ``ctx.check_cancellation()``. Never compensates."""
+
+    def __init__(self, reason: str = "cancelled") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class NonDeterministic(HarvestError):
+    """Replay issued a command that does not match the recorded history.
+
+    A ``HarvestError`` so that ``Saga`` collects it like any compensation error; the engine records
+    the details on the run the moment it is raised, so catching it hides nothing.
+    """
+
+    def __init__(self, expected: str, actual: str, event_index: int, workflow_type: str = "") -> None:
+        super().__init__(f"expected {expected}, got {actual}")
+        self.expected = expected
+        self.actual = actual
+        self.event_index = event_index
+        self.workflow_type = workflow_type
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "expected": self.expected,
+            "actual": self.actual,
+            "event_index": self.event_index,
+            "workflow_type": self.workflow_type,
+        }
+
+
+class SagaCompensationFailed(HarvestError):
+    """An unwind ran every compensation and at least one failed (continue-not-abort)."""
+
+    def __init__(self, original_error: BaseException | str, compensation_errors: list[Any]) -> None:
+        self.original_error = original_error
+        self.compensation_errors = list(compensation_errors)
+        rendered = ", ".join(str(e) for e in self.compensation_errors)
+        super().__init__(
+            f"saga compensation failed after original error: {original_error}; "
+            f"compensation errors: [{rendered}]"
+        )
+
+
+class PayloadTooLarge(HarvestError):
+    """An activity input (or compensation envelope) is over the configured cap."""
+
+    def __init__(self, what: str, size: int, cap: int) -> None:
+        super().__init__(f"payload too large: {what} is {size} bytes, over the cap of {cap} bytes")
+        self.what = what
+        self.size = size
+        self.cap = cap
+
+
+class PayloadNotSerializable(HarvestError):
+    """A workflow input, activity input/output, signal or result that is not JSON."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        super().__init__(f"{what} is not JSON-serialisable: {reason}")
+        self.what = what
+        self.reason = reason
+
+
+class ActivityError(HarvestError):
+    """An activity failed for good: its retries are exhausted or the error is non-retryable."""
+
+    def __init__(self, activity_name: str, error_type: str, error_message: str, attempts: int = 1) -> None:
+        super().__init__(f"activity {activity_name} failed after {attempts} attempt(s): {error_type}: {error_message}")
+        self.activity_name = activity_name
+        self.error_type = error_type
+        self.error_message = error_message
+        self.attempts = attempts
+
+
+class WorkflowFailed(HarvestError):
+    """The run ended FAILED; ``Harvest.result`` raises this with the recorded error."""
+
+    def __init__(self, execution_id: str, error_type: str, error_message: str) -> None:
+        super().__init__(f"workflow {execution_id} failed: {error_type}: {error_message}")
+        self.execution_id = execution_id
+        self.error_type = error_type
+        self.error_message = error_message
+
+
+class WorkflowCancelledError(HarvestError):
+    """``Harvest.result`` on a run that was cancelled."""
+
+    def __init__(self, execution_id: str, reason: str) -> None:
+        super().__init__(f"workflow {execution_id} was cancelled: {reason}")
+        self.execution_id = execution_id
+        self.reason = reason
+
+
+class RegistrationError(HarvestError):
+    """A definition could not be registered or resolved."""
+
+
+class UnknownWorkflow(RegistrationError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown workflow {name!r}: no workflow or dag of that name is registered")
+        self.name = name
+
+
+class UnknownActivity(RegistrationError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown activity {name!r}: no activity of that name is registered")
+        self.name = name
+
+
+class DuplicateRegistration(RegistrationError):
+    def __init__(self, kind: str, name: str) -> None:
+        super().__init__(f"duplicate registration: {kind} {name!r} is already registered")
+        self.kind = kind
+        self.name = name
+
+
+class NotInWorkflow(HarvestError):
+    """A workflow-only API was called outside a running workflow."""
+
+    def __init__(self, api: str) -> None:
+        super().__init__(f"{api} can only be called from inside a running workflow")
+        self.api = api
+
+
+class ExecutionNotFound(HarvestError):
+    def __init__(self, execution_id: str) -> None:
+        super().__init__(f"no execution with id {execution_id!r}")
+        self.execution_id = execution_id
+
+
+class ExecutionAlreadyExists(HarvestError):
+    def __init__(self, execution_id: str, workflow_type: str) -> None:
+        super().__init__(f"execution {execution_id!r} already exists as a {workflow_type!r} run")
+        self.execution_id = execution_id
+        self.workflow_type = workflow_type
+
+
+class InvalidState(HarvestError):
+    """The operation is not allowed in the run's current status."""
+
+    def __init__(self, execution_id: str, status: str, operation: str) -> None:
+        super().__init__(f"cannot {operation} execution {execution_id!r}: it is {status}")
+        self.execution_id = execution_id
+        self.status = status
+        self.operation = operation

@@ -1,0 +1,57 @@
+"""Prometheus counters. Labels are ``workflow`` (and ``outcome`` / ``queue`` where they apply);
+an execution id is never a label.
+
+Counters are incremented only after the transaction that recorded their cause commits. Under
+Celery prefork set ``PROMETHEUS_MULTIPROC_DIR`` so every pool child's samples are aggregated;
+``harvest worker --metrics-port`` serves them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import multiprocess
+
+_SPECS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "saga_compensated": ("harvest_saga_compensated", "Saga/DAG unwinds begun (counted once per unwind).", ("workflow",)),
+    "saga_compensation_failed": ("harvest_saga_compensation_failed", "Unwinds that ended with compensation errors.", ("workflow",)),
+    "workflow_terminal": ("harvest_workflow_terminal", "Runs that reached a terminal outcome.", ("workflow", "outcome")),
+    "nd_blocked": ("harvest_nd_blocked", "Decisions that diverged from history (run nd-blocked).", ("workflow",)),
+    "activity_attempt_failed": ("harvest_activity_attempt_failed", "Activity attempts that raised.", ("workflow", "queue")),
+}
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.counters: dict[str, Counter] = {
+            key: Counter(name, doc, labels) for key, (name, doc, labels) in _SPECS.items()
+        }
+
+    def inc(self, key: str, labels: dict[str, str]) -> None:
+        counter = self.counters.get(key)
+        if counter is None:
+            return
+        names = _SPECS[key][2]
+        counter.labels(**{n: labels.get(n, "") for n in names}).inc()
+
+    def value(self, key: str, labels: dict[str, str]) -> float:
+        """This process's current value (tests and the demo)."""
+        names = _SPECS[key][2]
+        sample = self.counters[key].labels(**{n: labels.get(n, "") for n in names})
+        return float(sample._value.get())
+
+
+METRICS = Metrics()
+
+
+def exposition() -> tuple[bytes, str]:
+    """The text exposition: aggregated over processes when PROMETHEUS_MULTIPROC_DIR is set."""
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
+
+    registry: Any = REGISTRY
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+    return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,197 @@
+"""The runtime: decision cycles, activity claims and completions, the sweeper.
+
+Glue between the pure engine, the store and a ``Dispatcher`` (Celery, or the in-process one of
+embedded mode). Every operation is one transaction; messages and metrics go out only after it
+commits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ._engine import Activation, EngineConfig, decide
+from ._metrics import METRICS
+from ._payload import check_json
+from ._registry import Registry
+from ._store import Claim, OutboxMessage, Store, Timings, Tx, utcnow
+
+log = logging.getLogger("harvest_celery")
+
+
+class Dispatcher(Protocol):
+    def send(self, message: OutboxMessage) -> None: ...
+
+
+@dataclass
+class Settings:
+    decision_queue: str = "harvest"
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    timings: Timings = field(default_factory=Timings)
+    sweep_interval: float = 1.0
+    relay_after: float = 10.0  # an outbox row older than this was not sent: send it again
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+class Runtime:
+    def __init__(self, store: Store, registry: Registry, settings: Settings) -> None:
+        self.store = store
+        self.registry = registry
+        self.settings = settings
+        self.dispatcher: Dispatcher | None = None
+        # test seam: called inside the claim transaction before ActivityStarted is appended
+        self.before_claim_append: Callable[[str, str, int], None] | None = None
+
+    # ── after commit ─────────────────────────────────────────────────────────────────────────
+    def _after_commit(self, tx: Tx) -> None:
+        for name, labels in tx.metrics:
+            METRICS.inc(name, labels)
+        self.flush(tx.outbox)
+
+    def flush(self, messages: Sequence[OutboxMessage]) -> None:
+        if not messages or self.dispatcher is None:
+            return
+        sent = []
+        for message in messages:
+            try:
+                self.dispatcher.send(message)
+            except Exception:  # noqa: BLE001 - the relay re-sends what stays in the outbox
+                log.exception("dispatch of %s failed; the relay will re-send it", message.task_id)
+                continue
+            sent.append(message.id)
+        self.store.delete_outbox(sent)
+
+    # ── decisions ────────────────────────────────────────────────────────────────────────────
+    def run_decision(self, execution_id: str) -> None:
+        """One decision cycle: lock, load, replay, append — one transaction."""
+        with self.store.begin() as tx:
+            row = tx.take_decision_request(execution_id)
+            if row is None:
+                return
+            workflow_type = row._mapping["workflow_type"]
+            definition = self.registry.workflow(workflow_type)
+            history = tx.history(execution_id)
+            activation = Activation(execution_id, workflow_type, history, self.settings.engine)
+            decision = decide(definition, activation, self.registry)
+            now = utcnow()
+            tx.apply_decision(row, history, decision, self.registry, now, self.settings.timings,
+                              workflow_type)
+            if decision.nd is not None:
+                METRICS.inc("nd_blocked", {"workflow": workflow_type})
+                log.warning("execution %s is nd-blocked: expected %s, got %s", execution_id,
+                            decision.nd["expected"], decision.nd["actual"])
+        self._after_commit(tx)
+
+    # ── activities ───────────────────────────────────────────────────────────────────────────
+    def claim(self, execution_id: str, activity_id: str, attempt: int) -> Claim | None:
+        with self.store.begin() as tx:
+            if self.before_claim_append is not None:
+                self.before_claim_append(execution_id, activity_id, attempt)
+            claim = tx.claim(execution_id, activity_id, attempt, worker_id(), utcnow(),
+                             self.settings.timings)
+        return claim
+
+    def complete(self, claim: Claim, output: Any) -> None:
+        try:
+            output = check_json(output, f"output of activity {claim.activity_name!r}")
+        except Exception as exc:  # noqa: BLE001 - a non-JSON result is the activity's failure
+            self.fail(claim, type(exc).__name__, str(exc))
+            return
+        with self.store.begin() as tx:
+            tx.complete_activity(claim.execution_id, claim.activity_id, claim.attempt, output,
+                                 utcnow(), self.settings.decision_queue)
+        self._after_commit(tx)
+
+    def fail(self, claim: Claim, error_type: str, message: str) -> str:
+        with self.store.begin() as tx:
+            verdict = tx.fail_activity(claim.execution_id, claim.activity_id, claim.attempt,
+                                       error_type, message, utcnow(), self.settings.decision_queue)
+        self._after_commit(tx)
+        return verdict
+
+    def execute(self, claim: Claim, fn: Callable[[Any], Any]) -> None:
+        """Run a claimed body and record what happened."""
+        try:
+            output = fn(claim.input)
+        except Exception as exc:  # noqa: BLE001 - recorded as the attempt's failure
+            self.fail(claim, type(exc).__name__, str(exc))
+            return
+        self.complete(claim, output)
+
+    # ── sweeper ──────────────────────────────────────────────────────────────────────────────
+    def sweep_once(self) -> None:
+        """Fire what is due: retries, expired leases, timers, lost messages, nd-block retries."""
+        s = self.settings
+        now = utcnow()
+        with self.store.begin() as tx:
+            due = tx.due_retries(now)
+            expired = tx.expired_leases(now)
+            timers = tx.due_timers(now)
+        for execution_id, activity_id in due:
+            with self.store.begin() as tx:
+                tx.redispatch_next_attempt(execution_id, activity_id, utcnow())
+            self._after_commit(tx)
+        for execution_id, activity_id, attempt in expired:
+            # The worker vanished or overran start_to_close: a failed attempt, retried per policy.
+            with self.store.begin() as tx:
+                tx.fail_activity(execution_id, activity_id, attempt, "StartToCloseTimeout",
+                                 "no result before the lease expired (worker lost or too slow)",
+                                 utcnow(), s.decision_queue)
+            self._after_commit(tx)
+        for execution_id, timer_id in timers:
+            with self.store.begin() as tx:
+                tx.fire_timer(execution_id, timer_id, utcnow(), s.decision_queue)
+            self._after_commit(tx)
+        with self.store.begin() as tx:
+            tx.stale_scheduled(utcnow(), s.timings)
+            tx.stale_decisions(utcnow(), s.timings, s.decision_queue)
+        self._after_commit(tx)
+        with self.store.begin() as tx:
+            stale = tx.stale_outbox(utcnow(), s.relay_after)
+        self.flush(stale)
+
+
+class Sweeper:
+    """Runs ``Runtime.sweep_once`` every ``sweep_interval`` seconds on a daemon thread."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="harvest-sweeper", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.runtime.settings.sweep_interval):
+            try:
+                self.runtime.sweep_once()
+            except Exception:  # noqa: BLE001 - keep sweeping; the next pass retries
+                log.exception("sweep failed")
+
+
+class InlineDispatcher:
+    """Embedded mode: messages go to an in-process queue that ``drain`` executes."""
+
+    def __init__(self) -> None:
+        self.queue: deque[OutboxMessage] = deque()
+
+    def send(self, message: OutboxMessage) -> None:
+        self.queue.append(message)

@@ -1,0 +1,96 @@
+"""``Saga``: LIFO compensation inside one workflow execution.
+
+The saga has no persistent identity: it is rebuilt from scratch on every replay, and a replay
+after a crash mid-unwind re-invokes compensations from the top of the stack — compensations must
+be idempotent (docs/concepts.md, "Idempotency contract"). Cancellation never compensates on its
+own: the author observes ``ctx.is_cancelled()`` and calls ``compensate_all()``.
+
+Every unwind (``compensate_all``, ``compensate_all_after`` and the automatic rollback of a failed
+step) funnels through ``_unwind``, the single place that numbers unwinds and records the
+``saga_compensated:{seq}`` / ``saga_compensation_failed:{seq}`` observability markers.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from ._context import WorkflowContext
+from ._errors import Cancelled, SagaCompensationFailed
+
+MANUAL_COMPENSATION = "manual compensation requested"
+
+
+async def _call(fn: Callable[[], Any]) -> Any:
+    result = fn()
+    if inspect.isawaitable(result):
+        return await result
+    return result
+
+
+class Saga:
+    """Register a compensation per completed forward step; unwind them LIFO on failure."""
+
+    def __init__(self, ctx: WorkflowContext) -> None:
+        self._ctx = ctx
+        self._stack: list[Callable[[], Any]] = []
+
+    def __len__(self) -> int:
+        return len(self._stack)
+
+    async def step(self, forward: Callable[[], Any], compensate: Callable[[Any], Any] | None = None) -> Any:
+        """Run ``forward``; on success register ``compensate(result)`` and return the result.
+
+        If ``forward`` fails, everything registered so far is rolled back (continue-not-abort)
+        and the step's own error is re-raised — or ``SagaCompensationFailed`` if a compensation
+        failed. A ``Cancelled`` error passes through untouched: cancellation never compensates.
+        """
+        try:
+            result = await _call(forward)
+        except Cancelled:
+            raise
+        except Exception as err:
+            await self.compensate_all_after(err)
+        if compensate is not None:
+            self._stack.append(lambda: compensate(result))
+        return result
+
+    def push_compensation(self, compensate: Callable[[], Any]) -> None:
+        """Register a compensation without running anything."""
+        self._stack.append(compensate)
+
+    async def compensate_all(self) -> None:
+        """Unwind every registered compensation, LIFO. Raises ``SagaCompensationFailed`` (with
+        original error ``manual compensation requested``) if any of them failed."""
+        errors = await self._unwind()
+        if errors:
+            raise SagaCompensationFailed(MANUAL_COMPENSATION, errors)
+
+    async def compensate_all_after(self, error: BaseException) -> None:
+        """Unwind, then re-raise ``error`` — or ``SagaCompensationFailed`` carrying it."""
+        errors = await self._unwind()
+        if errors:
+            raise SagaCompensationFailed(error, errors) from error
+        raise error
+
+    async def _unwind(self) -> list[BaseException]:
+        if not self._stack:
+            return []  # an empty unwind is not a sequence: no number, no marker, no metric
+        stack, self._stack = self._stack, []
+        replay = self._ctx._replay
+        seq, counted = replay.saga_unwind_started(self._ctx.info.workflow_type)
+        errors: list[BaseException] = []
+        replay.compensating += 1
+        try:
+            while stack:
+                compensation = stack.pop()
+                try:
+                    await _call(compensation)
+                except Exception as err:  # continue-not-abort, NonDeterministic included
+                    errors.append(err)
+        finally:
+            replay.compensating -= 1
+        if errors and counted:
+            replay.saga_unwind_failed(seq)
+        return errors

@@ -1,0 +1,115 @@
+"""The tables. Alembic migrations in ``migrations/`` must produce exactly this metadata (a test
+pins it)."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+from sqlalchemy.dialects import postgresql
+
+metadata = MetaData()
+
+Json = JSON().with_variant(postgresql.JSONB(), "postgresql")
+Ts = DateTime(timezone=True)
+
+executions = Table(
+    "harvest_executions",
+    metadata,
+    Column("id", String(200), primary_key=True),
+    Column("workflow_type", String(200), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("input", Json),
+    Column("result", Json),
+    Column("error", Json),
+    Column("next_seq", Integer, nullable=False),
+    Column("created_at", Ts, nullable=False),
+    Column("updated_at", Ts, nullable=False),
+    Column("closed_at", Ts),
+    Column("cancelled_at", Ts),
+    Column("cancel_reason", Text),
+    # set while a decision is requested and not yet taken (the decision "outbox" flag)
+    Column("decision_requested_at", Ts),
+    Column("nd_blocked_at", Ts),
+    Column("nd_block_reason", Text),
+    Column("nd_block_count", Integer, nullable=False, server_default="0"),
+    Column("nd_details", Json),
+    Column("nd_retry_at", Ts),
+    Index("ix_harvest_executions_status", "status"),
+    Index("ix_harvest_executions_workflow_type", "workflow_type"),
+    Index("ix_harvest_executions_decision_requested_at", "decision_requested_at"),
+    Index("ix_harvest_executions_nd_retry_at", "nd_retry_at"),
+)
+
+events = Table(
+    "harvest_events",
+    metadata,
+    Column("execution_id", String(200), ForeignKey("harvest_executions.id", ondelete="CASCADE"),
+           primary_key=True),
+    # unique (execution_id, seq): two decisions can never append the same position
+    Column("seq", Integer, primary_key=True),
+    Column("type", String(40), nullable=False),
+    Column("data", Json, nullable=False),
+    Column("recorded_at", Ts, nullable=False),
+)
+
+activity_tasks = Table(
+    "harvest_activity_tasks",
+    metadata,
+    Column("execution_id", String(200), ForeignKey("harvest_executions.id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("activity_id", String(40), primary_key=True),
+    Column("activity_name", String(200), nullable=False),
+    Column("queue", String(200), nullable=False),
+    # scheduled · running · retry_wait · completed · failed · cancelled
+    Column("status", String(16), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("retry", Json),
+    Column("start_to_close", Float),
+    Column("event_seq", Integer, nullable=False),  # its ActivityScheduled: the input lives there
+    Column("worker_id", String(200)),
+    Column("lease_expires_at", Ts),
+    Column("due_at", Ts),
+    Column("dispatched_at", Ts),
+    Column("started_at", Ts),
+    Column("finished_at", Ts),
+    Column("last_error", Text),
+    Column("compensation", Boolean, nullable=False, server_default="0"),
+    Column("adopted", Boolean, nullable=False, server_default="0"),
+    Index("ix_harvest_activity_tasks_status", "status"),
+)
+
+timers = Table(
+    "harvest_timers",
+    metadata,
+    Column("execution_id", String(200), ForeignKey("harvest_executions.id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("timer_id", String(40), primary_key=True),
+    Column("fire_at", Ts, nullable=False),
+    Column("fired", Boolean, nullable=False, server_default="0"),
+    Index("ix_harvest_timers_due", "fired", "fire_at"),
+)
+
+outbox = Table(
+    "harvest_outbox",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("task_name", String(200), nullable=False),
+    Column("queue", String(200), nullable=False),
+    Column("args", Json, nullable=False),
+    Column("headers", Json),
+    Column("task_id", String(300), nullable=False),
+    Column("created_at", Ts, nullable=False),
+    Index("ix_harvest_outbox_created_at", "created_at"),
+)

@@ -1,0 +1,596 @@
+"""Persistence behind one seam. All SQL lives here; nothing here knows Celery.
+
+``Store.begin()`` opens one transaction as a ``Tx``. Every change to a run happens under
+``Tx.lock(execution_id)`` (``SELECT … FOR UPDATE`` on the execution row), so appends to one history
+are serialised and the ``(execution_id, seq)`` key makes a forked history impossible even if a
+caller forgot the lock.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from . import _events as ev
+from ._commands import Decision, ScheduleActivity, StartTimer
+from ._errors import ExecutionAlreadyExists, ExecutionNotFound, InvalidState
+from ._lifecycle import (
+    RUNNING,
+    TERMINAL_STATUSES,
+    decision_events,
+    status_after_cancel,
+    status_for_outcome,
+)
+from ._registry import Registry
+from ._schema import activity_tasks, events, executions, outbox, timers
+
+DECIDE_TASK = "harvest.decide"
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; everything here is UTC."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value
+
+
+@dataclass(frozen=True)
+class OutboxMessage:
+    """A Celery message to send after commit. Carries ids only (adopted tasks excepted)."""
+
+    id: int
+    task_name: str
+    queue: str
+    args: list[Any]
+    task_id: str
+    headers: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Execution:
+    id: str
+    workflow_type: str
+    status: str
+    input: Any
+    result: Any
+    error: Any
+    created_at: datetime
+    updated_at: datetime
+    closed_at: datetime | None
+    cancelled_at: datetime | None
+    cancel_reason: str | None
+    nd_blocked_at: datetime | None
+    nd_block_reason: str | None
+    nd_block_count: int
+    nd_details: dict[str, Any] | None
+    history_length: int
+
+    @classmethod
+    def from_row(cls, row: Any) -> Execution:
+        m = row._mapping
+        return cls(
+            id=m["id"], workflow_type=m["workflow_type"], status=m["status"], input=m["input"],
+            result=m["result"], error=m["error"], created_at=_aware(m["created_at"]),  # type: ignore[arg-type]
+            updated_at=_aware(m["updated_at"]), closed_at=_aware(m["closed_at"]),  # type: ignore[arg-type]
+            cancelled_at=_aware(m["cancelled_at"]), cancel_reason=m["cancel_reason"],
+            nd_blocked_at=_aware(m["nd_blocked_at"]), nd_block_reason=m["nd_block_reason"],
+            nd_block_count=m["nd_block_count"] or 0, nd_details=m["nd_details"],
+            history_length=m["next_seq"],
+        )
+
+    @property
+    def nd_blocked(self) -> bool:
+        return self.nd_blocked_at is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            out[name] = value.isoformat() if isinstance(value, datetime) else value
+        out["nd_blocked"] = self.nd_blocked
+        return out
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a successful pre-run claim hands the worker."""
+
+    execution_id: str
+    activity_id: str
+    activity_name: str
+    attempt: int
+    input: Any
+    start_to_close: float | None
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Sweeper and lease settings."""
+
+    default_lease: float = 300.0  # seconds a claim holds without start_to_close
+    redispatch_after: float = 30.0  # re-send a scheduled row / decision request after this
+    nd_retry_initial: float = 1.0
+    nd_retry_max: float = 300.0
+
+
+class Store:
+    """Owns the SQLAlchemy engine (one per process: rebuilt after fork)."""
+
+    def __init__(self, database_url: str, *, echo: bool = False) -> None:
+        self.database_url = database_url
+        self._echo = echo
+        self._engine: Engine | None = None
+        self._pid = -1
+        self._lock = threading.Lock()
+
+    @property
+    def engine(self) -> Engine:
+        # Never use an engine inherited across fork (Celery prefork): its sockets are shared.
+        if self._engine is None or self._pid != os.getpid():
+            with self._lock:
+                if self._engine is None or self._pid != os.getpid():
+                    if self._engine is not None:
+                        self._engine.dispose(close=False)
+                    self._engine = self._create_engine()
+                    self._pid = os.getpid()
+        return self._engine
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+    def _create_engine(self) -> Engine:
+        if self.is_sqlite:
+            engine = sa.create_engine(self.database_url, echo=self._echo,
+                                      connect_args={"check_same_thread": False, "timeout": 30})
+
+            @sa.event.listens_for(engine, "connect")
+            def _fk_on(dbapi_conn: Any, _record: Any) -> None:
+                dbapi_conn.execute("PRAGMA foreign_keys=ON")
+                dbapi_conn.execute("PRAGMA journal_mode=WAL")
+
+            return engine
+        return sa.create_engine(self.database_url, echo=self._echo, pool_pre_ping=True,
+                                pool_size=5, max_overflow=10)
+
+    def dispose(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    @contextmanager
+    def begin(self) -> Iterator[Tx]:
+        with self.engine.begin() as conn:
+            yield Tx(conn, self.is_sqlite)
+
+    # ── reads that need no lock ──────────────────────────────────────────────────────────────
+    def get(self, execution_id: str) -> Execution:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(executions).where(executions.c.id == execution_id)).first()
+        if row is None:
+            raise ExecutionNotFound(execution_id)
+        return Execution.from_row(row)
+
+    def history(self, execution_id: str) -> list[ev.HistoryEvent]:
+        with self.engine.connect() as conn:
+            return Tx(conn, self.is_sqlite).history(execution_id)
+
+    def list(self, *, status: str | None = None, workflow_type: str | None = None,
+             nd_blocked: bool | None = None, limit: int = 100, offset: int = 0) -> list[Execution]:
+        q = sa.select(executions).order_by(executions.c.created_at.desc(), executions.c.id)
+        if status:
+            q = q.where(executions.c.status == status)
+        if workflow_type:
+            q = q.where(executions.c.workflow_type == workflow_type)
+        if nd_blocked is True:
+            q = q.where(executions.c.nd_blocked_at.is_not(None))
+        elif nd_blocked is False:
+            q = q.where(executions.c.nd_blocked_at.is_(None))
+        with self.engine.connect() as conn:
+            rows = conn.execute(q.limit(limit).offset(offset)).fetchall()
+        return [Execution.from_row(r) for r in rows]
+
+    def activity_rows(self, execution_id: str) -> list[dict[str, Any]]:
+        q = sa.select(activity_tasks).where(activity_tasks.c.execution_id == execution_id)
+        with self.engine.connect() as conn:
+            rows = conn.execute(q.order_by(activity_tasks.c.event_seq)).fetchall()
+        return [dict(r._mapping) for r in rows]
+
+    def delete_outbox(self, ids: Sequence[int]) -> None:
+        if ids:
+            with self.engine.begin() as conn:
+                conn.execute(outbox.delete().where(outbox.c.id.in_(list(ids))))
+
+
+class Tx:
+    """One transaction. Methods named for what they do to a run."""
+
+    def __init__(self, conn: Connection, sqlite: bool) -> None:
+        self.conn = conn
+        self.sqlite = sqlite
+        self.outbox: list[OutboxMessage] = []
+        self.metrics: list[tuple[str, dict[str, str]]] = []
+
+    # ── rows and history ─────────────────────────────────────────────────────────────────────
+    def lock(self, execution_id: str, *, skip_locked: bool = False) -> Any:
+        q = sa.select(executions).where(executions.c.id == execution_id)
+        row = self.conn.execute(q.with_for_update(skip_locked=skip_locked)).first()
+        return row
+
+    def lock_existing(self, execution_id: str) -> Any:
+        row = self.lock(execution_id)
+        if row is None:
+            raise ExecutionNotFound(execution_id)
+        return row
+
+    def history(self, execution_id: str) -> list[ev.HistoryEvent]:
+        q = (sa.select(events.c.seq, events.c.data, events.c.recorded_at)
+             .where(events.c.execution_id == execution_id).order_by(events.c.seq))
+        return [ev.HistoryEvent(r.seq, ev.event_from_data(r.data), _aware(r.recorded_at))  # type: ignore[arg-type]
+                for r in self.conn.execute(q)]
+
+    def append(self, row: Any, new_events: Sequence[ev.Event], now: datetime) -> int:
+        """Append events at the run's next positions (the row must be locked). Returns the seq of
+        the first one."""
+        first = row._mapping["next_seq"] if hasattr(row, "_mapping") else row["next_seq"]
+        if not new_events:
+            return int(first)
+        execution_id = row._mapping["id"]
+        self.conn.execute(events.insert(), [
+            {"execution_id": execution_id, "seq": first + i, "type": e.type, "data": e.to_data(),
+             "recorded_at": now}
+            for i, e in enumerate(new_events)
+        ])
+        self.conn.execute(executions.update().where(executions.c.id == execution_id)
+                          .values(next_seq=first + len(new_events), updated_at=now))
+        return int(first)
+
+    def _send(self, task_name: str, queue: str, args: list[Any], task_id: str, now: datetime,
+              headers: dict[str, Any] | None = None) -> None:
+        result = self.conn.execute(outbox.insert().values(
+            task_name=task_name, queue=queue, args=args, task_id=task_id, created_at=now,
+            headers=headers))
+        self.outbox.append(OutboxMessage(int(result.inserted_primary_key[0]), task_name, queue, args,
+                                         task_id, headers))
+
+    def request_decision(self, execution_id: str, now: datetime, queue: str, *,
+                         force: bool = False) -> None:
+        """Ask for a decision unless one is already requested and not yet taken."""
+        cond = executions.c.id == execution_id
+        if not force:
+            cond = cond & executions.c.decision_requested_at.is_(None)
+        updated = self.conn.execute(executions.update().where(cond).values(decision_requested_at=now))
+        if updated.rowcount:
+            self._send(DECIDE_TASK, queue, [execution_id], f"decide:{execution_id}:{now.timestamp()}", now)
+
+    # ── starting ─────────────────────────────────────────────────────────────────────────────
+    def start(self, execution_id: str, workflow_type: str, input: Any, now: datetime,
+              decision_queue: str) -> bool:
+        """Create a run with its WorkflowStarted. False if it already exists (idempotent)."""
+        row = self.lock(execution_id)
+        if row is not None:
+            if row._mapping["workflow_type"] != workflow_type:
+                raise ExecutionAlreadyExists(execution_id, row._mapping["workflow_type"])
+            return False
+        self.conn.execute(executions.insert().values(
+            id=execution_id, workflow_type=workflow_type, status=RUNNING, input=input, next_seq=0,
+            created_at=now, updated_at=now, nd_block_count=0))
+        row = self.lock_existing(execution_id)
+        self.append(row, [ev.WorkflowStarted(workflow_type, input)], now)
+        self.request_decision(execution_id, now, decision_queue)
+        return True
+
+    def signal(self, execution_id: str, name: str, payload: Any, now: datetime, decision_queue: str) -> None:
+        row = self.lock_existing(execution_id)
+        status = row._mapping["status"]
+        if status != RUNNING:
+            raise InvalidState(execution_id, status, "signal")
+        self.append(row, [ev.SignalReceived(name, payload)], now)
+        self.request_decision(execution_id, now, decision_queue)
+
+    # ── the decision cycle ───────────────────────────────────────────────────────────────────
+    def take_decision_request(self, execution_id: str) -> Any:
+        """Lock the run for a decision and clear its request flag. None if there is nothing to
+        decide (unknown, or terminal with no cancel to follow up)."""
+        row = self.lock(execution_id)
+        if row is None:
+            return None
+        m = row._mapping
+        if m["decision_requested_at"] is not None:
+            self.conn.execute(executions.update().where(executions.c.id == execution_id)
+                              .values(decision_requested_at=None))
+        if m["status"] != RUNNING and m["cancelled_at"] is None:
+            return None
+        return row
+
+    def apply_decision(self, row: Any, history: list[ev.HistoryEvent], decision: Decision,
+                       registry: Registry, now: datetime, timings: Timings, workflow_label: str) -> None:
+        m = row._mapping
+        execution_id = m["id"]
+        if decision.nd is not None:
+            # nd-blocked: still RUNNING, nothing appended, retried with backoff.
+            count = (m["nd_block_count"] or 0) + 1
+            delay = min(timings.nd_retry_initial * 2 ** min(count - 1, 16), timings.nd_retry_max)
+            self.conn.execute(executions.update().where(executions.c.id == execution_id).values(
+                nd_blocked_at=m["nd_blocked_at"] or now,
+                nd_block_reason=f"expected {decision.nd['expected']}, got {decision.nd['actual']}",
+                nd_block_count=count, nd_details=decision.nd, nd_retry_at=now + timedelta(seconds=delay),
+                updated_at=now))
+            return
+        new_events = decision_events(decision, [h.event for h in history])
+        first = self.append(row, new_events, now)
+        status = status_for_outcome(decision, m["status"])
+        values: dict[str, Any] = {"status": status, "updated_at": now, "nd_blocked_at": None,
+                                  "nd_block_reason": None, "nd_details": None, "nd_retry_at": None}
+        if m["nd_blocked_at"] is not None:
+            values["nd_block_count"] = 0
+        outcome_events = [e for e in new_events if isinstance(e, ev.TERMINAL_EVENTS)]
+        if outcome_events:
+            done = outcome_events[0]
+            if isinstance(done, ev.WorkflowCompleted):
+                values["result"] = done.result
+            elif isinstance(done, ev.WorkflowFailed):
+                values["error"] = {"type": done.error_type, "message": done.message}
+        if status != m["status"] and status in TERMINAL_STATUSES:
+            values["closed_at"] = now
+        self.conn.execute(executions.update().where(executions.c.id == execution_id).values(**values))
+        seq = {id(c): first + i for i, c in enumerate(decision.commands)}
+        for command in decision.commands:
+            if isinstance(command, ScheduleActivity):
+                self._insert_task(execution_id, command, seq[id(command)], registry, now)
+            elif isinstance(command, StartTimer):
+                self.conn.execute(timers.insert().values(
+                    execution_id=execution_id, timer_id=command.timer_id,
+                    fire_at=datetime.fromisoformat(command.fire_at), fired=False))
+        for metric in decision.metrics:
+            self.metrics.append((metric, {"workflow": workflow_label}))
+        if status != m["status"] and status in TERMINAL_STATUSES:
+            outcome = "completed" if status == "COMPLETED" else "failed"
+            self.metrics.append(("workflow_terminal", {"workflow": workflow_label, "outcome": outcome}))
+
+    def _insert_task(self, execution_id: str, command: ScheduleActivity, event_seq: int,
+                     registry: Registry, now: datetime) -> None:
+        definition = registry.activity(command.activity_name)
+        self.conn.execute(activity_tasks.insert().values(
+            execution_id=execution_id, activity_id=command.activity_id,
+            activity_name=command.activity_name, queue=command.queue, status="scheduled", attempt=1,
+            retry=definition.retry.to_data(), start_to_close=definition.start_to_close,
+            event_seq=event_seq, dispatched_at=now, compensation=command.compensation,
+            adopted=definition.adopted))
+        self._dispatch_activity(execution_id, command.activity_id, command.activity_name,
+                                command.queue, 1, now, definition.adopted, command.input)
+
+    def _dispatch_activity(self, execution_id: str, activity_id: str, name: str, queue: str,
+                           attempt: int, now: datetime, adopted: bool, input: Any = None) -> None:
+        ref = {"execution_id": execution_id, "activity_id": activity_id, "attempt": attempt}
+        task_id = f"{execution_id}:{activity_id}:{attempt}"
+        if adopted:
+            # An existing task keeps its signature: the input is its argument (it transits the
+            # broker), and the ids travel in a header.
+            if input is None:
+                input = self._scheduled_input(execution_id, activity_id)
+            self._send(name, queue, [input], task_id, now, headers={"harvest": ref})
+        else:
+            self._send(name, queue, [execution_id, activity_id, attempt], task_id, now)
+
+    def _scheduled_input(self, execution_id: str, activity_id: str) -> Any:
+        seq = self.conn.execute(sa.select(activity_tasks.c.event_seq).where(
+            (activity_tasks.c.execution_id == execution_id)
+            & (activity_tasks.c.activity_id == activity_id))).scalar_one()
+        data = self.conn.execute(sa.select(events.c.data).where(
+            (events.c.execution_id == execution_id) & (events.c.seq == seq))).scalar_one()
+        return data.get("input")
+
+    # ── the activity side ────────────────────────────────────────────────────────────────────
+    def claim(self, execution_id: str, activity_id: str, attempt: int, worker_id: str,
+              now: datetime, timings: Timings) -> Claim | None:
+        """The pre-run claim: mark the row running and append ActivityStarted, or refuse.
+
+        Refused for a re-sent or redelivered message (row not ``scheduled`` or another attempt),
+        a row a cancel failed, or an unknown row. A refused claim means the body must not run.
+        """
+        row = self.lock(execution_id)
+        if row is None:
+            return None
+        task = self.conn.execute(sa.select(activity_tasks).where(
+            (activity_tasks.c.execution_id == execution_id)
+            & (activity_tasks.c.activity_id == activity_id)).with_for_update()).first()
+        if task is None:
+            return None
+        t = task._mapping
+        if t["status"] != "scheduled" or t["attempt"] != attempt:
+            return None
+        lease = t["start_to_close"] or timings.default_lease
+        self.conn.execute(activity_tasks.update().where(
+            (activity_tasks.c.execution_id == execution_id)
+            & (activity_tasks.c.activity_id == activity_id)).values(
+            status="running", worker_id=worker_id, started_at=now,
+            lease_expires_at=now + timedelta(seconds=lease + 5)))
+        self.append(row, [ev.ActivityStarted(activity_id, attempt, worker_id)], now)
+        data = self.conn.execute(sa.select(events.c.data).where(
+            (events.c.execution_id == execution_id) & (events.c.seq == t["event_seq"]))).scalar_one()
+        return Claim(execution_id, activity_id, t["activity_name"], attempt, data.get("input"),
+                     t["start_to_close"])
+
+    def _running_task(self, execution_id: str, activity_id: str) -> tuple[Any, Any] | None:
+        row = self.lock(execution_id)
+        if row is None:
+            return None
+        task = self.conn.execute(sa.select(activity_tasks).where(
+            (activity_tasks.c.execution_id == execution_id)
+            & (activity_tasks.c.activity_id == activity_id)).with_for_update()).first()
+        if task is None or task._mapping["status"] in ("completed", "failed"):
+            return None  # a duplicate completion: already recorded once
+        return row, task
+
+    def _can_append_result(self, row: Any) -> bool:
+        """A live run records results; so does a cancelled one (a body that was running when the
+        cancel landed did its side effect, and the history must say so)."""
+        m = row._mapping
+        return bool(m["status"] == RUNNING or m["cancelled_at"] is not None)
+
+    def complete_activity(self, execution_id: str, activity_id: str, attempt: int, output: Any,
+                          now: datetime, decision_queue: str) -> bool:
+        found = self._running_task(execution_id, activity_id)
+        if found is None:
+            return False
+        row, _task = found
+        self._finish_task(execution_id, activity_id, "completed", now, None)
+        if self._can_append_result(row):
+            self.append(row, [ev.ActivityCompleted(activity_id, output, attempt)], now)
+            self.request_decision(execution_id, now, decision_queue)
+        return True
+
+    def fail_activity(self, execution_id: str, activity_id: str, attempt: int, error_type: str,
+                      message: str, now: datetime, decision_queue: str) -> str:
+        """Record a failed attempt: schedule a retry (no event) or fail for good. Returns
+        ``"retry"``, ``"failed"`` or ``"ignored"``."""
+        from ._retry import RetryPolicy
+
+        found = self._running_task(execution_id, activity_id)
+        if found is None:
+            return "ignored"
+        row, task = found
+        t = task._mapping
+        if t["attempt"] != attempt:
+            return "ignored"  # a stale attempt: a newer one owns the row
+        policy = RetryPolicy.from_data(t["retry"])
+        if policy.should_retry(attempt, error_type) and row._mapping["status"] == RUNNING:
+            self.conn.execute(activity_tasks.update().where(
+                (activity_tasks.c.execution_id == execution_id)
+                & (activity_tasks.c.activity_id == activity_id)).values(
+                status="retry_wait", due_at=now + timedelta(seconds=policy.delay_after(attempt)),
+                last_error=f"{error_type}: {message}", worker_id=None, lease_expires_at=None))
+            return "retry"
+        self._finish_task(execution_id, activity_id, "failed", now, f"{error_type}: {message}")
+        if self._can_append_result(row):
+            self.append(row, [ev.ActivityFailed(activity_id, error_type, message, attempt)], now)
+            self.request_decision(execution_id, now, decision_queue)
+        return "failed"
+
+    def _finish_task(self, execution_id: str, activity_id: str, status: str, now: datetime,
+                     error: str | None) -> None:
+        values: dict[str, Any] = {"status": status, "finished_at": now, "lease_expires_at": None}
+        if error is not None:
+            values["last_error"] = error
+        self.conn.execute(activity_tasks.update().where(
+            (activity_tasks.c.execution_id == execution_id)
+            & (activity_tasks.c.activity_id == activity_id)).values(**values))
+
+    # ── operator actions ─────────────────────────────────────────────────────────────────────
+    def cancel(self, execution_id: str, reason: str, now: datetime, decision_queue: str) -> str:
+        """Seal the run: append WorkflowCancelled, set CANCELLED (FAILED mid-unwind), fail every
+        open task row that has not started — no event for those — and request the post-cancel
+        decision. Returns the new status."""
+        row = self.lock_existing(execution_id)
+        status = row._mapping["status"]
+        if status != RUNNING:
+            raise InvalidState(execution_id, status, "cancel")
+        history = [h.event for h in self.history(execution_id)]
+        self.append(row, [ev.WorkflowCancelled(reason)], now)
+        new_status = status_after_cancel(history)
+        self.conn.execute(executions.update().where(executions.c.id == execution_id).values(
+            status=new_status, cancelled_at=now, cancel_reason=reason, closed_at=now, updated_at=now,
+            nd_retry_at=None))
+        self.conn.execute(activity_tasks.update().where(
+            (activity_tasks.c.execution_id == execution_id)
+            & activity_tasks.c.status.in_(("scheduled", "retry_wait"))).values(
+            status="cancelled", finished_at=now, last_error=f"workflow cancelled: {reason}"))
+        self.conn.execute(timers.update().where(timers.c.execution_id == execution_id)
+                          .values(fired=True))
+        self.request_decision(execution_id, now, decision_queue, force=True)
+        return new_status
+
+    # ── the sweeper ──────────────────────────────────────────────────────────────────────────
+    def _for_update(self, q: Any) -> Any:
+        return q if self.sqlite else q.with_for_update(skip_locked=True)
+
+    def due_retries(self, now: datetime, limit: int = 100) -> list[tuple[str, str]]:
+        q = sa.select(activity_tasks.c.execution_id, activity_tasks.c.activity_id).where(
+            (activity_tasks.c.status == "retry_wait") & (activity_tasks.c.due_at <= now)).limit(limit)
+        return [(r[0], r[1]) for r in self.conn.execute(q)]
+
+    def expired_leases(self, now: datetime, limit: int = 100) -> list[tuple[str, str, int]]:
+        q = sa.select(activity_tasks.c.execution_id, activity_tasks.c.activity_id,
+                      activity_tasks.c.attempt).where(
+            (activity_tasks.c.status == "running") & (activity_tasks.c.lease_expires_at <= now)).limit(limit)
+        return [(r[0], r[1], r[2]) for r in self.conn.execute(q)]
+
+    def redispatch_next_attempt(self, execution_id: str, activity_id: str, now: datetime) -> None:
+        """A due retry: the next attempt, with a fresh message."""
+        self.lock(execution_id)
+        task = self.conn.execute(sa.select(activity_tasks).where(
+            (activity_tasks.c.execution_id == execution_id)
+            & (activity_tasks.c.activity_id == activity_id)).with_for_update()).first()
+        if task is None or task._mapping["status"] != "retry_wait":
+            return
+        t = task._mapping
+        attempt = t["attempt"] + 1
+        self.conn.execute(activity_tasks.update().where(
+            (activity_tasks.c.execution_id == execution_id)
+            & (activity_tasks.c.activity_id == activity_id)).values(
+            status="scheduled", attempt=attempt, due_at=None, dispatched_at=now))
+        self._dispatch_activity(execution_id, activity_id, t["activity_name"], t["queue"], attempt,
+                                now, t["adopted"])
+
+    def stale_scheduled(self, now: datetime, timings: Timings, limit: int = 100) -> None:
+        """Re-send scheduled rows whose message seems lost (a Redis restart, a refused claim).
+        Duplicates are harmless: the claim lets one through."""
+        cutoff = now - timedelta(seconds=timings.redispatch_after)
+        q = self._for_update(sa.select(activity_tasks).where(
+            (activity_tasks.c.status == "scheduled") & (activity_tasks.c.dispatched_at < cutoff))
+            .limit(limit))
+        for task in self.conn.execute(q).fetchall():
+            t = task._mapping
+            self.conn.execute(activity_tasks.update().where(
+                (activity_tasks.c.execution_id == t["execution_id"])
+                & (activity_tasks.c.activity_id == t["activity_id"])).values(dispatched_at=now))
+            self._dispatch_activity(t["execution_id"], t["activity_id"], t["activity_name"], t["queue"],
+                                    t["attempt"], now, t["adopted"])
+
+    def due_timers(self, now: datetime, limit: int = 100) -> list[tuple[str, str]]:
+        q = sa.select(timers.c.execution_id, timers.c.timer_id).where(
+            (timers.c.fired.is_(False)) & (timers.c.fire_at <= now)).limit(limit)
+        return [(r[0], r[1]) for r in self.conn.execute(q)]
+
+    def fire_timer(self, execution_id: str, timer_id: str, now: datetime, decision_queue: str) -> None:
+        row = self.lock(execution_id)
+        if row is None:
+            return
+        updated = self.conn.execute(timers.update().where(
+            (timers.c.execution_id == execution_id) & (timers.c.timer_id == timer_id)
+            & (timers.c.fired.is_(False))).values(fired=True))
+        if updated.rowcount and row._mapping["status"] == RUNNING:
+            self.append(row, [ev.TimerFired(timer_id)], now)
+            self.request_decision(execution_id, now, decision_queue)
+
+    def stale_decisions(self, now: datetime, timings: Timings, decision_queue: str, limit: int = 100) -> None:
+        """Re-request decisions whose message seems lost, and retry nd-blocked runs whose backoff
+        is due."""
+        cutoff = now - timedelta(seconds=timings.redispatch_after)
+        q = self._for_update(sa.select(executions.c.id).where(
+            ((executions.c.decision_requested_at < cutoff)
+             | ((executions.c.nd_retry_at <= now) & (executions.c.status == RUNNING)))).limit(limit))
+        for (execution_id,) in self.conn.execute(q).fetchall():
+            self.conn.execute(executions.update().where(executions.c.id == execution_id)
+                              .values(nd_retry_at=None))
+            self.request_decision(execution_id, now, decision_queue, force=True)
+
+    def stale_outbox(self, now: datetime, older_than: float, limit: int = 500) -> list[OutboxMessage]:
+        cutoff = now - timedelta(seconds=older_than)
+        q = self._for_update(sa.select(outbox).where(outbox.c.created_at < cutoff)
+                             .order_by(outbox.c.id).limit(limit))
+        return [OutboxMessage(r.id, r.task_name, r.queue, r.args, r.task_id, r.headers)
+                for r in self.conn.execute(q).fetchall()]

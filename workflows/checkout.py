@@ -1,0 +1,62 @@
+"""The checkout saga from the spec: charge, reserve, confirm — compensated LIFO on failure, and
+compensated explicitly (never automatically) on cancellation."""
+
+from __future__ import annotations
+
+from harvest_celery import Cancelled, Saga, WorkflowContext, activity, workflow
+
+# Stand-ins for the payment and inventory systems, keyed by ids so that compensations are
+# idempotent: refunding a charge twice is a no-op (docs/concepts.md, "Idempotency contract").
+LEDGER: dict[str, str] = {}
+
+
+@activity(queue="payments")
+def charge_payment(order: dict) -> str:
+    charge_id = f"ch_{order['order_id']}"
+    LEDGER[charge_id] = "charged"
+    return charge_id
+
+
+@activity(queue="payments")
+def refund_payment(charge_id: str) -> None:
+    if LEDGER.get(charge_id) == "charged":
+        LEDGER[charge_id] = "refunded"
+
+
+@activity(queue="inventory")
+def reserve_inventory(order: dict) -> str:
+    if order.get("out_of_stock"):
+        raise RuntimeError(f"no stock for order {order['order_id']}")
+    rsv_id = f"rsv_{order['order_id']}"
+    LEDGER[rsv_id] = "reserved"
+    return rsv_id
+
+
+@activity(queue="inventory")
+def release_reservation(rsv_id: str) -> None:
+    if LEDGER.get(rsv_id) == "reserved":
+        LEDGER[rsv_id] = "released"
+
+
+@activity(queue="default")
+def confirm_checkout(ids: list) -> str:
+    return f"confirmed {ids[0]} / {ids[1]}"
+
+
+@workflow
+async def checkout(ctx: WorkflowContext, order: dict) -> str:
+    saga = Saga(ctx)
+    charge_id = await saga.step(
+        lambda: ctx.execute_activity(charge_payment, order, queue="payments"),
+        lambda charge_id: ctx.execute_activity(refund_payment, charge_id, queue="payments"),
+    )
+    reservation_id = await saga.step(
+        lambda: ctx.execute_activity(reserve_inventory, order, queue="inventory"),
+        lambda rsv_id: ctx.execute_activity(release_reservation, rsv_id, queue="inventory"),
+    )
+    if order.get("wait_for_approval"):
+        await ctx.wait_signal("approved")
+    if ctx.is_cancelled():
+        await saga.compensate_all()
+        raise Cancelled(ctx.cancellation_reason() or "cancelled")
+    return await ctx.execute_activity(confirm_checkout, [charge_id, reservation_id])  # type: ignore[no-any-return]
