@@ -133,6 +133,13 @@ class _Task:
         except StopIteration as stop:
             self.future.set_result(stop.value)
             return
+        except RuntimeError as exc:
+            # asyncio.sleep(n), wait_for, create_task… look for a running asyncio loop first.
+            if "no running event loop" in str(exc):
+                self.future.set_exception(_foreign_await("an asyncio primitive"))
+            else:
+                self.future.set_exception(exc)
+            return
         except Exception as exc:  # noqa: BLE001 - a workflow error becomes the task's outcome
             self.future.set_exception(exc)
             return
@@ -140,14 +147,16 @@ class _Task:
             replay.running = False
         if not isinstance(yielded, _Future):
             self.coro.close()
-            self.future.set_exception(
-                TypeError(
-                    f"a workflow awaited {yielded!r}; workflows may only await ctx.* calls "
-                    "(no asyncio.sleep, asyncio.gather or other event loops): see docs/concepts.md"
-                )
-            )
+            self.future.set_exception(_foreign_await(repr(yielded)))
             return
         yielded.add_done_callback(lambda _f: replay.ready.append(self))
+
+
+def _foreign_await(what: str) -> TypeError:
+    return TypeError(
+        f"a workflow awaited {what}; workflows may only await ctx.* calls "
+        "(no asyncio.sleep, asyncio.gather or other event loops): see docs/concepts.md"
+    )
 
 
 class Replay:
@@ -176,7 +185,8 @@ class Replay:
         self.activity_names: dict[str, str] = {}
         self.activity_futures: dict[str, _Future] = {}
         self.timer_futures: dict[str, _Future] = {}
-        self.results: dict[str, ev.Event] = {}
+        self.results: dict[str, ev.Event] = {}  # activity id → its delivered result
+        self.fired_timers: set[str] = set()
         self.signal_buffer: dict[str, deque[tuple[int, Any]]] = {}
         self.signal_waiters: dict[str, deque[_Future]] = {}
         cancels = [e for e in self.events if isinstance(e, ev.WorkflowCancelled)]
@@ -275,7 +285,7 @@ class Replay:
             timer_id = recorded.timer_id
         future = _Future()
         self.timer_futures[timer_id] = future
-        if timer_id in self.results:
+        if timer_id in self.fired_timers:
             future.set_result(None)
         return future
 
@@ -367,7 +377,7 @@ class Replay:
             self.results[event.activity_id] = event
             self._resolve_activity(event)
         elif isinstance(event, ev.TimerFired):
-            self.results[event.timer_id] = event
+            self.fired_timers.add(event.timer_id)
             timer = self.timer_futures.get(event.timer_id)
             if timer is not None:
                 timer.set_result(None)

@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
-from prometheus_client import multiprocess
+from prometheus_client import CollectorRegistry, Counter, generate_latest, multiprocess
 
 _SPECS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "saga_compensated": ("harvest_saga_compensated", "Saga/DAG unwinds begun (counted once per unwind).", ("workflow",)),

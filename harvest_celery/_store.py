@@ -581,8 +581,8 @@ class Tx:
         is due."""
         cutoff = now - timedelta(seconds=timings.redispatch_after)
         q = self._for_update(sa.select(executions.c.id).where(
-            ((executions.c.decision_requested_at < cutoff)
-             | ((executions.c.nd_retry_at <= now) & (executions.c.status == RUNNING)))).limit(limit))
+            (executions.c.decision_requested_at < cutoff)
+             | ((executions.c.nd_retry_at <= now) & (executions.c.status == RUNNING))).limit(limit))
         for (execution_id,) in self.conn.execute(q).fetchall():
             self.conn.execute(executions.update().where(executions.c.id == execution_id)
                               .values(nd_retry_at=None))

@@ -19,14 +19,12 @@ from harvest_celery import (
     HarvestError,
     NonDeterministic,
     NotInWorkflow,
-    PayloadNotSerializable,
     PayloadTooLarge,
     SagaCompensationFailed,
-    UnknownActivity,
+    _errors,
     activity,
     workflow,
 )
-from harvest_celery import _errors
 from harvest_celery import _events as ev
 from harvest_celery._commands import RecordMarker, ScheduleActivity, StartTimer
 from harvest_celery._engine import EngineConfig

@@ -1,0 +1,202 @@
+"""The Celery app the integration tests' worker processes run (``celery -A tests.integration.app``).
+
+Activities record what they did in Redis (``effects:{tag}``) so a test can see which bodies ran,
+how often, on which queue and which worker, without reaching into the worker process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any
+
+import redis
+from celery import Celery, current_task
+
+from harvest_celery import RetryPolicy, Saga, WorkflowContext, activity, workflow
+from harvest_celery._client import Harvest, configure_celery
+from harvest_celery._store import Timings
+from workflows import checkout, orders
+
+DATABASE_URL = os.environ.get("HARVEST_TEST_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/harvest_it")
+BROKER_URL = os.environ.get("HARVEST_TEST_BROKER_URL", "redis://127.0.0.1:6379/5")
+
+app = Celery("harvest_it", broker=BROKER_URL)
+configure_celery(app)
+app.conf.broker_transport_options = {"visibility_timeout": 3600}
+
+harvest = Harvest(
+    DATABASE_URL,
+    app,
+    timings=Timings(default_lease=30.0, redispatch_after=3.0, nd_retry_initial=0.5, nd_retry_max=2.0),
+    sweep_interval=0.3,
+)
+
+r = redis.Redis.from_url(BROKER_URL)
+
+
+def record(tag: str, name: str, value: Any = None) -> None:
+    request = current_task.request if current_task else None
+    delivery = (getattr(request, "delivery_info", None) or {}) if request else {}
+    r.rpush(f"effects:{tag}", json.dumps({
+        "name": name,
+        "value": value,
+        "queue": delivery.get("routing_key"),
+        "worker": getattr(request, "hostname", None) if request else None,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+    }))
+
+
+@activity(queue="alpha")
+def step_one(data: dict) -> dict:
+    record(data["tag"], "step_one", data)
+    return {**data, "one": True}
+
+
+@activity(queue="beta")
+def step_two(data: dict) -> dict:
+    record(data["tag"], "step_two", data)
+    return {**data, "two": True}
+
+
+@activity(queue="alpha")
+def step_three(data: dict) -> str:
+    record(data["tag"], "step_three", data)
+    return f"done:{data['tag']}"
+
+
+@workflow
+async def three_steps(ctx: WorkflowContext, data: dict) -> str:
+    one = await ctx.execute_activity(step_one, data)
+    two = await ctx.execute_activity(step_two, one)
+    return await ctx.execute_activity(step_three, two)  # type: ignore[no-any-return]
+
+
+@activity(queue="beta", start_to_close=4, retry=RetryPolicy(max_attempts=3, initial_interval=0.2))
+def slow_until_released(data: dict) -> str:
+    """Blocks until the test releases it (or a later attempt runs), so a test can kill -9 the
+    worker mid-body."""
+    record(data["tag"], "slow_started", data)
+    attempt_key = f"attempts:{data['tag']}"
+    attempt = r.incr(attempt_key)
+    if attempt == 1:
+        time.sleep(60)  # the first attempt is the one the test kills
+    record(data["tag"], "slow_finished", attempt)
+    return f"finished on attempt body {attempt}"
+
+
+@workflow
+async def survives_kill(ctx: WorkflowContext, data: dict) -> str:
+    out = await ctx.execute_activity(slow_until_released, data)
+    await ctx.execute_activity(step_three, data)
+    return out  # type: ignore[no-any-return]
+
+
+@activity(queue="alpha", retry=RetryPolicy(max_attempts=3, initial_interval=0.1))
+def flaky(data: dict) -> str:
+    n = r.incr(f"flaky:{data['tag']}")
+    record(data["tag"], "flaky", n)
+    if n < data.get("succeed_on", 2):
+        raise ConnectionError(f"flaky attempt {n}")
+    return f"ok after {n}"
+
+
+@activity(queue="alpha", retry=RetryPolicy(max_attempts=5, non_retryable_error_types=("ValueError",)))
+def rejects(data: dict) -> str:
+    record(data["tag"], "rejects", None)
+    raise ValueError("bad order")
+
+
+@workflow
+async def retrying(ctx: WorkflowContext, data: dict) -> str:
+    return await ctx.execute_activity(flaky, data)  # type: ignore[no-any-return]
+
+
+@workflow
+async def non_retryable(ctx: WorkflowContext, data: dict) -> str:
+    return await ctx.execute_activity(rejects, data)  # type: ignore[no-any-return]
+
+
+@workflow
+async def deployable(ctx: WorkflowContext, data: dict) -> str:
+    """Its code 'version' is read from Redis: the test flips it to simulate a deploy that reorders
+    the first two activities, then reverts it."""
+    version = (r.get("deployed_version") or b"1").decode()
+    first, second = (step_one, step_two) if version == "1" else (step_two, step_one)
+    await ctx.execute_activity(first, data)
+    await ctx.execute_activity(second, data)
+    await ctx.wait_signal("go")
+    return await ctx.execute_activity(step_three, data)  # type: ignore[no-any-return]
+
+
+@workflow
+async def fan_out(ctx: WorkflowContext, data: dict) -> list:
+    items = [dict(data, i=i) for i in range(data["n"])]
+    return await ctx.gather(*(ctx.execute_activity(step_one, item) for item in items))
+
+
+@workflow
+async def sleeper(ctx: WorkflowContext, data: dict) -> str:
+    await ctx.sleep(data.get("seconds", 0.5))
+    return await ctx.execute_activity(step_three, data)  # type: ignore[no-any-return]
+
+
+# ── sagas ────────────────────────────────────────────────────────────────────────────────────
+@activity(queue="alpha")
+def forward(data: dict) -> str:
+    record(data["tag"], f"forward:{data['step']}", data)
+    if data.get("fail"):
+        raise RuntimeError(f"forward {data['step']} failed")
+    return f"fwd-{data['step']}"
+
+
+@activity(queue="beta")
+def undo(data: dict) -> str:
+    record(data["tag"], f"undo:{data['step']}", data)
+    if data.get("fail"):
+        raise RuntimeError(f"undo {data['step']} failed")
+    if data.get("slow"):
+        time.sleep(data["slow"])
+    return f"undone-{data['step']}"
+
+
+@workflow
+async def saga_steps(ctx: WorkflowContext, data: dict) -> str:
+    """Steps 1..n forward; step ``fail_at`` fails; compensations listed in ``undo_fails`` fail."""
+    saga = Saga(ctx)
+    tag = data["tag"]
+    for step in range(1, data["n"] + 1):
+        await saga.step(
+            lambda step=step: ctx.execute_activity(forward, {"tag": tag, "step": step,
+                                                             "fail": step == data.get("fail_at")}),
+            lambda _out, step=step: ctx.execute_activity(undo, {
+                "tag": tag, "step": step, "fail": step in data.get("undo_fails", []),
+                "slow": data.get("undo_slow", 0)}),
+        )
+    if data.get("wait"):
+        await ctx.wait_signal("go")
+    if ctx.is_cancelled():
+        await saga.compensate_all()
+    return "ok"
+
+
+@workflow
+async def cancel_and_compensate(ctx: WorkflowContext, data: dict) -> str:
+    """The recommended pattern with in-memory compensations (they run fine after a cancel)."""
+    saga = Saga(ctx)
+    undone: list[str] = []
+    await saga.step(lambda: ctx.execute_activity(forward, {"tag": data["tag"], "step": 1}),
+                    lambda out: undone.append(out))
+    await ctx.wait_signal("go")
+    if ctx.is_cancelled():
+        await saga.compensate_all()
+        return f"compensated {undone}"
+    return "not cancelled"
+
+
+harvest.register(orders, checkout, step_one, step_two, step_three, three_steps,
+                 slow_until_released, survives_kill, flaky, rejects, retrying, non_retryable,
+                 deployable, fan_out, sleeper, forward, undo, saga_steps, cancel_and_compensate)

@@ -1,0 +1,143 @@
+"""Real Postgres, real Redis, real Celery worker processes — shared by the whole session.
+
+One fresh database per session (migrated from empty with Alembic); two worker processes on
+different queues, started as subprocesses with their queues named; Redis DB 5 flushed at start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import sqlalchemy as sa
+
+ROOT = Path(__file__).resolve().parents[2]
+ADMIN_URL = os.environ.get("HARVEST_TEST_ADMIN_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
+DB_NAME = os.environ.get("HARVEST_TEST_DB", "harvest_it")
+DATABASE_URL = f"postgresql+psycopg2://postgres@127.0.0.1:5432/{DB_NAME}"
+BROKER_URL = "redis://127.0.0.1:6379/5"
+LOG_DIR = Path(os.environ.get("HARVEST_TEST_LOGS", "/tmp/harvest-it-logs"))
+
+os.environ["HARVEST_TEST_DATABASE_URL"] = DATABASE_URL
+os.environ["HARVEST_TEST_BROKER_URL"] = BROKER_URL
+
+WORKER_QUEUES = {
+    "w1": "harvest,default,alpha,payments",
+    "w2": "beta,inventory,pricing",
+}
+
+
+def _fresh_database() -> None:
+    admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"), {"d": DB_NAME})
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{DB_NAME}"'))
+        conn.execute(sa.text(f'CREATE DATABASE "{DB_NAME}"'))
+    admin.dispose()
+
+
+class Worker:
+    def __init__(self, name: str, queues: str, extra_env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.queues = queues
+        self.extra_env = extra_env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = LOG_DIR / f"{name}.log"
+
+    def start(self) -> None:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), **self.extra_env)
+        cmd = [sys.executable, "-m", "celery", "-A", "tests.integration.app", "worker",
+               "-Q", self.queues, "-n", f"{self.name}-{uuid.uuid4().hex[:6]}@%h", "-P", "threads",
+               "-c", "4", "--without-gossip", "--without-mingle", "--without-heartbeat",
+               "-l", "INFO"]
+        with open(self.log, "ab") as out:
+            out.write(f"\n===== start {time.time()} =====\n".encode())
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        marker_from = self.log.stat().st_size if self.log.exists() else 0
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker {self.name} exited: see {self.log}")
+            text = self.log.read_bytes()[max(marker_from - 200, 0):].decode(errors="replace")
+            if " ready." in text:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"worker {self.name} not ready after {timeout}s: see {self.log}")
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+
+
+@pytest.fixture(scope="session")
+def redis_client() -> redis.Redis:
+    client = redis.Redis.from_url(BROKER_URL)
+    client.flushdb()
+    return client
+
+
+@pytest.fixture(scope="session")
+def harvest(redis_client: redis.Redis) -> Any:
+    _fresh_database()
+    from tests.integration.app import harvest as h
+
+    h.migrate()
+    return h
+
+
+@pytest.fixture(scope="session")
+def workers(harvest: Any) -> Iterator[dict[str, Worker]]:
+    started = {name: Worker(name, queues) for name, queues in WORKER_QUEUES.items()}
+    try:
+        for w in started.values():
+            w.start()
+        yield started
+    finally:
+        for w in started.values():
+            w.stop()
+
+
+@pytest.fixture
+def tag() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def effects(client: redis.Redis, tag: str) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in client.lrange(f"effects:{tag}", 0, -1)]
+
+
+def wait_for(predicate: Any, timeout: float = 30, interval: float = 0.1, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
