@@ -1,5 +1,6 @@
 """harvest-celery: durable workflows, sagas and DAGs on the Celery you already run."""
 
+from ._client import Harvest, configure_celery
 from ._context import WorkflowContext
 from ._errors import (
     ActivityError,
@@ -32,6 +33,7 @@ __all__ = [
     "DuplicateRegistration",
     "ExecutionAlreadyExists",
     "ExecutionNotFound",
+    "Harvest",
     "HarvestError",
     "InvalidState",
     "NonDeterministic",
@@ -48,5 +50,6 @@ __all__ = [
     "WorkflowContext",
     "WorkflowFailed",
     "activity",
+    "configure_celery",
     "workflow",
 ]

@@ -200,3 +200,15 @@ async def cancel_and_compensate(ctx: WorkflowContext, data: dict) -> str:
 harvest.register(orders, checkout, step_one, step_two, step_three, three_steps,
                  slow_until_released, survives_kill, flaky, rejects, retrying, non_retryable,
                  deployable, fan_out, sleeper, forward, undo, saga_steps, cancel_and_compensate)
+
+
+def _inject_claim_failure(execution_id: str, activity_id: str, attempt: int) -> None:
+    """Fault injection for the claim test: fail the claim transaction before ActivityStarted is
+    appended, as many times as ``fail_claim:{execution_id}`` says."""
+    if r.decr(f"fail_claim:{execution_id}") >= 0:
+        r.incr(f"claim_failures:{execution_id}")
+        raise RuntimeError("injected claim failure")
+    r.delete(f"fail_claim:{execution_id}")
+
+
+harvest.runtime.before_claim_append = _inject_claim_failure

@@ -1,0 +1,40 @@
+"""Alembic migrations from an empty database give exactly the models' schema."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from harvest_celery._migrate import downgrade, upgrade
+from harvest_celery._schema import metadata
+
+from .conftest import ADMIN_URL
+
+pytestmark = pytest.mark.integration
+
+
+def test_migrating_an_empty_postgres_database_gives_the_models_schema():
+    admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text("DROP DATABASE IF EXISTS harvest_drift"))
+        conn.execute(sa.text("CREATE DATABASE harvest_drift"))
+    url = "postgresql+psycopg2://postgres@127.0.0.1:5432/harvest_drift"
+    try:
+        upgrade(url)
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            diff = compare_metadata(MigrationContext.configure(conn, opts={"version_table": "harvest_alembic_version"}), metadata)
+            assert diff == []
+            assert set(sa.inspect(conn).get_table_names()) >= {t.name for t in metadata.sorted_tables}
+        downgrade(url)
+        with engine.connect() as conn:
+            assert not set(sa.inspect(conn).get_table_names()) & {t.name for t in metadata.sorted_tables}
+        engine.dispose()
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'harvest_drift'"))
+            conn.execute(sa.text("DROP DATABASE IF EXISTS harvest_drift"))
+        admin.dispose()

@@ -1,0 +1,19 @@
+"""The embedded default (SQLite) migrates from empty to exactly the models' schema."""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from harvest_celery._migrate import upgrade
+from harvest_celery._schema import metadata
+
+
+def test_migrating_an_empty_sqlite_database_gives_the_models_schema(tmp_path):
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    upgrade(url)
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn, opts={"version_table": "harvest_alembic_version"}), metadata) == []
+    engine.dispose()
