@@ -9,6 +9,7 @@ body unless the claim committed. A body that executed therefore always has an ``
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery, Task, signals
@@ -113,6 +114,11 @@ def install(app: Celery, runtime: Runtime) -> None:
         consumer = getattr(sender, "app", None)
         if consumer is not app:
             return
+        port = os.environ.get("HARVEST_METRICS_PORT")
+        if port:
+            from ._metrics import serve
+
+            serve(int(port), os.environ.get("HARVEST_METRICS_ADDR", "127.0.0.1"))
         queues = set(app.amqp.queues.consume_from or {})
         if runtime.settings.decision_queue in queues and not sweeper_holder:
             sweeper_holder.append(Sweeper(runtime))

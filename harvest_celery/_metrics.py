@@ -54,3 +54,15 @@ def exposition() -> tuple[bytes, str]:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
     return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def serve(port: int, addr: str = "127.0.0.1") -> None:
+    """Serve ``/metrics`` from this process (aggregating pool children under
+    PROMETHEUS_MULTIPROC_DIR)."""
+    from prometheus_client import REGISTRY, start_http_server
+
+    registry: Any = REGISTRY
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+    start_http_server(port, addr=addr, registry=registry)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._context import WorkflowContext
-from ._errors import Cancelled, SagaCompensationFailed
+from ._errors import Cancelled, NonDeterministic, SagaCompensationFailed
 
 MANUAL_COMPENSATION = "manual compensation requested"
 
@@ -44,12 +44,13 @@ class Saga:
 
         If ``forward`` fails, everything registered so far is rolled back (continue-not-abort)
         and the step's own error is re-raised — or ``SagaCompensationFailed`` if a compensation
-        failed. A ``Cancelled`` error passes through untouched: cancellation never compensates.
+        failed. ``Cancelled`` and ``NonDeterministic`` pass through untouched: cancellation never
+        compensates, and a divergence is a deploy problem that nd-blocks the run.
         """
         try:
             result = await _call(forward)
-        except Cancelled:
-            raise
+        except (Cancelled, NonDeterministic):
+            raise  # cancellation never compensates; a divergence is a deploy problem, not a failure
         except Exception as err:
             await self.compensate_all_after(err)
         if compensate is not None:

@@ -145,15 +145,17 @@ async def sleeper(ctx: WorkflowContext, data: dict) -> str:
 
 
 # ── sagas ────────────────────────────────────────────────────────────────────────────────────
-@activity(queue="alpha")
+@activity(queue="alpha", retry=RetryPolicy(max_attempts=1))
 def forward(data: dict) -> str:
     record(data["tag"], f"forward:{data['step']}", data)
+    if data.get("slow"):
+        time.sleep(data["slow"])
     if data.get("fail"):
         raise RuntimeError(f"forward {data['step']} failed")
     return f"fwd-{data['step']}"
 
 
-@activity(queue="beta")
+@activity(queue="beta", retry=RetryPolicy(max_attempts=1))
 def undo(data: dict) -> str:
     record(data["tag"], f"undo:{data['step']}", data)
     if data.get("fail"):
@@ -168,17 +170,23 @@ async def saga_steps(ctx: WorkflowContext, data: dict) -> str:
     """Steps 1..n forward; step ``fail_at`` fails; compensations listed in ``undo_fails`` fail."""
     saga = Saga(ctx)
     tag = data["tag"]
+
+    def compensation(step: int) -> Any:
+        # Test probe (an anti-pattern in real code): counts how often the closure is invoked,
+        # which replays do on every decision.
+        r.incr(f"closure:{tag}:{step}")
+        return ctx.execute_activity(undo, {
+            "tag": tag, "step": step, "fail": step in data.get("undo_fails", []),
+            "slow": data.get("undo_slow", 0)})
+
     for step in range(1, data["n"] + 1):
         await saga.step(
-            lambda step=step: ctx.execute_activity(forward, {"tag": tag, "step": step,
-                                                             "fail": step == data.get("fail_at")}),
-            lambda _out, step=step: ctx.execute_activity(undo, {
-                "tag": tag, "step": step, "fail": step in data.get("undo_fails", []),
-                "slow": data.get("undo_slow", 0)}),
+            lambda step=step: ctx.execute_activity(forward, {
+                "tag": tag, "step": step, "fail": step == data.get("fail_at"),
+                "slow": data.get("slow", 0) if step == data.get("slow_at") else 0}),
+            lambda _out, step=step: compensation(step),
         )
-    if data.get("wait"):
-        await ctx.wait_signal("go")
-    if ctx.is_cancelled():
+    if data.get("check_cancel", True) and ctx.is_cancelled():
         await saga.compensate_all()
     return "ok"
 
@@ -190,7 +198,8 @@ async def cancel_and_compensate(ctx: WorkflowContext, data: dict) -> str:
     undone: list[str] = []
     await saga.step(lambda: ctx.execute_activity(forward, {"tag": data["tag"], "step": 1}),
                     lambda out: undone.append(out))
-    await ctx.wait_signal("go")
+    # the cancel lands while this body runs; it keeps its claim and its result is recorded
+    await ctx.execute_activity(forward, {"tag": data["tag"], "step": 2, "slow": data.get("slow", 2)})
     if ctx.is_cancelled():
         await saga.compensate_all()
         return f"compensated {undone}"

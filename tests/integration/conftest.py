@@ -35,6 +35,7 @@ WORKER_QUEUES = {
     "w1": "harvest,default,alpha,payments",
     "w2": "beta,inventory,pricing",
 }
+METRICS_PORTS = {"w1": 19808, "w2": 19809}
 
 
 def _fresh_database() -> None:
@@ -114,7 +115,8 @@ def harvest(redis_client: redis.Redis) -> Any:
 
 @pytest.fixture(scope="session")
 def workers(harvest: Any) -> Iterator[dict[str, Worker]]:
-    started = {name: Worker(name, queues) for name, queues in WORKER_QUEUES.items()}
+    started = {name: Worker(name, queues, {"HARVEST_METRICS_PORT": str(METRICS_PORTS[name])})
+               for name, queues in WORKER_QUEUES.items()}
     try:
         for w in started.values():
             w.start()
@@ -141,3 +143,18 @@ def wait_for(predicate: Any, timeout: float = 30, interval: float = 0.1, what: s
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def scrape(worker: str, metric: str, **labels: str) -> float:
+    """A counter's value as the worker process serves it on /metrics (0 if absent)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORTS[worker]}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == metric and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
