@@ -119,7 +119,7 @@ def install(app: Celery, runtime: Runtime) -> None:
             from ._metrics import serve
 
             serve(int(port), os.environ.get("HARVEST_METRICS_ADDR", "127.0.0.1"))
-        queues = set(app.amqp.queues.consume_from or {})
+        queues = set(app.amqp.queues.consume_from or {})  # type: ignore[union-attr]
         if runtime.settings.decision_queue in queues and not sweeper_holder:
             sweeper_holder.append(Sweeper(runtime))
             sweeper_holder[0].start()

@@ -8,6 +8,7 @@ caller forgot the lock.
 
 from __future__ import annotations
 
+import builtins
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -188,7 +189,7 @@ class Store:
             return Tx(conn, self.is_sqlite).history(execution_id)
 
     def list(self, *, status: str | None = None, workflow_type: str | None = None,
-             nd_blocked: bool | None = None, limit: int = 100, offset: int = 0) -> list[Execution]:
+             nd_blocked: bool | None = None, limit: int = 100, offset: int = 0) -> builtins.list[Execution]:
         q = sa.select(executions).order_by(executions.c.created_at.desc(), executions.c.id)
         if status:
             q = q.where(executions.c.status == status)
@@ -202,7 +203,7 @@ class Store:
             rows = conn.execute(q.limit(limit).offset(offset)).fetchall()
         return [Execution.from_row(r) for r in rows]
 
-    def activity_rows(self, execution_id: str) -> list[dict[str, Any]]:
+    def activity_rows(self, execution_id: str) -> builtins.list[dict[str, Any]]:
         q = sa.select(activity_tasks).where(activity_tasks.c.execution_id == execution_id)
         with self.engine.connect() as conn:
             rows = conn.execute(q.order_by(activity_tasks.c.event_seq)).fetchall()
@@ -244,7 +245,7 @@ class Tx:
     def append(self, row: Any, new_events: Sequence[ev.Event], now: datetime) -> int:
         """Append events at the run's next positions (the row must be locked). Returns the seq of
         the first one."""
-        first = row._mapping["next_seq"] if hasattr(row, "_mapping") else row["next_seq"]
+        first = row._mapping["next_seq"]
         if not new_events:
             return int(first)
         execution_id = row._mapping["id"]
@@ -262,7 +263,9 @@ class Tx:
         result = self.conn.execute(outbox.insert().values(
             task_name=task_name, queue=queue, args=args, task_id=task_id, created_at=now,
             headers=headers))
-        self.outbox.append(OutboxMessage(int(result.inserted_primary_key[0]), task_name, queue, args,
+        key = result.inserted_primary_key
+        assert key is not None
+        self.outbox.append(OutboxMessage(int(key[0]), task_name, queue, args,
                                          task_id, headers))
 
     def request_decision(self, execution_id: str, now: datetime, queue: str, *,

@@ -6,7 +6,7 @@ from sqlalchemy import create_engine, pool
 from harvest_celery._schema import metadata
 
 config = context.config
-url = config.get_main_option("sqlalchemy.url")
+url = config.get_main_option("sqlalchemy.url") or ""
 
 
 def run_migrations_offline() -> None:
