@@ -100,8 +100,9 @@ def install(app: Celery, runtime: Runtime) -> None:
     app._harvest_runtime = runtime  # type: ignore[attr-defined]
     app.conf.setdefault("task_default_queue", "default")
 
+    # shared=False: with two Celery apps in one process each keeps its own runtime.
     @app.task(name=DECIDE_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
-              typing=False)
+              typing=False, shared=False)
     def decide(execution_id: str) -> None:
         runtime.run_decision(execution_id)
 
@@ -138,7 +139,7 @@ def register_activity(app: Celery, runtime: Runtime, definition: ActivityDefinit
     if definition.start_to_close:
         time_limits = {"soft_time_limit": definition.start_to_close,
                        "time_limit": definition.start_to_close + 5}
-    app.task(name=definition.name, base=ActivityTask, bind=False, harvest_runtime=runtime,
+    app.task(name=definition.name, base=ActivityTask, bind=False, shared=False, harvest_runtime=runtime,
              harvest_definition=definition, **time_limits)(_activity_placeholder)
 
 

@@ -203,11 +203,11 @@ class Harvest:
 def _outcome(row: Execution) -> Any:
     if row.status == COMPLETED:
         return row.result
-    if row.status == CANCELLED:
-        raise WorkflowCancelledError(row.id, row.cancel_reason or "")
     error = row.error or {}
-    if row.cancelled_at is not None and not error:
-        raise WorkflowCancelledError(row.id, row.cancel_reason or "")
+    recorded = f"{error['type']}: {error.get('message', '')}" if error else None
+    if row.status == CANCELLED or (row.cancelled_at is not None and not error):
+        # the post-cancel outcome (e.g. a failed cancel-and-compensate unwind) stays visible
+        raise WorkflowCancelledError(row.id, row.cancel_reason or "", recorded)
     raise WorkflowFailed(row.id, error.get("type", "Error"), error.get("message", ""))
 
 

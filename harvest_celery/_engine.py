@@ -413,9 +413,9 @@ class Replay:
         return _Task(self, _wrap()).future
 
 
-def _outcome_of(future: _Future) -> Outcome:
+def _outcome_of(future: _Future, workflow_type: str) -> Outcome:
     try:
-        return Completed(future.result())
+        return Completed(check_json(future.result(), f"result of workflow {workflow_type!r}"))
     except Exception as exc:  # noqa: BLE001 - the workflow's own error is its outcome
         return Failed(type(exc).__name__, str(exc))
 
@@ -436,7 +436,7 @@ def decide(definition: WorkflowDefinition, activation: Activation, registry: Reg
             break
         replay.deliver(index)
         replay.run_ready()
-    outcome = _outcome_of(main.future) if main.future.done() else None
+    outcome = _outcome_of(main.future, definition.name) if main.future.done() else None
     if replay.nd is None and not replay.sealed:
         # Recorded commands the code no longer issues are a divergence too (a removed step).
         leftover = [i for i in replay._rest(skip_signals=True)

@@ -137,10 +137,14 @@ class WorkflowFailed(HarvestError):
 class WorkflowCancelledError(HarvestError):
     """``Harvest.result`` on a run that was cancelled."""
 
-    def __init__(self, execution_id: str, reason: str) -> None:
-        super().__init__(f"workflow {execution_id} was cancelled: {reason}")
+    def __init__(self, execution_id: str, reason: str, error: str | None = None) -> None:
+        message = f"workflow {execution_id} was cancelled: {reason}"
+        if error:
+            message += f" (after the cancel the workflow failed: {error})"
+        super().__init__(message)
         self.execution_id = execution_id
         self.reason = reason
+        self.error = error
 
 
 class RegistrationError(HarvestError):

@@ -3,7 +3,9 @@ compensated explicitly (never automatically) on cancellation."""
 
 from __future__ import annotations
 
-from harvest_celery import Cancelled, Saga, WorkflowContext, activity, workflow
+import time
+
+from harvest_celery import Cancelled, RetryPolicy, Saga, WorkflowContext, activity, workflow
 
 # Stand-ins for the payment and inventory systems, keyed by ids so that compensations are
 # idempotent: refunding a charge twice is a no-op (docs/concepts.md, "Idempotency contract").
@@ -23,8 +25,11 @@ def refund_payment(charge_id: str) -> None:
         LEDGER[charge_id] = "refunded"
 
 
-@activity(queue="inventory")
+# Out of stock will not fix itself in seconds: one quick retry, then fail and unwind.
+@activity(queue="inventory", retry=RetryPolicy(max_attempts=2, initial_interval=0.2))
 def reserve_inventory(order: dict) -> str:
+    if order.get("reserve_seconds"):
+        time.sleep(order["reserve_seconds"])  # a slow inventory system: a cancel can land meanwhile
     if order.get("out_of_stock"):
         raise RuntimeError(f"no stock for order {order['order_id']}")
     rsv_id = f"rsv_{order['order_id']}"
@@ -54,8 +59,8 @@ async def checkout(ctx: WorkflowContext, order: dict) -> str:
         lambda: ctx.execute_activity(reserve_inventory, order, queue="inventory"),
         lambda rsv_id: ctx.execute_activity(release_reservation, rsv_id, queue="inventory"),
     )
-    if order.get("wait_for_approval"):
-        await ctx.wait_signal("approved")
+    # A cancel that landed while a step ran is observed here, before committing: compensate
+    # explicitly (cancellation never compensates on its own).
     if ctx.is_cancelled():
         await saga.compensate_all()
         raise Cancelled(ctx.cancellation_reason() or "cancelled")

@@ -597,3 +597,18 @@ def test_markers_are_plain_commands_without_metrics_for_patches():
     decision = run.decide()
     assert decision.commands[0] == RecordMarker("patch:b-first")
     assert decision.metrics == []
+
+
+@workflow
+async def returns_a_set(ctx, _input):
+    return {1, 2}
+
+
+def test_a_non_json_workflow_result_fails_the_run_with_a_clear_error():
+    sim = Simulator(returns_a_set)
+    run = sim.start("returns_a_set")
+    run.decide()
+    assert run.status == "FAILED"
+    failed = run.events[-1]
+    assert failed.error_type == "PayloadNotSerializable"
+    assert "result of workflow 'returns_a_set' is not JSON-serialisable" in failed.message

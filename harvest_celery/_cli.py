@@ -1,0 +1,362 @@
+"""The ``harvest`` command line.
+
+::
+
+    harvest [--app module:attr] [--database-url URL] COMMAND ...
+
+``--app`` (or ``HARVEST_APP``) names a ``Harvest`` instance to import, like ``celery -A``; commands
+that run or change workflows need it (start, signal, cancel, result, worker). Commands that only
+read or migrate the database (db upgrade, show, list) also accept ``--database-url`` (or
+``HARVEST_DATABASE_URL``) instead. ``harvest demo`` needs neither.
+
+Exit codes: 0 success; 1 the run asked about failed or was cancelled (``result``, ``start
+--wait``); 2 a usage error or a ``HarvestError`` (``harvest: error: ...`` on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+import tempfile
+from typing import Any
+
+from ._client import Harvest
+from ._errors import HarvestError, WorkflowCancelledError, WorkflowFailed
+from ._store import Store
+from ._timeline import render_status, render_timeline
+
+PROG = "harvest"
+
+
+class CliError(Exception):
+    """A usage error: printed as ``harvest: error: ...``, exit status 2."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+        return int(exc.code or 0) if isinstance(exc.code, int) or exc.code is None else 2
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if getattr(args, "handler", None) is None:  # no (sub)command: help for the level reached
+        getattr(args, "help_parser", parser).print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.handler(args) or 0)
+    except (CliError, HarvestError, ValueError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+# ── argument parsing ─────────────────────────────────────────────────────────────────────────
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Durable workflows on Celery + Postgres.")
+    p.add_argument("-A", "--app", default=os.environ.get("HARVEST_APP"),
+                   help="module[:attr] of a Harvest instance, like celery -A (env HARVEST_APP)")
+    p.add_argument("--database-url", default=os.environ.get("HARVEST_DATABASE_URL"),
+                   help="database for commands that only need the database (env HARVEST_DATABASE_URL)")
+    # The same options after the command name (harvest worker -A myshop.celery); SUPPRESS keeps a
+    # value given before the command.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-A", "--app", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    common.add_argument("--database-url", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    sub = p.add_subparsers(title="commands", metavar="COMMAND")
+
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], help=help)
+
+    db = command("db", help="database schema")
+    db.set_defaults(help_parser=db)
+    db_sub = db.add_subparsers(title="db commands", metavar="DB_COMMAND")
+    up = db_sub.add_parser("upgrade", parents=[common], help="apply the schema migrations (alembic upgrade)")
+    up.add_argument("--revision", default="head")
+    up.set_defaults(handler=cmd_db_upgrade)
+
+    w = command("worker", help="run a Celery worker for the --app (decisions and activities)")
+    w.add_argument("-Q", "--queues", default=None,
+                   help="comma-separated queues (default: 'default' and the decision queue 'harvest')")
+    w.add_argument("-c", "--concurrency", type=int, default=None)
+    w.add_argument("-P", "--pool", default=None)
+    w.add_argument("-l", "--loglevel", default="INFO")
+    w.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus /metrics (aggregated over the pool processes) on this port")
+    w.add_argument("--metrics-addr", default=None,
+                   help="address for --metrics-port (default 127.0.0.1; 0.0.0.0 in a container)")
+    w.set_defaults(handler=cmd_worker)
+
+    s = command("start", help="start a workflow run; prints its id")
+    s.add_argument("workflow")
+    s.add_argument("input", nargs="?", default=None, metavar="INPUT_JSON")
+    s.add_argument("--id", dest="execution_id", default=None, help="execution id (idempotent start)")
+    s.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+                   help="wait this long for the result")
+    s.set_defaults(handler=cmd_start)
+
+    sh = command("show", help="status and history timeline of a run")
+    sh.add_argument("execution_id", metavar="ID")
+    sh.set_defaults(handler=cmd_show)
+
+    c = command("cancel", help="cancel a live run (never compensates by itself)")
+    c.add_argument("execution_id", metavar="ID")
+    c.add_argument("--reason", default="")
+    c.set_defaults(handler=cmd_cancel)
+
+    sg = command("signal", help="send a signal to a live run")
+    sg.add_argument("execution_id", metavar="ID")
+    sg.add_argument("name", metavar="NAME")
+    sg.add_argument("payload", nargs="?", default=None, metavar="PAYLOAD_JSON")
+    sg.set_defaults(handler=cmd_signal)
+
+    ls = command("list", help="list runs, newest first")
+    ls.add_argument("--status", default=None, type=str.upper)
+    ls.add_argument("--workflow", default=None)
+    ls.add_argument("--nd-blocked", action="store_true", help="only runs blocked on a replay divergence")
+    ls.add_argument("--limit", type=int, default=50)
+    ls.set_defaults(handler=cmd_list)
+
+    r = command("result", help="wait for a run and print its result as JSON")
+    r.add_argument("execution_id", metavar="ID")
+    r.add_argument("--timeout", type=float, default=30.0)
+    r.set_defaults(handler=cmd_result)
+
+    d = command("demo", help="run the example workflows in embedded mode (no Postgres, no Redis)")
+    d.add_argument("--keep", action="store_true", help="keep the demo's SQLite database and print its path")
+    d.set_defaults(handler=cmd_demo)
+    return p
+
+
+def parse_json(text: str | None, what: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"{what} is not valid JSON ({exc}): {text!r}") from None
+
+
+# ── resolving the app and the database ───────────────────────────────────────────────────────
+def load_app(spec: str) -> tuple[Harvest, str, str]:
+    """Import ``module[:attr]``; returns (instance, module, attr). Without ``attr`` the module's
+    ``harvest`` is used, or else its only ``Harvest`` instance."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name:
+        raise CliError(f"--app {spec!r}: expected module:attr")
+    if os.getcwd() not in sys.path:  # like celery -A: the current directory is importable
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CliError(f"--app {spec!r}: cannot import {module_name!r}: {exc}") from None
+    if not attr:
+        found = [k for k, v in vars(module).items() if isinstance(v, Harvest)]
+        if "harvest" in found or len(found) != 1:
+            attr = "harvest"
+        else:
+            attr = found[0]
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise CliError(f"--app {spec!r}: {module_name!r} has no attribute {attr!r}") from None
+    if callable(obj) and not isinstance(obj, Harvest):
+        obj = obj()
+    if not isinstance(obj, Harvest):
+        raise CliError(f"--app {spec!r} is a {type(obj).__name__}, not a Harvest instance")
+    return obj, module_name, attr
+
+
+def _harvest(args: argparse.Namespace) -> Harvest:
+    if not args.app:
+        raise CliError(f"'{PROG} {args.handler.__name__[4:]}' needs --app module:attr (or HARVEST_APP) naming "
+                       "the Harvest instance whose workflows it runs")
+    return load_app(args.app)[0]
+
+
+def _database_url(args: argparse.Namespace) -> str:
+    if args.database_url:
+        return str(args.database_url)
+    if args.app:
+        return load_app(args.app)[0].database_url
+    raise CliError("no database: pass --database-url (or set HARVEST_DATABASE_URL), or --app")
+
+
+def _store(args: argparse.Namespace) -> Store:
+    if args.app and not args.database_url:
+        return load_app(args.app)[0].store
+    return Store(_database_url(args))
+
+
+def _safe_url(url: str) -> str:
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - only used for display
+        return url
+
+
+# ── commands ─────────────────────────────────────────────────────────────────────────────────
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from ._migrate import upgrade
+
+    url = _database_url(args)
+    upgrade(url, args.revision)
+    print(f"database {_safe_url(url)} upgraded to {args.revision}")
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    data = parse_json(args.input, "INPUT_JSON")
+    harvest = _harvest(args)
+    execution_id = harvest.start_workflow(args.workflow, data, execution_id=args.execution_id)
+    print(execution_id)
+    if args.wait is not None:
+        return _print_result(harvest, execution_id, args.wait)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    store = _store(args)
+    execution = store.get(args.execution_id)
+    for line in render_status(execution):
+        print(line)
+    print("  timeline:")
+    for line in render_timeline(store.history(args.execution_id)):
+        print("  " + line)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    harvest = _harvest(args)
+    status = harvest.cancel_workflow_execution(args.execution_id, reason=args.reason)
+    print(f"{args.execution_id} {status}")
+    return 0
+
+
+def cmd_signal(args: argparse.Namespace) -> int:
+    payload = parse_json(args.payload, "PAYLOAD_JSON")
+    harvest = _harvest(args)
+    harvest.signal(args.execution_id, args.name, payload)
+    print(f"signalled {args.execution_id}: {args.name}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    if args.limit < 1:
+        raise CliError("--limit must be at least 1")
+    rows = _store(args).list(status=args.status, workflow_type=args.workflow,
+                             nd_blocked=True if args.nd_blocked else None, limit=args.limit)
+    table = [("ID", "WORKFLOW", "STATUS", "CREATED", "CLOSED", "EVENTS", "ND-BLOCKED")]
+    for x in rows:
+        table.append((
+            x.id, x.workflow_type, x.status, _stamp(x.created_at), _stamp(x.closed_at),
+            str(x.history_length), f"yes ({x.nd_block_count})" if x.nd_blocked else "",
+        ))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    if not rows:
+        print("(no runs)")
+    return 0
+
+
+def _stamp(at: Any) -> str:
+    return "-" if at is None else at.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def cmd_result(args: argparse.Namespace) -> int:
+    return _print_result(_harvest(args), args.execution_id, args.timeout)
+
+
+def _print_result(harvest: Harvest, execution_id: str, timeout: float) -> int:
+    try:
+        value = harvest.result(execution_id, timeout=timeout)
+    except TimeoutError as exc:
+        raise CliError(str(exc)) from None
+    except (WorkflowFailed, WorkflowCancelledError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(value))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from ._demo import run_demo
+
+    return run_demo(sys.stdout, keep=args.keep)
+
+
+# ── worker ───────────────────────────────────────────────────────────────────────────────────
+def celery_target(harvest: Harvest, module_name: str) -> str:
+    """What ``celery -A`` should import: ``module:attr`` of the Harvest's Celery app. Celery
+    cannot follow a dotted attribute, so the app must be a module-level name of the --app module;
+    failing that, this module's ``celery_app`` (resolved lazily from ``HARVEST_APP``)."""
+    module = sys.modules[module_name]
+    for name, value in vars(module).items():
+        if value is harvest.celery_app and not name.startswith("__"):
+            return f"{module_name}:{name}"
+    return f"{__name__}:celery_app"
+
+
+def worker_argv(harvest: Harvest, module_name: str, args: argparse.Namespace) -> list[str]:
+    queues = args.queues or f"default,{harvest.runtime.settings.decision_queue}"
+    argv = [sys.executable, "-m", "celery", "-A", celery_target(harvest, module_name), "worker",
+            "-Q", queues, "--loglevel", args.loglevel]
+    if args.concurrency is not None:
+        argv += ["--concurrency", str(args.concurrency)]
+    if args.pool:
+        argv += ["--pool", args.pool]
+    return argv
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    if not args.app:
+        raise CliError(f"'{PROG} worker' needs -A/--app module[:attr] (or HARVEST_APP)")
+    harvest, module_name, attr = load_app(args.app)
+    if harvest.celery_app is None:
+        raise CliError(f"--app {args.app!r} is in embedded mode (no celery_app): its worker runs "
+                       "in-process; give the Harvest a Celery app to run 'harvest worker'")
+    argv = worker_argv(harvest, module_name, args)
+    env = worker_env(dict(os.environ), f"{module_name}:{attr}", args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _exec(argv, env)
+    return 0  # not reached
+
+
+def worker_env(env: dict[str, str], app: str, args: argparse.Namespace) -> dict[str, str]:
+    """The worker's environment. ``--metrics-port`` sets ``HARVEST_METRICS_PORT``, so the worker's
+    main process serves ``/metrics`` once ready, aggregated over its pool children through a fresh
+    ``PROMETHEUS_MULTIPROC_DIR`` (unless one is already set)."""
+    env["HARVEST_APP"] = app
+    if args.metrics_port is not None:
+        env["HARVEST_METRICS_PORT"] = str(args.metrics_port)
+        if args.metrics_addr:
+            env["HARVEST_METRICS_ADDR"] = args.metrics_addr
+        if not env.get("PROMETHEUS_MULTIPROC_DIR"):
+            env["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="harvest-metrics-")
+    return env
+
+
+def _exec(argv: list[str], env: dict[str, str]) -> None:
+    os.execve(argv[0], argv, env)
+
+
+def __getattr__(name: str) -> Any:
+    # ``celery -A harvest_celery._cli:celery_app``: the Celery app of the Harvest named by
+    # HARVEST_APP, for apps that do not expose it as a module-level name.
+    if name == "celery_app":
+        spec = os.environ.get("HARVEST_APP")
+        if not spec:
+            raise AttributeError("celery_app: HARVEST_APP is not set")
+        return load_app(spec)[0].celery_app
+    raise AttributeError(name)

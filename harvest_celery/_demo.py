@@ -1,0 +1,130 @@
+"""``harvest demo``: the example workflows end to end on a laptop — no Postgres, no Redis.
+
+Embedded mode (SQLite in a temp dir, in-process worker). Four runs: the order pipeline, a checkout
+that succeeds, a checkout that fails and compensates, and a checkout cancelled while a step is running.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from ._client import Harvest
+from ._errors import HarvestError
+from ._timeline import render_status, render_timeline
+
+CANCEL_NOTE = (
+    "known limitation: once WorkflowCancelled is recorded, a durable compensation cannot be "
+    "scheduled (its dispatch diverges: expected ActivityScheduled(..), got WorkflowCancelled), so "
+    "the unwind fails with SagaCompensationFailed and the charge and reservation are left for manual "
+    "reconciliation (or reset); see docs/concepts.md, \"Known limitation: durable compensations after a recorded cancel\"."
+)
+
+
+def run_demo(out: TextIO, *, keep: bool = False) -> int:
+    # Imported here: the example workflows are not part of the engine.
+    from workflows import checkout, orders
+
+    workdir = Path(tempfile.mkdtemp(prefix="harvest-demo-"))
+    url = f"sqlite:///{workdir / 'harvest.db'}"
+    try:
+        print(f"harvest demo: embedded mode, SQLite database {workdir / 'harvest.db'} "
+              "(no Postgres, no Redis)", file=out)
+        harvest = Harvest(url)
+        harvest.migrate()
+        harvest.register(orders, checkout)
+        ledger = checkout.LEDGER
+        outcomes: list[tuple[str, str, str, str]] = []
+
+        def run(label: str, title: str, execution_id: str, begin: Callable[[], None],
+                note: str = "", order_id: int | None = None) -> None:
+            print(f"\n== ({label}) {title} ==", file=out)
+            begin()
+            outcome = _settle(harvest, execution_id)
+            row = harvest.describe(execution_id)
+            for line in render_status(row):
+                print(line, file=out)
+            print("  timeline:", file=out)
+            for line in render_timeline(harvest.history(execution_id)):
+                print("  " + line, file=out)
+            print(f"  outcome   {outcome}", file=out)
+            if order_id is not None:
+                entries = {k: v for k, v in ledger.items() if k.endswith(f"_{order_id}")}
+                print("  ledger    " + (", ".join(f"{k}={v}" for k, v in sorted(entries.items()))
+                                        or "(nothing)"), file=out)
+            if note:
+                print(f"  note: {note}", file=out)
+            error = (row.error or {}).get("type", "") if isinstance(row.error, dict) else ""
+            outcomes.append((label, row.workflow_type, row.status, f"({error})" if error else ""))
+
+        order = {"order_id": 1, "items": [{"sku": "tea", "qty": 2, "price": 4}, {"sku": "mug", "qty": 1, "price": 9}]}
+        run("a", "order_pipeline: validate, price, confirm", "demo-order-1",
+            lambda: _start(harvest, "order_pipeline", order, "demo-order-1"))
+
+        run("b", "checkout: charge, reserve, confirm", "demo-checkout-2",
+            lambda: _start(harvest, "checkout", {"order_id": 2}, "demo-checkout-2"), order_id=2)
+
+        run("c", "checkout, out of stock: reserve fails (after one retry), the saga refunds the charge",
+            "demo-checkout-3",
+            lambda: _start(harvest, "checkout", {"order_id": 3, "out_of_stock": True}, "demo-checkout-3"),
+            order_id=3)
+
+        def cancel_while_reserving() -> None:
+            # An operator cancels while reserve_inventory's body is running (the in-process
+            # worker runs it on another thread): the body keeps its claim, its result is recorded,
+            # and the post-cancel decision takes the workflow's compensate_all() branch.
+            starter = threading.Thread(target=_start, args=(
+                harvest, "checkout", {"order_id": 4, "reserve_seconds": 1.0}, "demo-checkout-4"))
+            starter.start()
+            _wait_started(harvest, "demo-checkout-4", "2")
+            print("  reserve_inventory is running; an operator cancels the run now", file=out)
+            harvest.cancel_workflow_execution("demo-checkout-4", reason="customer changed their mind")
+            starter.join()
+
+        run("d", "checkout cancelled while reserving: the cancel-and-compensate branch",
+            "demo-checkout-4", cancel_while_reserving, note=CANCEL_NOTE, order_id=4)
+
+        print("\nsummary:", file=out)
+        for label, workflow, status, error in outcomes:
+            print(f"  ({label}) {workflow:<15} {status:<10} {error}".rstrip(), file=out)
+        if keep:
+            print(f"\nkept {workdir}; inspect it with:\n"
+                  f"  harvest --database-url {url} list\n"
+                  f"  harvest --database-url {url} show demo-checkout-3", file=out)
+        return 0
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _start(harvest: Harvest, workflow: str, data: Any, execution_id: str) -> None:
+    harvest.start_workflow(workflow, data, execution_id=execution_id)
+
+
+def _settle(harvest: Harvest, execution_id: str) -> str:
+    """Drive the run (retries included) until it is terminal or parked; describe how it ended."""
+    try:
+        return f"result {harvest.result(execution_id, timeout=10)!r}"
+    except TimeoutError:
+        return "still running (parked)"
+    except HarvestError as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def _wait_started(harvest: Harvest, execution_id: str, activity_id: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            history = harvest.history(execution_id)
+        except HarvestError:
+            history = []
+        if any(getattr(h.event, "activity_id", None) == activity_id and h.event.type == "ActivityStarted"
+               for h in history):
+            return
+        time.sleep(0.02)
+    raise TimeoutError(f"activity {activity_id} of {execution_id} did not start")

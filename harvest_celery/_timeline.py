@@ -1,0 +1,121 @@
+"""Human-readable views of a run: the status block and the history timeline.
+
+Pure functions over an ``Execution`` and a ``list[HistoryEvent]``, shared by ``harvest show`` and
+``harvest demo``. Output is plain ASCII so it survives any terminal encoding.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from . import _events as ev
+
+MAX_VALUE = 60  # characters of a payload shown inline
+
+
+def short(value: Any, limit: int = MAX_VALUE) -> str:
+    """Compact JSON of ``value``, cut at ``limit`` characters."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=True, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return _cut(text, limit)
+
+
+def _cut(text: str, limit: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _offset(at: datetime, start: datetime) -> str:
+    return f"+{(at - start).total_seconds():.3f}s"
+
+
+def render_timeline(history: list[ev.HistoryEvent]) -> list[str]:
+    """One line per event: seq, time since the first event, kind and its key fields."""
+    if not history:
+        return ["  (no events)"]
+    start = history[0].recorded_at
+    names: dict[str, str] = {}  # activity id -> activity name, learnt from ActivityScheduled
+    seq_width = len(str(history[-1].seq))
+    offsets = [_offset(h.recorded_at, start) for h in history]
+    offset_width = max(len(o) for o in offsets)
+    lines = []
+    for item, offset in zip(history, offsets, strict=True):
+        event = item.event
+        if isinstance(event, ev.ActivityScheduled):
+            names[event.activity_id] = event.activity_name
+        detail = _detail(event, names)
+        line = f"  {item.seq:>{seq_width}}  {offset:>{offset_width}}  {event.type:<18} {detail}"
+        lines.append(line.rstrip())
+    return lines
+
+
+def _activity(activity_id: str, names: dict[str, str]) -> str:
+    name = names.get(activity_id)
+    return f"{name} #{activity_id}" if name else f"activity #{activity_id}"
+
+
+def _detail(event: ev.Event, names: dict[str, str]) -> str:
+    if isinstance(event, ev.WorkflowStarted):
+        return f"{event.workflow_type} input={short(event.input)}"
+    if isinstance(event, ev.ActivityScheduled):
+        text = f"{_activity(event.activity_id, names)} queue={event.queue or '-'}"
+        return text + (" (compensation)" if event.compensation else "")
+    if isinstance(event, ev.ActivityStarted):
+        return f"{_activity(event.activity_id, names)} attempt={event.attempt} worker={event.worker_id}"
+    if isinstance(event, ev.ActivityCompleted):
+        return f"{_activity(event.activity_id, names)} attempt={event.attempt} -> {short(event.output)}"
+    if isinstance(event, ev.ActivityFailed):
+        return (f"{_activity(event.activity_id, names)} attempt={event.attempt} "
+                f"{event.error_type}: {_cut(event.message, MAX_VALUE)}")
+    if isinstance(event, ev.MarkerRecorded):
+        return event.name if event.details is None else f"{event.name} {short(event.details)}"
+    if isinstance(event, ev.SignalReceived):
+        return event.name if event.payload is None else f"{event.name} payload={short(event.payload)}"
+    if isinstance(event, ev.TimerStarted):
+        return f"timer #{event.timer_id} {event.seconds:g}s (fires {event.fire_at})"
+    if isinstance(event, ev.TimerFired):
+        return f"timer #{event.timer_id}"
+    if isinstance(event, ev.WorkflowCancelled):
+        return f"reason={short(event.reason)}" if event.reason else ""
+    if isinstance(event, ev.WorkflowCompleted):
+        return f"-> {short(event.result)}"
+    if isinstance(event, ev.WorkflowFailed):
+        return f"{event.error_type}: {_cut(event.message, 2 * MAX_VALUE)}"
+    return ev.describe(event)
+
+
+def _when(at: datetime | None) -> str:
+    if at is None:
+        return "-"
+    return at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + ("Z" if at.utcoffset() is not None else "")
+
+
+def render_status(execution: Any) -> list[str]:
+    """The status block of ``harvest show`` for an ``Execution``."""
+    x = execution
+    lines = [f"{x.id}  {x.workflow_type}  {x.status}"]
+    created = f"  created   {_when(x.created_at)}"
+    if x.closed_at is not None:
+        created += f"   closed {_when(x.closed_at)} ({_offset(x.closed_at, x.created_at)})"
+    lines.append(created)
+    if x.cancelled_at is not None:
+        lines.append(f"  cancelled {_when(x.cancelled_at)}  reason={short(x.cancel_reason or '')}")
+    if x.nd_blocked_at is not None:
+        lines.append(f"  nd-blocked since {_when(x.nd_blocked_at)} ({x.nd_block_count} attempt(s)): "
+                     f"{x.nd_block_reason or ''}")
+        details = x.nd_details or {}
+        if details:
+            lines.append("    " + ", ".join(f"{k}={details[k]}" for k in
+                                              ("expected", "actual", "event_index", "workflow_type")
+                                              if k in details))
+    if x.error:
+        error = x.error if isinstance(x.error, dict) else {"message": x.error}
+        lines.append(f"  error     {error.get('type', 'Error')}: {error.get('message', '')}")
+    if x.status == "COMPLETED":
+        lines.append(f"  result    {short(x.result, 200)}")
+    lines.append(f"  events    {x.history_length}")
+    return lines
