@@ -131,10 +131,11 @@ def install(app: Celery, runtime: Runtime) -> None:
 
 def register_activity(app: Celery, runtime: Runtime, definition: ActivityDefinition) -> None:
     """A Celery task named after the activity, so Flower shows ``charge_payment``."""
-    if definition.adopted or definition.name in app.tasks:
-        existing = app.tasks.get(definition.name)
-        if existing is not None and getattr(existing, "harvest_definition", None) is definition:
-            return
+    if definition.adopted:
+        return  # an existing task: guarded by _adopt, never replaced
+    existing = app.tasks.get(definition.name) if definition.name in app.tasks else None
+    if existing is not None and getattr(existing, "harvest_definition", None) is definition:
+        return
     time_limits: dict[str, Any] = {}
     if definition.start_to_close:
         time_limits = {"soft_time_limit": definition.start_to_close,

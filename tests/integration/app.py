@@ -221,3 +221,29 @@ def _inject_claim_failure(execution_id: str, activity_id: str, attempt: int) -> 
 
 
 harvest.runtime.before_claim_append = _inject_claim_failure
+
+
+# ── an existing Celery task adopted as an activity by name ────────────────────────────────────
+@app.task(name="legacy.send_email")
+def send_email(payload: dict) -> str:
+    """A task that predates harvest: it takes its input as an ordinary argument."""
+    record(payload["tag"], "send_email", payload)
+    return f"sent to {payload['to']}"
+
+
+harvest.adopt_task("legacy.send_email", queue="beta")
+
+
+@workflow
+async def notify(ctx: WorkflowContext, data: dict) -> str:
+    await ctx.execute_activity(step_one, data)
+    return await ctx.execute_activity("legacy.send_email", {"tag": data["tag"], "to": data["to"]})  # type: ignore[no-any-return]
+
+
+@workflow
+async def approval(ctx: WorkflowContext, data: dict) -> str:
+    decision = await ctx.wait_signal("decision")
+    return f"{data['tag']}:{decision}"
+
+
+harvest.register(notify, approval)

@@ -134,3 +134,21 @@ def test_reordering_code_nd_blocks_and_reverting_lets_it_complete(harvest, worke
     assert harvest.result(run_id, timeout=30) == f"done:{tag}"
     assert not harvest.describe(run_id).nd_blocked
     assert run_id not in [r.id for r in harvest.list(nd_blocked=True)]
+
+
+def test_an_existing_celery_task_adopted_by_name_runs_as_an_activity(harvest, workers, redis_client, tag):
+    run_id = harvest.start_workflow("notify", {"tag": tag, "to": "ada@example.com"})
+    assert harvest.result(run_id, timeout=30) == "sent to ada@example.com"
+    ran = effects(redis_client, tag)
+    assert [e["name"] for e in ran] == ["step_one", "send_email"]
+    assert ran[1]["queue"] == "beta"
+    assert types(harvest, run_id)[4:7] == [
+        "ActivityScheduled(legacy.send_email)", "ActivityStarted(2)", "ActivityCompleted(2)"]
+
+
+def test_signal_with_start_creates_the_run_and_delivers_the_signal(harvest, workers, tag):
+    run_id = harvest.signal_with_start("approval", {"tag": tag}, f"sws-{tag}", "decision", "approved")
+    assert run_id == f"sws-{tag}"
+    assert harvest.result(run_id, timeout=30) == f"{tag}:approved"
+    hist = types(harvest, run_id)
+    assert hist[:2] == ["WorkflowStarted", "SignalReceived(decision)"]
