@@ -2,6 +2,16 @@
 
 from ._client import Harvest, configure_celery
 from ._context import WorkflowContext
+from ._dag import (
+    CollectAll,
+    CompensatorNameCollidesWithNode,
+    DagBuilder,
+    DagBuildError,
+    DagTaskFailed,
+    FailFast,
+    UnregisteredActivity,
+    dag,
+)
 from ._errors import (
     ActivityError,
     Cancelled,
@@ -30,9 +40,15 @@ __version__ = "0.1.0"
 __all__ = [
     "ActivityError",
     "Cancelled",
+    "CollectAll",
+    "CompensatorNameCollidesWithNode",
+    "DagBuildError",
+    "DagBuilder",
+    "DagTaskFailed",
     "DuplicateRegistration",
     "ExecutionAlreadyExists",
     "ExecutionNotFound",
+    "FailFast",
     "Harvest",
     "HarvestError",
     "InvalidState",
@@ -46,10 +62,12 @@ __all__ = [
     "SagaCompensationFailed",
     "UnknownActivity",
     "UnknownWorkflow",
+    "UnregisteredActivity",
     "WorkflowCancelledError",
     "WorkflowContext",
     "WorkflowFailed",
     "activity",
     "configure_celery",
+    "dag",
     "workflow",
 ]

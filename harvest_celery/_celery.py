@@ -128,6 +128,19 @@ def install(app: Celery, runtime: Runtime) -> None:
 
     signals.worker_ready.connect(_start_sweeper, weak=False)
 
+    def _preflight(sender: Any = None, **_kw: Any) -> None:
+        from ._dag import preflight_all
+
+        if getattr(sender, "app", None) is not app:
+            return
+        try:
+            preflight_all(runtime.registry)
+        except Exception as exc:
+            log.critical("harvest preflight failed: %s", exc)
+            raise SystemExit(f"harvest preflight failed: {exc}") from exc
+
+    signals.worker_init.connect(_preflight, weak=False)
+
 
 def register_activity(app: Celery, runtime: Runtime, definition: ActivityDefinition) -> None:
     """A Celery task named after the activity, so Flower shows ``charge_payment``."""

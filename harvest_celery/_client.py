@@ -106,7 +106,7 @@ class Harvest:
     # ── commands ─────────────────────────────────────────────────────────────────────────────
     def start_workflow(self, name: str, input: Any = None, execution_id: str | None = None) -> str:
         """Start a run and return its id. Idempotent on ``execution_id``."""
-        self.registry.workflow(name)
+        self._preflight(name)
         payload = check_json(input, f"input of workflow {name!r}")
         execution_id = _check_id(execution_id or uuid.uuid4().hex)
         with self.store.begin() as tx:
@@ -123,7 +123,7 @@ class Harvest:
     def signal_with_start(self, workflow: str, input: Any, execution_id: str, signal: str,
                           payload: Any = None) -> str:
         """Start the run if it does not exist, and deliver the signal — one transaction."""
-        self.registry.workflow(workflow)
+        self._preflight(workflow)
         payload = check_json(payload, f"payload of signal {signal!r}")
         data = check_json(input, f"input of workflow {workflow!r}")
         _check_id(execution_id)
@@ -143,6 +143,19 @@ class Harvest:
             status = tx.cancel(execution_id, reason, utcnow(), self.runtime.settings.decision_queue)
         self._after(tx)
         return status
+
+    def _preflight(self, name: str) -> None:
+        definition = self.registry.workflow(name)
+        if definition.kind == "dag":
+            from ._dag import preflight
+
+            preflight(definition.extra, self.registry)
+
+    def preflight(self) -> None:
+        """Every DAG's activities and compensators are registered (run at worker boot)."""
+        from ._dag import preflight_all
+
+        preflight_all(self.registry)
 
     def _after(self, tx: Any) -> None:
         self.runtime._after_commit(tx)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._retry import RetryPolicy
+
 
 @dataclass(frozen=True)
 class ScheduleActivity:
@@ -14,6 +16,9 @@ class ScheduleActivity:
     input: Any
     queue: str  # resolved: call queue → activity default_queue → "default"
     compensation: bool = False
+    # a DAG node's own .retry(...) / .start_to_close(...) overrides (never a compensator's)
+    retry: RetryPolicy | None = None
+    start_to_close: float | None = None
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from ._commands import (
 from ._errors import ActivityError, HarvestError, NonDeterministic, NotInWorkflow
 from ._payload import check_cap, check_json
 from ._registry import Registry, WorkflowDefinition
+from ._retry import RetryPolicy
 
 _RESULT_TYPES = (ev.ActivityStarted, ev.ActivityCompleted, ev.ActivityFailed, ev.TimerFired)
 
@@ -245,7 +246,9 @@ class Replay:
         if not self.running:
             raise NotInWorkflow(api)
 
-    def schedule_activity(self, name: str, input: Any, queue: str) -> _Future:
+    def schedule_activity(self, name: str, input: Any, queue: str, *,
+                          retry: RetryPolicy | None = None,
+                          start_to_close: float | None = None) -> _Future:
         definition = self.registry.activity(name)
         what = f"input of activity {name!r}"
         payload = check_json(input, what)
@@ -258,9 +261,8 @@ class Replay:
             ev.ActivityScheduled, f"ActivityScheduled({name})", lambda e: e.activity_name == name
         )
         if recorded is None:
-            self.commands.append(
-                ScheduleActivity(activity_id, name, payload, resolved_queue, self.compensating > 0)
-            )
+            self.commands.append(ScheduleActivity(activity_id, name, payload, resolved_queue,
+                                                  self.compensating > 0, retry, start_to_close))
         else:
             assert isinstance(recorded, ev.ActivityScheduled)
             activity_id = recorded.activity_id

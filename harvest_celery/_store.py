@@ -369,7 +369,8 @@ class Tx:
         self.conn.execute(activity_tasks.insert().values(
             execution_id=execution_id, activity_id=command.activity_id,
             activity_name=command.activity_name, queue=command.queue, status="scheduled", attempt=1,
-            retry=definition.retry.to_data(), start_to_close=definition.start_to_close,
+            retry=(command.retry or definition.retry).to_data(),
+            start_to_close=command.start_to_close or definition.start_to_close,
             event_seq=event_seq, dispatched_at=now, compensation=command.compensation,
             adopted=definition.adopted))
         self._dispatch_activity(execution_id, command.activity_id, command.activity_name,
