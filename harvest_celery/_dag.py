@@ -401,7 +401,7 @@ def make_runner(definition: DagDefinition) -> Callable[[WorkflowContext, Any], A
         if not failed:
             return {n.name: outcomes[n.name].output for n in definition.nodes
                     if outcomes[n.name].status == "succeeded"}
-        causes = [outcomes[n.name].cause for n in failed if outcomes[n.name].cause]
+        causes = [c for c in (outcomes[n.name].cause for n in failed) if c]
         error = DagTaskFailed(causes[0] if causes else DAG_FAILED)
         if ctx.is_cancelled():
             raise error  # a cancelled run never unwinds
