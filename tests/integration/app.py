@@ -30,6 +30,7 @@ app.conf.broker_transport_options = {"visibility_timeout": 3600}
 harvest = Harvest(
     DATABASE_URL,
     app,
+    max_activity_input_bytes=int(os.environ.get("HARVEST_TEST_CAP") or 2 * 1024 * 1024),
     timings=Timings(default_lease=30.0, redispatch_after=3.0, nd_retry_initial=0.5, nd_retry_max=2.0),
     sweep_interval=0.3,
 )
@@ -247,3 +248,8 @@ async def approval(ctx: WorkflowContext, data: dict) -> str:
 
 
 harvest.register(notify, approval)
+
+
+from . import dags  # noqa: E402  (the DAG fixtures need record() from this module)
+
+harvest.register(*dags.ACTIVITIES, *dags.DAGS)

@@ -82,6 +82,11 @@ class Worker:
             time.sleep(0.1)
         raise RuntimeError(f"worker {self.name} not ready after {timeout}s: see {self.log}")
 
+    def restart(self, env: dict[str, str] | None = None) -> None:
+        self.stop()
+        self.extra_env.update(env or {})
+        self.start()
+
     def kill9(self) -> None:
         assert self.proc is not None
         os.killpg(self.proc.pid, signal.SIGKILL)
