@@ -28,7 +28,7 @@ CANCEL_NOTE = (
 
 def run_demo(out: TextIO, *, keep: bool = False) -> int:
     # Imported here: the example workflows are not part of the engine.
-    from workflows import checkout, orders
+    from workflows import checkout, dag_compensation_example, fulfillment, orders
 
     workdir = Path(tempfile.mkdtemp(prefix="harvest-demo-"))
     url = f"sqlite:///{workdir / 'harvest.db'}"
@@ -37,7 +37,7 @@ def run_demo(out: TextIO, *, keep: bool = False) -> int:
               "(no Postgres, no Redis)", file=out)
         harvest = Harvest(url)
         harvest.migrate()
-        harvest.register(orders, checkout)
+        harvest.register(orders, checkout, fulfillment)
         ledger = checkout.LEDGER
         outcomes: list[tuple[str, str, str, str]] = []
 
@@ -88,6 +88,12 @@ def run_demo(out: TextIO, *, keep: bool = False) -> int:
 
         run("d", "checkout cancelled while reserving: the cancel-and-compensate branch",
             "demo-checkout-4", cancel_while_reserving, note=CANCEL_NOTE, order_id=4)
+
+        run("e", "fulfillment DAG: reserve → capture → print label", "fulfil-5",
+            lambda: dag_compensation_example.run(harvest, "5"))
+        run("f", "fulfillment DAG, printer jam: the engine refunds, then releases (LIFO); "
+            "self-checks pass", "fulfil-6jam",
+            lambda: dag_compensation_example.run(harvest, "6jam"))
 
         print("\nsummary:", file=out)
         for label, workflow, status, error in outcomes:

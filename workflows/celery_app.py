@@ -14,7 +14,7 @@ import os
 from celery import Celery
 
 from harvest_celery import Harvest, configure_celery
-from workflows import checkout, orders
+from workflows import checkout, fulfillment, orders
 
 app = Celery("harvest_example", broker=os.environ.get("HARVEST_BROKER_URL", "redis://localhost:6379/0"))
 configure_celery(app)
@@ -24,4 +24,4 @@ app.conf.worker_send_task_events = True  # for Flower
 app.conf.task_send_sent_event = True
 
 harvest = Harvest.from_env(celery_app=app)
-harvest.register(checkout, orders)
+harvest.register(checkout, orders, fulfillment)
