@@ -1,6 +1,7 @@
 """harvest-celery: durable workflows, sagas and DAGs on the Celery you already run."""
 
 from ._client import Harvest, configure_celery
+from ._codec import FernetCodec, PayloadCodecError
 from ._context import WorkflowContext
 from ._dag import (
     CollectAll,
@@ -31,6 +32,7 @@ from ._errors import (
     WorkflowCancelledError,
     WorkflowFailed,
 )
+from ._payload_store import FileSystemPayloadStore, PayloadStoreError, PostgresPayloadStore
 from ._registry import activity, workflow
 from ._retry import RetryPolicy
 from ._saga import Saga
@@ -48,14 +50,19 @@ __all__ = [
     "DuplicateRegistration",
     "ExecutionAlreadyExists",
     "ExecutionNotFound",
+    "FernetCodec",
+    "FileSystemPayloadStore",
     "FailFast",
     "Harvest",
     "HarvestError",
     "InvalidState",
     "NonDeterministic",
     "NotInWorkflow",
+    "PayloadCodecError",
     "PayloadNotSerializable",
+    "PayloadStoreError",
     "PayloadTooLarge",
+    "PostgresPayloadStore",
     "RegistrationError",
     "RetryPolicy",
     "Saga",

@@ -5,7 +5,7 @@
     harvest [--app module:attr] [--database-url URL] COMMAND ...
 
 ``--app`` (or ``HARVEST_APP``) names a ``Harvest`` instance to import, like ``celery -A``; commands
-that run or change workflows need it (start, signal, cancel, result, worker). Commands that only
+that run or change workflows need it (start, signal, cancel, result, worker, api). Commands that only
 read or migrate the database (db upgrade, show, list) also accept ``--database-url`` (or
 ``HARVEST_DATABASE_URL``) instead. ``harvest demo`` needs neither.
 
@@ -126,6 +126,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("execution_id", metavar="ID")
     r.add_argument("--timeout", type=float, default=30.0)
     r.set_defaults(handler=cmd_result)
+
+    a = command("api", help="serve the operator HTTP API for the --app (needs the [api] extra)")
+    a.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    a.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    a.set_defaults(handler=cmd_api)
 
     d = command("demo", help="run the example workflows in embedded mode (no Postgres, no Redis)")
     d.add_argument("--keep", action="store_true", help="keep the demo's SQLite database and print its path")
@@ -286,6 +291,22 @@ def _print_result(harvest: Harvest, execution_id: str, timeout: float) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(value))
+    return 0
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    """Mutating endpoints need ``Authorization: Bearer $HARVEST_API_TOKEN`` when it is set."""
+    harvest = _harvest(args)
+    try:
+        import uvicorn
+
+        from ._api import create_app
+    except ImportError as exc:
+        raise CliError(f"'{PROG} api' needs the api extra (pip install 'harvest-celery[api]'): {exc}") from None
+    if not os.environ.get("HARVEST_API_TOKEN"):
+        logging.getLogger("harvest_celery").warning(
+            "HARVEST_API_TOKEN is not set: the API's mutating endpoints accept any caller")
+    uvicorn.run(create_app(harvest), host=args.host, port=args.port)
     return 0
 
 

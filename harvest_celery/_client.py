@@ -12,7 +12,7 @@ from . import _events as ev
 from ._engine import EngineConfig
 from ._errors import ExecutionNotFound, InvalidState, WorkflowCancelledError, WorkflowFailed
 from ._lifecycle import CANCELLED, COMPLETED, RUNNING, TERMINAL_STATUSES
-from ._payload import check_json
+from ._payload import Payloads, check_json
 from ._registry import ActivityDefinition, Registry, register_into
 from ._retry import DEFAULT_RETRY, RetryPolicy
 from ._runtime import InlineDispatcher, Runtime, Settings
@@ -35,9 +35,12 @@ class Harvest:
     def __init__(self, database_url: str | None = None, celery_app: Any = None, *,
                  decision_queue: str = "harvest",
                  max_activity_input_bytes: int | None = 2 * 1024 * 1024,
-                 timings: Timings | None = None, sweep_interval: float = 1.0) -> None:
+                 timings: Timings | None = None, sweep_interval: float = 1.0,
+                 codec: Any = None, payload_store: Any = None,
+                 offload_threshold: int = 256 * 1024) -> None:
         self.database_url = database_url or EMBEDDED_URL
-        self.store = Store(self.database_url)
+        self.store = Store(self.database_url,
+                           payloads=Payloads(codec, payload_store, offload_threshold))
         self.registry = Registry()
         settings = Settings(decision_queue=decision_queue,
                             engine=EngineConfig(max_activity_input_bytes=max_activity_input_bytes),
@@ -161,6 +164,15 @@ class Harvest:
         self.runtime._after_commit(tx)
         if self._inline is not None:
             self.drain()
+
+    def erase_payloads(self, execution_id: str) -> dict[str, Any]:
+        """Tombstone every payload field of a terminal run (PII erasure): the run stays readable
+        (names, statuses, timings), its inputs and outputs are gone, offloaded blobs deleted."""
+        return self.store.erase(execution_id)
+
+    def purge(self, older_than_days: float, batch: int = 500) -> dict[str, int]:
+        """Retention: delete terminal runs closed more than ``older_than_days`` ago."""
+        return self.store.purge(older_than_days, batch)
 
     # ── reads ────────────────────────────────────────────────────────────────────────────────
     def describe(self, execution_id: str) -> Execution:

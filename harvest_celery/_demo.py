@@ -41,7 +41,7 @@ def run_demo(out: TextIO, *, keep: bool = False) -> int:
         ledger = checkout.LEDGER
         outcomes: list[tuple[str, str, str, str]] = []
 
-        def run(label: str, title: str, execution_id: str, begin: Callable[[], None],
+        def run(label: str, title: str, execution_id: str, begin: Callable[[], Any],
                 note: str = "", order_id: int | None = None) -> None:
             print(f"\n== ({label}) {title} ==", file=out)
             begin()

@@ -40,3 +40,97 @@ def check_cap(value: Any, what: str, cap: int | None) -> None:
     size = encoded_size(value, what)
     if size > cap:
         raise PayloadTooLarge(what, size, cap)
+
+
+# ── payload-bearing fields: the one definition every encode/decode/erase pass uses ─────────────
+PAYLOAD_FIELDS: dict[str, tuple[str, ...]] = {
+    "WorkflowStarted": ("input",),
+    "ActivityScheduled": ("input",),
+    "ActivityCompleted": ("output",),
+    "MarkerRecorded": ("details",),
+    "SignalReceived": ("payload",),
+    "WorkflowCompleted": ("result",),
+}
+EXECUTION_PAYLOAD_COLUMNS = ("input", "result")
+ERASED: dict[str, Any] = {"_harvest_erased": True}
+
+
+def is_erased(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("_harvest_erased") is True
+
+
+class Payloads:
+    """The codec chain plus the optional payload store, applied to payload-bearing fields.
+
+    Encode: codec first, then offload when the encoded value is over ``offload_threshold``.
+    Decode: inflate a reference, then undo the codec.
+    """
+
+    def __init__(self, codec: Any = None, store: Any = None, offload_threshold: int | None = None) -> None:
+        from ._codec import CodecChain
+
+        self.codec = codec if isinstance(codec, CodecChain) else CodecChain([codec] if codec else [])
+        self.store = store
+        self.offload_threshold = offload_threshold if store is not None else None
+
+    def encode_value(self, value: Any, key: str) -> Any:
+        if value is None or is_erased(value):
+            return value
+        encoded = self.codec.encode(value)
+        if self.offload_threshold is not None:
+            text = dumps(encoded, key)
+            if len(text.encode()) > self.offload_threshold:
+                from ._payload_store import OFFLOAD_KEY
+
+                self.store.put(key, text.encode())
+                return {OFFLOAD_KEY: 1, "store_id": self.store.store_id, "key": key}
+        return encoded
+
+    def decode_value(self, value: Any) -> Any:
+        from ._payload_store import PayloadStoreError, is_reference
+
+        if is_reference(value):
+            key, store_id = str(value.get("key")), str(value.get("store_id"))
+            if self.store is None:
+                raise PayloadStoreError(
+                    f"payload is offloaded to store {store_id!r} (blob {key!r}) but no payload store "
+                    "is configured: restore the store configuration to read it",
+                    key=key, store_id=store_id)
+            if store_id != self.store.store_id:
+                raise PayloadStoreError(
+                    f"payload reference names store {store_id!r} (blob {key!r}); the configured "
+                    f"store is {self.store.store_id!r}", key=key, store_id=store_id)
+            value = json.loads(self.store.get(key))
+        return self.codec.decode(value)
+
+    def encode_event(self, data: dict[str, Any], key_prefix: str) -> dict[str, Any]:
+        fields = PAYLOAD_FIELDS.get(data.get("type", ""), ())
+        if not fields or not (self.codec or self.offload_threshold is not None):
+            return data
+        out = dict(data)
+        for name in fields:
+            out[name] = self.encode_value(out.get(name), f"{key_prefix}/{name}")
+        return out
+
+    def decode_event(self, data: dict[str, Any]) -> dict[str, Any]:
+        if not needs_decode(data):
+            return data
+        out = dict(data)
+        for name in PAYLOAD_FIELDS.get(data.get("type", ""), ()):
+            out[name] = self.decode_value(out.get(name))
+        return out
+
+
+def _opaque(value: Any) -> bool:
+    return isinstance(value, dict) and ("_harvest_codec" in value or "_harvest_offload_envelope" in value)
+
+
+def needs_decode(data: dict[str, Any]) -> bool:
+    """The cheap structural scan: is any payload field of this event opaque?"""
+    return any(_opaque(data.get(name)) for name in PAYLOAD_FIELDS.get(data.get("type", ""), ()))
+
+
+def references(value: Any) -> list[tuple[str, str]]:
+    if isinstance(value, dict) and value.get("_harvest_offload_envelope") == 1:
+        return [(str(value.get("store_id")), str(value.get("key")))]
+    return []

@@ -12,6 +12,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -46,6 +47,7 @@ executions = Table(
     Column("nd_block_count", Integer, nullable=False, server_default="0"),
     Column("nd_details", Json),
     Column("nd_retry_at", Ts),
+    Column("erased_at", Ts),
     Index("ix_harvest_executions_status", "status"),
     Index("ix_harvest_executions_workflow_type", "workflow_type"),
     Index("ix_harvest_executions_decision_requested_at", "decision_requested_at"),
@@ -112,4 +114,12 @@ outbox = Table(
     Column("task_id", String(300), nullable=False),
     Column("created_at", Ts, nullable=False),
     Index("ix_harvest_outbox_created_at", "created_at"),
+)
+
+blobs = Table(
+    "harvest_blobs",
+    metadata,
+    Column("key", String(400), primary_key=True),
+    Column("store_id", String(100), nullable=False),
+    Column("data", LargeBinary, nullable=False),
 )

@@ -9,6 +9,8 @@ caller forgot the lock.
 from __future__ import annotations
 
 import builtins
+import dataclasses
+import logging
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -22,7 +24,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from . import _events as ev
 from ._commands import Decision, ScheduleActivity, StartTimer
-from ._errors import ExecutionAlreadyExists, ExecutionNotFound, InvalidState
+from ._errors import ExecutionAlreadyExists, ExecutionNotFound, HarvestError, InvalidState
 from ._lifecycle import (
     RUNNING,
     TERMINAL_STATUSES,
@@ -30,10 +32,12 @@ from ._lifecycle import (
     status_after_cancel,
     status_for_outcome,
 )
+from ._payload import ERASED, EXECUTION_PAYLOAD_COLUMNS, PAYLOAD_FIELDS, Payloads, is_erased, references
 from ._registry import Registry
 from ._schema import activity_tasks, events, executions, outbox, timers
 
 DECIDE_TASK = "harvest.decide"
+log = logging.getLogger("harvest_celery")
 
 
 def utcnow() -> datetime:
@@ -129,9 +133,13 @@ class Timings:
 class Store:
     """Owns the SQLAlchemy engine (one per process: rebuilt after fork)."""
 
-    def __init__(self, database_url: str, *, echo: bool = False) -> None:
+    def __init__(self, database_url: str, *, echo: bool = False, payloads: Payloads | None = None) -> None:
         self.database_url = database_url
         self._echo = echo
+        self.payloads = payloads or Payloads()
+        bind = getattr(self.payloads.store, "bind", None)
+        if bind is not None:
+            bind(database_url)
         self._engine: Engine | None = None
         self._pid = -1
         self._lock = threading.Lock()
@@ -174,7 +182,7 @@ class Store:
     @contextmanager
     def begin(self) -> Iterator[Tx]:
         with self.engine.begin() as conn:
-            yield Tx(conn, self.is_sqlite)
+            yield Tx(conn, self.is_sqlite, self.payloads)
 
     # ── reads that need no lock ──────────────────────────────────────────────────────────────
     def get(self, execution_id: str) -> Execution:
@@ -182,11 +190,32 @@ class Store:
             row = conn.execute(sa.select(executions).where(executions.c.id == execution_id)).first()
         if row is None:
             raise ExecutionNotFound(execution_id)
-        return Execution.from_row(row)
+        execution = Execution.from_row(row)
+        decoded = {}
+        for column in EXECUTION_PAYLOAD_COLUMNS:  # a read-only view: degrade, never fail
+            try:
+                decoded[column] = self.payloads.decode_value(getattr(execution, column))
+            except HarvestError as exc:
+                log.warning("execution %s: %s stays encoded: %s", execution_id, column, exc)
+        return dataclasses.replace(execution, **decoded) if decoded else execution
 
-    def history(self, execution_id: str) -> list[ev.HistoryEvent]:
+    def history(self, execution_id: str, *, strict: bool = True) -> list[ev.HistoryEvent]:
+        """The history, decoded. Blobs are inflated after the connection is released. ``strict``
+        raises on a payload that cannot be decoded; otherwise it is logged and left raw (for
+        read-only views)."""
         with self.engine.connect() as conn:
-            return Tx(conn, self.is_sqlite).history(execution_id)
+            raw = Tx(conn, self.is_sqlite, self.payloads).raw_history(execution_id)
+        return [self._decoded(r, strict) for r in raw]
+
+    def _decoded(self, raw: tuple[int, dict[str, Any], datetime], strict: bool) -> ev.HistoryEvent:
+        seq, data, recorded_at = raw
+        try:
+            data = self.payloads.decode_event(data)
+        except HarvestError as exc:
+            if strict:
+                raise
+            log.warning("event %s stays encoded: %s", seq, exc)
+        return ev.HistoryEvent(seq, ev.event_from_data(data), recorded_at)
 
     def list(self, *, status: str | None = None, workflow_type: str | None = None,
              nd_blocked: bool | None = None, limit: int = 100, offset: int = 0) -> builtins.list[Execution]:
@@ -209,6 +238,38 @@ class Store:
             rows = conn.execute(q.order_by(activity_tasks.c.event_seq)).fetchall()
         return [dict(r._mapping) for r in rows]
 
+    def erase(self, execution_id: str) -> dict[str, Any]:
+        """PII erasure of one terminal run (see ``Tx.erase``); deletes its offloaded blobs."""
+        with self.begin() as tx:
+            counts, refs = tx.erase(execution_id, utcnow())
+        self._delete_blobs(refs)
+        return counts
+
+    def purge(self, older_than_days: float, batch: int = 500) -> dict[str, int]:
+        """Delete terminal runs closed more than ``older_than_days`` ago, in bounded batches;
+        never a live run."""
+        cutoff = utcnow() - timedelta(days=older_than_days)
+        totals = {"runs": 0, "events": 0, "blobs": 0}
+        while True:
+            with self.begin() as tx:
+                ids = tx.purgeable(cutoff, batch)
+                removed, refs = tx.delete_runs(ids) if ids else (0, [])
+            self._delete_blobs(refs)
+            totals["runs"] += len(ids)
+            totals["events"] += removed
+            totals["blobs"] += len(refs)
+            if len(ids) < batch:
+                return totals
+
+    def _delete_blobs(self, refs: Sequence[tuple[str, str]]) -> None:
+        store = self.payloads.store
+        for store_id, key in refs:
+            if store is not None and store.store_id == store_id:
+                store.delete(key)
+            else:
+                log.warning("blob %s lives in payload store %r, which is not configured: not deleted",
+                            key, store_id)
+
     def delete_outbox(self, ids: Sequence[int]) -> None:
         if ids:
             with self.engine.begin() as conn:
@@ -218,9 +279,10 @@ class Store:
 class Tx:
     """One transaction. Methods named for what they do to a run."""
 
-    def __init__(self, conn: Connection, sqlite: bool) -> None:
+    def __init__(self, conn: Connection, sqlite: bool, payloads: Payloads | None = None) -> None:
         self.conn = conn
         self.sqlite = sqlite
+        self.payloads = payloads or Payloads()
         self.outbox: list[OutboxMessage] = []
         self.metrics: list[tuple[str, dict[str, str]]] = []
 
@@ -236,11 +298,16 @@ class Tx:
             raise ExecutionNotFound(execution_id)
         return row
 
-    def history(self, execution_id: str) -> list[ev.HistoryEvent]:
+    def raw_history(self, execution_id: str) -> list[tuple[int, dict[str, Any], datetime]]:
+        """Stored events, payload fields as written (possibly encoded or offloaded)."""
         q = (sa.select(events.c.seq, events.c.data, events.c.recorded_at)
              .where(events.c.execution_id == execution_id).order_by(events.c.seq))
-        return [ev.HistoryEvent(r.seq, ev.event_from_data(r.data), _aware(r.recorded_at))  # type: ignore[arg-type]
-                for r in self.conn.execute(q)]
+        return [(r.seq, r.data, _aware(r.recorded_at)) for r in self.conn.execute(q)]  # type: ignore[misc]
+
+    def history(self, execution_id: str) -> list[ev.HistoryEvent]:
+        """Decoded history for a decision (strict: replay cannot run on opaque payloads)."""
+        return [ev.HistoryEvent(seq, ev.event_from_data(self.payloads.decode_event(data)), at)
+                for seq, data, at in self.raw_history(execution_id)]
 
     def append(self, row: Any, new_events: Sequence[ev.Event], now: datetime) -> int:
         """Append events at the run's next positions (the row must be locked). Returns the seq of
@@ -250,7 +317,8 @@ class Tx:
             return int(first)
         execution_id = row._mapping["id"]
         self.conn.execute(events.insert(), [
-            {"execution_id": execution_id, "seq": first + i, "type": e.type, "data": e.to_data(),
+            {"execution_id": execution_id, "seq": first + i, "type": e.type,
+             "data": self.payloads.encode_event(e.to_data(), f"{execution_id}/{first + i}"),
              "recorded_at": now}
             for i, e in enumerate(new_events)
         ])
@@ -288,7 +356,8 @@ class Tx:
                 raise ExecutionAlreadyExists(execution_id, row._mapping["workflow_type"])
             return False
         self.conn.execute(executions.insert().values(
-            id=execution_id, workflow_type=workflow_type, status=RUNNING, input=input, next_seq=0,
+            id=execution_id, workflow_type=workflow_type, status=RUNNING,
+            input=self.payloads.encode_value(input, f"{execution_id}/input"), next_seq=0,
             created_at=now, updated_at=now, nd_block_count=0))
         row = self.lock_existing(execution_id)
         self.append(row, [ev.WorkflowStarted(workflow_type, input)], now)
@@ -343,7 +412,7 @@ class Tx:
         if outcome_events:
             done = outcome_events[0]
             if isinstance(done, ev.WorkflowCompleted):
-                values["result"] = done.result
+                values["result"] = self.payloads.encode_value(done.result, f"{execution_id}/result")
             elif isinstance(done, ev.WorkflowFailed):
                 values["error"] = {"type": done.error_type, "message": done.message}
         if status != m["status"] and status in TERMINAL_STATUSES:
@@ -395,7 +464,7 @@ class Tx:
             & (activity_tasks.c.activity_id == activity_id))).scalar_one()
         data = self.conn.execute(sa.select(events.c.data).where(
             (events.c.execution_id == execution_id) & (events.c.seq == seq))).scalar_one()
-        return data.get("input")
+        return self.payloads.decode_event(data).get("input")
 
     # ── the activity side ────────────────────────────────────────────────────────────────────
     def claim(self, execution_id: str, activity_id: str, attempt: int, worker_id: str,
@@ -425,8 +494,8 @@ class Tx:
         self.append(row, [ev.ActivityStarted(activity_id, attempt, worker_id)], now)
         data = self.conn.execute(sa.select(events.c.data).where(
             (events.c.execution_id == execution_id) & (events.c.seq == t["event_seq"]))).scalar_one()
-        return Claim(execution_id, activity_id, t["activity_name"], attempt, data.get("input"),
-                     t["start_to_close"])
+        return Claim(execution_id, activity_id, t["activity_name"], attempt,
+                     self.payloads.decode_event(data).get("input"), t["start_to_close"])
 
     def _running_task(self, execution_id: str, activity_id: str) -> tuple[Any, Any] | None:
         row = self.lock(execution_id)
@@ -443,6 +512,8 @@ class Tx:
         """A live run records results; so does a cancelled one (a body that was running when the
         cancel landed did its side effect, and the history must say so)."""
         m = row._mapping
+        if m["erased_at"] is not None:
+            return False  # nothing is appended to a run once it is erased
         return bool(m["status"] == RUNNING or m["cancelled_at"] is not None)
 
     def complete_activity(self, execution_id: str, activity_id: str, attempt: int, output: Any,
@@ -516,6 +587,74 @@ class Tx:
                           .values(fired=True))
         self.request_decision(execution_id, now, decision_queue, force=True)
         return new_status
+
+    # ── erasure and retention ───────────────────────────────────────────────────────────────
+    def erase(self, execution_id: str, now: datetime) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+        """Tombstone every payload field of a terminal run, the execution row's input first, under
+        the row lock; never remove or reorder an event. Idempotent. Returns counts and the blob
+        references to delete once this commits."""
+        row = self.lock_existing(execution_id)
+        m = row._mapping
+        if m["status"] not in TERMINAL_STATUSES:
+            raise InvalidState(execution_id, m["status"], "erase the payloads of")
+        if m["cancelled_at"] is not None and m["erased_at"] is None:
+            running = self.conn.execute(sa.select(sa.func.count()).select_from(activity_tasks).where(
+                (activity_tasks.c.execution_id == execution_id)
+                & (activity_tasks.c.status == "running"))).scalar_one()
+            if running or m["decision_requested_at"] is not None:
+                raise InvalidState(execution_id, "cancelled with work still finishing",
+                                   "erase the payloads of (retry once it settles)")
+        refs: list[tuple[str, str]] = []
+        values: dict[str, Any] = {"erased_at": m["erased_at"] or now, "updated_at": now}
+        fields = 0
+        for column in EXECUTION_PAYLOAD_COLUMNS:
+            value = m[column]
+            if value is not None and not is_erased(value):
+                refs += references(value)
+                values[column] = ERASED
+                fields += 1
+        self.conn.execute(executions.update().where(executions.c.id == execution_id).values(**values))
+        touched = 0
+        for seq, data, _at in self.raw_history(execution_id):
+            changed = dict(data)
+            for name in PAYLOAD_FIELDS.get(data.get("type", ""), ()):
+                value = data.get(name)
+                if value is not None and not is_erased(value):
+                    refs += references(value)
+                    changed[name] = ERASED
+                    fields += 1
+            if changed != data:
+                touched += 1
+                self.conn.execute(events.update().where(
+                    (events.c.execution_id == execution_id) & (events.c.seq == seq)).values(data=changed))
+        return {"execution_id": execution_id, "events": touched, "fields": fields,
+                "blobs": len(refs)}, refs
+
+    def purgeable(self, cutoff: datetime, limit: int) -> list[str]:
+        q = self._for_update(sa.select(executions.c.id).where(
+            executions.c.status.in_(sorted(TERMINAL_STATUSES)) & (executions.c.closed_at < cutoff))
+            .order_by(executions.c.closed_at).limit(limit))
+        return [r[0] for r in self.conn.execute(q).fetchall()]
+
+    def delete_runs(self, ids: Sequence[str]) -> tuple[int, list[tuple[str, str]]]:
+        """Delete whole runs (history, task rows, timers). Returns events removed and the blob
+        references to delete after commit."""
+        refs: list[tuple[str, str]] = []
+        removed = 0
+        for execution_id in ids:
+            row = self.lock(execution_id)
+            if row is None:
+                continue
+            for column in EXECUTION_PAYLOAD_COLUMNS:
+                refs += references(row._mapping[column])
+            for _seq, data, _at in self.raw_history(execution_id):
+                removed += 1
+                for name in PAYLOAD_FIELDS.get(data.get("type", ""), ()):
+                    refs += references(data.get(name))
+        for table in (events, activity_tasks, timers):
+            self.conn.execute(table.delete().where(table.c.execution_id.in_(list(ids))))
+        self.conn.execute(executions.delete().where(executions.c.id.in_(list(ids))))
+        return removed, refs
 
     # ── the sweeper ──────────────────────────────────────────────────────────────────────────
     def _for_update(self, q: Any) -> Any:

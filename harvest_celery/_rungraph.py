@@ -1,0 +1,254 @@
+"""The DAG run graph (``GET /dags/{name}/runs/{id}``): a pure projection of one run.
+
+Topology comes from the registered ``DagDefinition``, which carries forward nodes only, so a
+compensator never appears as a node (the spec's known limitation: to see whether a run unwound,
+read its history or its ``saga_compensated:{seq}`` marker). Status, timings, attempts and the
+truncated error come from the recorded history. No payload is ever surfaced: a node carries its
+name, status, upstreams, timings, attempts and a first-line error cut at 200 characters.
+
+**Compensation dispatches are excluded from name-keyed history reads.** A compensator dispatch is
+an ordinary ``ActivityScheduled`` under the compensator's name. Within one definition version
+``CompensatorNameCollidesWithNode`` keeps the names apart, but a later version may declare a forward
+node named like an older version's compensator; reading the old dispatch as that node would show a
+node that never ran as succeeded/failed with the compensation's timings. Both readers —
+``node_outcome`` (status) and ``latest_scheduled`` (timings, attempts, error) — skip a dispatch
+whose input is a compensation envelope naming a node dispatched earlier in the same run. That
+corroboration reads history only, never the definition, so it cannot drift across versions.
+
+**The readers must decode before they filter.** The corroboration reads
+``ActivityScheduled.input``, a payload-bearing field. A deployment that encrypts or offloads
+payloads must hand these readers decoded history: ``build_run_graph`` takes a ``decode`` callable
+and runs it first (the caller runs it after its database connection is released). The run graph is
+a read-only surface, so a decode failure degrades — it is logged and the raw history is used — and
+never fails the page.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from . import _events as ev
+from ._dag import ENVELOPE_KEYS, CollectAll, DagDefinition, Node
+from ._lifecycle import TERMINAL_STATUSES
+from ._store import Execution
+
+log = logging.getLogger("harvest_celery")
+
+ERROR_MAX_CHARS = 200
+TIMEOUT_ERROR_TYPE = "StartToCloseTimeout"
+
+NODE_STATUSES = ("succeeded", "failed", "timed_out", "cancelled", "running", "pending", "skipped")
+
+HistoryDecoder = Callable[[list[ev.HistoryEvent]], list[ev.HistoryEvent]]
+
+
+# ── compensation dispatches ──────────────────────────────────────────────────────────────────
+def is_envelope(value: Any) -> bool:
+    """``value`` has the shape of a DAG compensation envelope ``{dag_compensate, input, output}``."""
+    return (isinstance(value, dict) and ENVELOPE_KEYS <= value.keys()
+            and isinstance(value["dag_compensate"], str))
+
+
+def is_compensation_dispatch(event: ev.Event, dispatched_names: Iterable[str]) -> bool:
+    """A compensation dispatch: an ``ActivityScheduled`` whose input is a compensation envelope
+    naming an activity that was dispatched as a forward (non-compensation) node in the same run.
+
+    A forward input that merely has the envelope's keys but names nothing dispatched is a forward
+    dispatch. History-only: the definition is never consulted.
+    """
+    return (isinstance(event, ev.ActivityScheduled) and is_envelope(event.input)
+            and event.input["dag_compensate"] in dispatched_names)
+
+
+def forward_dispatches(history: Sequence[ev.HistoryEvent]) -> list[ev.HistoryEvent]:
+    """Every ``ActivityScheduled`` that is not a compensation dispatch, in history order.
+
+    Classified in order: a compensation always follows the dispatch of the node it undoes, so the
+    forward names seen so far are the corroborating set.
+    """
+    seen: set[str] = set()
+    out: list[ev.HistoryEvent] = []
+    for item in history:
+        event = item.event
+        if not isinstance(event, ev.ActivityScheduled) or is_compensation_dispatch(event, seen):
+            continue
+        seen.add(event.activity_name)
+        out.append(item)
+    return out
+
+
+# ── one dispatch, as history recorded it ─────────────────────────────────────────────────────
+@dataclass(frozen=True)
+class Dispatch:
+    """One forward dispatch of an activity (all its attempts share its activity id)."""
+
+    activity_id: str
+    scheduled_at: datetime
+    started_at: datetime | None  # the latest attempt's ActivityStarted
+    finished_at: datetime | None
+    attempts: int
+    outcome: str  # "succeeded" · "failed" · "timed_out" · "open"
+    error_type: str | None = None
+    error: str | None = None  # raw; truncated only when rendered
+
+
+def _dispatches(history: Sequence[ev.HistoryEvent]) -> dict[str, list[Dispatch]]:
+    """Forward dispatches by activity name, in dispatch order."""
+    started: dict[str, tuple[datetime, int]] = {}
+    attempts: dict[str, int] = {}
+    done: dict[str, ev.HistoryEvent] = {}
+    for item in history:
+        event = item.event
+        if isinstance(event, ev.ActivityStarted):
+            started[event.activity_id] = (item.recorded_at, event.attempt)
+            attempts[event.activity_id] = max(attempts.get(event.activity_id, 0), event.attempt)
+        elif isinstance(event, (ev.ActivityCompleted, ev.ActivityFailed)):
+            attempts[event.activity_id] = max(attempts.get(event.activity_id, 0), event.attempt)
+            # a completion is authoritative; otherwise the last failure recorded
+            prev = done.get(event.activity_id)
+            if prev is None or not isinstance(prev.event, ev.ActivityCompleted):
+                done[event.activity_id] = item
+    out: dict[str, list[Dispatch]] = {}
+    for item in forward_dispatches(history):
+        scheduled = item.event
+        assert isinstance(scheduled, ev.ActivityScheduled)
+        aid = scheduled.activity_id
+        end = done.get(aid)
+        outcome, error_type, error = "open", None, None
+        if end is not None and isinstance(end.event, ev.ActivityCompleted):
+            outcome = "succeeded"
+        elif end is not None and isinstance(end.event, ev.ActivityFailed):
+            error_type, error = end.event.error_type, end.event.message
+            outcome = "timed_out" if error_type == TIMEOUT_ERROR_TYPE else "failed"
+        out.setdefault(scheduled.activity_name, []).append(Dispatch(
+            activity_id=aid, scheduled_at=item.recorded_at,
+            started_at=started[aid][0] if aid in started else None,
+            finished_at=end.recorded_at if end is not None else None,
+            attempts=attempts.get(aid, 0), outcome=outcome, error_type=error_type, error=error))
+    return out
+
+
+def latest_scheduled(history: Sequence[ev.HistoryEvent], node_name: str) -> Dispatch | None:
+    """The node's latest forward dispatch (timings, attempts, error); compensation dispatches
+    under the same name are skipped. ``None`` if the node was never dispatched."""
+    found = _dispatches(history).get(node_name)
+    return found[-1] if found else None
+
+
+def node_outcome(history: Sequence[ev.HistoryEvent], node_name: str) -> str:
+    """The outcome of the node's latest forward dispatch: ``succeeded``, ``failed``,
+    ``timed_out``, ``open`` (scheduled, no result yet) or ``not_attempted``. Skips compensation
+    dispatches exactly as ``latest_scheduled`` does, so the two describe the same attempt."""
+    latest = latest_scheduled(history, node_name)
+    return "not_attempted" if latest is None else latest.outcome
+
+
+# ── rendering ────────────────────────────────────────────────────────────────────────────────
+def first_line(message: str | None, limit: int = ERROR_MAX_CHARS) -> str | None:
+    """The first line of ``message``, cut at ``limit`` characters (``None`` when empty)."""
+    if not message:
+        return None
+    lines = message.splitlines()
+    return (lines[0][:limit] or None) if lines else None
+
+
+def _node(node: Node, status: str, started_at: datetime | None = None,
+          finished_at: datetime | None = None, attempts: int = 0,
+          failure: Dispatch | None = None) -> dict[str, Any]:
+    return {
+        "node_name": node.name,
+        "status": status,
+        "depends_on": list(node.upstreams),
+        "started_at": started_at,
+        "finished_at": finished_at,
+        "attempts": attempts,
+        "error_type": failure.error_type if failure is not None else None,
+        "error": first_line(failure.error) if failure is not None else None,
+    }
+
+
+def _open_status(live: bool) -> str:
+    # scheduled with no result: in flight on a live run; on a sealed run it never will finish
+    return "running" if live else "cancelled"
+
+
+def _activity_node(node: Node, dispatches: list[Dispatch], live: bool) -> dict[str, Any]:
+    d = dispatches[-1]
+    status = _open_status(live) if d.outcome == "open" else d.outcome
+    failure = d if status in ("failed", "timed_out") else None
+    return _node(node, status, d.started_at or d.scheduled_at, d.finished_at, d.attempts, failure)
+
+
+def _mapped_node(node: Node, cells: list[Dispatch], live: bool) -> dict[str, Any]:
+    """A mapped node from all its cells: open if any cell is; else failed (timed_out if the first
+    failing cell timed out) when any cell failed — unless the node is ``CollectAll``, which always
+    succeeds; attempts is the most any cell took."""
+    failed = [c for c in cells if c.outcome in ("failed", "timed_out")]
+    failure = None
+    if any(c.outcome == "open" for c in cells):
+        status = _open_status(live)
+    elif failed and node.policy is not CollectAll:
+        failure = failed[0]
+        status = failure.outcome
+    else:
+        status = "succeeded"
+    started = min(c.started_at or c.scheduled_at for c in cells)
+    finished = None
+    if all(c.finished_at is not None for c in cells):
+        finished = max(c.finished_at for c in cells if c.finished_at is not None)
+    return _node(node, status, started, finished, max(c.attempts for c in cells), failure)
+
+
+def _decoded(history: list[ev.HistoryEvent], decode: HistoryDecoder | None) -> list[ev.HistoryEvent]:
+    if decode is None:
+        return history
+    try:
+        return decode(history)
+    except Exception:  # noqa: BLE001 - a read-only surface degrades, never fails the page
+        log.warning("run graph: decoding the history failed; rendering from the raw history",
+                    exc_info=True)
+        return history
+
+
+def build_run_graph(definition: DagDefinition, execution: Execution,
+                    history: list[ev.HistoryEvent], *,
+                    decode: HistoryDecoder | None = None) -> dict[str, Any]:
+    """``{run_id, dag_name, state, started_at, finished_at, nodes: [...]}`` for one DAG run.
+
+    Nodes in declaration order, each ``{node_name, status, depends_on, started_at, finished_at,
+    attempts, error_type, error}``. ``decode`` (a codec/offload inflate pass) runs first, so the
+    compensation filter reads decoded inputs; on failure the raw history is used.
+
+    Limitations, history alone cannot tell: a node never dispatched is ``skipped`` on a terminal
+    run and ``pending`` on a live one (an empty mapped fan-out, which dispatches nothing, shows
+    the same way); a signal gate is ``succeeded`` once its signal has been delivered.
+    """
+    history = _decoded(history, decode)
+    live = execution.status not in TERMINAL_STATUSES
+    by_name = _dispatches(history)
+    signals: dict[str, datetime] = {}
+    for item in history:
+        if isinstance(item.event, ev.SignalReceived):
+            signals.setdefault(item.event.name, item.recorded_at)
+    nodes = []
+    for node in definition.nodes:
+        dispatches = by_name.get(node.name)
+        if node.kind == "gate" and node.name in signals:
+            nodes.append(_node(node, "succeeded", finished_at=signals[node.name]))
+        elif node.kind != "gate" and dispatches:
+            build = _mapped_node if node.kind == "mapped" else _activity_node
+            nodes.append(build(node, dispatches, live))
+        else:
+            nodes.append(_node(node, "pending" if live else "skipped"))
+    return {
+        "run_id": execution.id,
+        "dag_name": definition.name,
+        "state": execution.status,
+        "started_at": execution.created_at,
+        "finished_at": execution.closed_at,
+        "nodes": nodes,
+    }

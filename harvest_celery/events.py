@@ -1,0 +1,24 @@
+"""The event types of a run's history (``Harvest.history`` returns them inside ``HistoryEvent``)."""
+
+from ._events import (
+    ActivityCompleted,
+    ActivityFailed,
+    ActivityScheduled,
+    ActivityStarted,
+    Event,
+    HistoryEvent,
+    MarkerRecorded,
+    SignalReceived,
+    TimerFired,
+    TimerStarted,
+    WorkflowCancelled,
+    WorkflowCompleted,
+    WorkflowFailed,
+    WorkflowStarted,
+)
+
+__all__ = [
+    "ActivityCompleted", "ActivityFailed", "ActivityScheduled", "ActivityStarted", "Event",
+    "HistoryEvent", "MarkerRecorded", "SignalReceived", "TimerFired", "TimerStarted",
+    "WorkflowCancelled", "WorkflowCompleted", "WorkflowFailed", "WorkflowStarted",
+]
