@@ -10,7 +10,13 @@ from typing import Any
 
 from . import _events as ev
 from ._engine import EngineConfig
-from ._errors import ExecutionNotFound, InvalidState, WorkflowCancelledError, WorkflowFailed
+from ._errors import (
+    ExecutionNotFound,
+    InvalidState,
+    UnknownWorkflow,
+    WorkflowCancelledError,
+    WorkflowFailed,
+)
 from ._lifecycle import CANCELLED, COMPLETED, RUNNING, TERMINAL_STATUSES
 from ._payload import Payloads, check_json
 from ._registry import ActivityDefinition, Registry, register_into
@@ -164,6 +170,74 @@ class Harvest:
         self.runtime._after_commit(tx)
         if self._inline is not None:
             self.drain()
+
+    def terminate(self, execution_id: str, reason: str = "") -> None:
+        """Seal a live run at once, without the post-cancel decision (no workflow code runs)."""
+        with self.store.begin() as tx:
+            tx.terminate(execution_id, reason, utcnow())
+        self._after(tx)
+
+    def pause(self, execution_id: str) -> None:
+        """Hold the run's decisions until ``resume`` (activities already running finish)."""
+        with self.store.begin() as tx:
+            tx.pause(execution_id, utcnow())
+        self._after(tx)
+
+    def resume(self, execution_id: str) -> None:
+        with self.store.begin() as tx:
+            tx.resume(execution_id, utcnow(), self.runtime.settings.decision_queue)
+        self._after(tx)
+
+    def reset(self, execution_id: str, to_seq: int, new_execution_id: str | None = None) -> str:
+        """Fork a new run from the first ``to_seq`` events of this one (a live source is
+        terminated); returns the new run's id."""
+        self.store.get(execution_id)
+        new_id = _check_id(new_execution_id or f"{execution_id}-reset-{uuid.uuid4().hex[:8]}")
+        with self.store.begin() as tx:
+            tx.reset(execution_id, new_id, to_seq, self.registry, utcnow(),
+                     self.runtime.settings.decision_queue)
+        self._after(tx)
+        return new_id
+
+    def retry_dag_run(self, dag_name: str, execution_id: str, from_node: str | None = None, *,
+                      dry_run: bool = False, new_execution_id: str | None = None) -> dict[str, Any]:
+        """Retry a failed DAG run from a node (default: its first failed node): a new run that
+        carries over the succeeded nodes and re-runs that node and everything downstream.
+
+        Raises ``RetryRefused`` for a run that is still running or completed, that executed its
+        compensation unwind, or whose payloads were erased; ``UnknownNode``; and a payload error
+        when the history cannot be fully decoded (it fails closed).
+        """
+        from ._dag_retry import COMPENSATED, RetryRefused, compensation_executed, erased_refusal, plan_retry
+
+        definition = self.registry.workflow(dag_name)
+        if definition.kind != "dag":
+            raise UnknownWorkflow(dag_name)
+        row = self.store.get(execution_id)
+        if row.workflow_type != dag_name:
+            raise ExecutionNotFound(execution_id)
+        if row.erased_at is not None:
+            raise erased_refusal(execution_id)  # the fast path; rechecked under the fork's lock
+        if row.status == RUNNING:
+            raise RetryRefused(execution_id, "running", f"run {execution_id} is still running")
+        if row.status == COMPLETED:
+            raise RetryRefused(execution_id, "completed", f"run {execution_id} completed: nothing to retry")
+        history = self.store.history(execution_id, strict=True)  # decode before filtering
+        if compensation_executed(history):
+            raise RetryRefused(execution_id, "compensated", COMPENSATED)
+        plan = plan_retry(definition.extra, history, from_node)
+        answer: dict[str, Any] = {"source_run_id": execution_id, "retry_from": plan.retry_from,
+                                  "carried": sorted(plan.carried), "rerun": plan.rerun}
+        if dry_run:
+            return {**answer, "run_id": None, "dry_run": True}
+        new_id = _check_id(new_execution_id or f"{execution_id}-retry-{uuid.uuid4().hex[:8]}")
+        started = history[0].event
+        conf = getattr(started, "input", None)
+        with self.store.begin() as tx:
+            tx.fork_dag_run(execution_id, new_id, conf, plan.carried, utcnow(),
+                            self.runtime.settings.decision_queue)
+        self._after(tx)
+        return {**answer, "run_id": new_id, "dry_run": False}
 
     def erase_payloads(self, execution_id: str) -> dict[str, Any]:
         """Tombstone every payload field of a terminal run (PII erasure): the run stays readable

@@ -387,9 +387,17 @@ async def _run_node(ctx: WorkflowContext, node: Node, conf: Any, outcomes: dict[
 def make_runner(definition: DagDefinition) -> Callable[[WorkflowContext, Any], Any]:
     async def run_dag(ctx: WorkflowContext, conf: Any) -> dict[str, Any]:
         outcomes: dict[str, _Outcome] = {}
+        started = ctx._replay.events[0]
+        # retry-from-node: nodes carried over from the source run succeeded there and their side
+        # effects are live, so they count as dispatched (compensable) without running again
+        for name, recorded in (getattr(started, "carried", None) or {}).items():
+            outcomes[name] = _Outcome("succeeded", recorded.get("output"), recorded.get("input"),
+                                      dispatched=True)
         for level in definition.levels:
             runnable = []
             for node in level:
+                if node.name in outcomes:
+                    continue
                 if all(outcomes[u].status == "succeeded" for u in node.upstreams):
                     runnable.append(node)
                 else:

@@ -39,6 +39,10 @@ class WorkflowStarted(Event):
     type: ClassVar[str] = "WorkflowStarted"
     workflow_type: str
     input: Any = None
+    # A DAG run forked by retry-from-node: {node: {"input": ..., "output": ...}} carried over from
+    # the source run's succeeded nodes (their side effects are live, so they stay compensable).
+    carried: Any = None
+    forked_from: str | None = None
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ def check_cap(value: Any, what: str, cap: int | None) -> None:
 
 # ── payload-bearing fields: the one definition every encode/decode/erase pass uses ─────────────
 PAYLOAD_FIELDS: dict[str, tuple[str, ...]] = {
-    "WorkflowStarted": ("input",),
+    "WorkflowStarted": ("input", "carried"),
     "ActivityScheduled": ("input",),
     "ActivityCompleted": ("output",),
     "MarkerRecorded": ("details",),

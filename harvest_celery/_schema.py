@@ -48,6 +48,10 @@ executions = Table(
     Column("nd_details", Json),
     Column("nd_retry_at", Ts),
     Column("erased_at", Ts),
+    Column("paused_at", Ts),
+    # the fork mechanism (DAG retry-from-node, reset): recorded on both rows
+    Column("forked_from", String(200)),
+    Column("forked_to", String(200)),
     Index("ix_harvest_executions_status", "status"),
     Index("ix_harvest_executions_workflow_type", "workflow_type"),
     Index("ix_harvest_executions_decision_requested_at", "decision_requested_at"),

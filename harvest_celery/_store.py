@@ -28,6 +28,7 @@ from ._errors import ExecutionAlreadyExists, ExecutionNotFound, HarvestError, In
 from ._lifecycle import (
     RUNNING,
     TERMINAL_STATUSES,
+    TERMINATED,
     decision_events,
     status_after_cancel,
     status_for_outcome,
@@ -81,6 +82,10 @@ class Execution:
     nd_block_count: int
     nd_details: dict[str, Any] | None
     history_length: int
+    erased_at: datetime | None = None
+    paused_at: datetime | None = None
+    forked_from: str | None = None
+    forked_to: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> Execution:
@@ -92,7 +97,8 @@ class Execution:
             cancelled_at=_aware(m["cancelled_at"]), cancel_reason=m["cancel_reason"],
             nd_blocked_at=_aware(m["nd_blocked_at"]), nd_block_reason=m["nd_block_reason"],
             nd_block_count=m["nd_block_count"] or 0, nd_details=m["nd_details"],
-            history_length=m["next_seq"],
+            history_length=m["next_seq"], erased_at=_aware(m["erased_at"]),
+            paused_at=_aware(m["paused_at"]), forked_from=m["forked_from"], forked_to=m["forked_to"],
         )
 
     @property
@@ -385,6 +391,8 @@ class Tx:
                               .values(decision_requested_at=None))
         if m["status"] != RUNNING and m["cancelled_at"] is None:
             return None
+        if m["paused_at"] is not None:
+            return None  # resumed later with a fresh request
         return row
 
     def apply_decision(self, row: Any, history: list[ev.HistoryEvent], decision: Decision,
@@ -587,6 +595,104 @@ class Tx:
                           .values(fired=True))
         self.request_decision(execution_id, now, decision_queue, force=True)
         return new_status
+
+    # ── the fork mechanism (retry-from-node, reset) and operator actions ─────────────────────
+    def _seal_for_fork(self, source_id: str, new_id: str, now: datetime) -> Any:
+        """Lock the source and recheck erasure under that lock, before a single event is copied:
+        an erasure either committed before the lock (refused here) or queues behind it."""
+        from ._dag_retry import erased_refusal
+
+        row = self.lock_existing(source_id)
+        m = row._mapping
+        if m["erased_at"] is not None or is_erased(m["input"]):
+            raise erased_refusal(source_id)
+        if self.lock(new_id) is not None:
+            raise ExecutionAlreadyExists(new_id, self.lock(new_id)._mapping["workflow_type"])
+        self.conn.execute(executions.update().where(executions.c.id == source_id)
+                          .values(forked_to=new_id, updated_at=now))
+        return row
+
+    def _create_run(self, new_id: str, workflow_type: str, input: Any, forked_from: str,
+                    now: datetime) -> Any:
+        self.conn.execute(executions.insert().values(
+            id=new_id, workflow_type=workflow_type, status=RUNNING,
+            input=self.payloads.encode_value(input, f"{new_id}/input"), next_seq=0,
+            created_at=now, updated_at=now, nd_block_count=0, forked_from=forked_from))
+        return self.lock_existing(new_id)
+
+    def fork_dag_run(self, source_id: str, new_id: str, conf: Any, carried: dict[str, Any],
+                     now: datetime, decision_queue: str) -> None:
+        """A new run of the same DAG carrying over the succeeded nodes' recorded input/output."""
+        source = self._seal_for_fork(source_id, new_id, now)
+        workflow_type = source._mapping["workflow_type"]
+        row = self._create_run(new_id, workflow_type, conf, source_id, now)
+        self.append(row, [ev.WorkflowStarted(workflow_type, conf, carried or None, source_id)], now)
+        self.request_decision(new_id, now, decision_queue)
+
+    def reset(self, source_id: str, new_id: str, to_seq: int, registry: Registry, now: datetime,
+              decision_queue: str) -> None:
+        """A new run whose history is the source's first ``to_seq`` events; a live source is
+        terminated. Open activities and timers of the copied prefix are scheduled again."""
+        source = self._seal_for_fork(source_id, new_id, now)
+        m = source._mapping
+        history = self.history(source_id)
+        if not 1 <= to_seq <= len(history):
+            raise ValueError(f"reset point must be between 1 and {len(history)} (the history length)")
+        prefix = [h.event for h in history[:to_seq]]
+        if any(isinstance(e, (ev.WorkflowCancelled, *ev.TERMINAL_EVENTS)) for e in prefix):
+            raise ValueError("a reset point must come before the run was cancelled or finished")
+        if m["status"] == RUNNING:
+            self.terminate(source_id, f"reset to event {to_seq} as {new_id}", now)
+        first = prefix[0]
+        assert isinstance(first, ev.WorkflowStarted)
+        row = self._create_run(new_id, m["workflow_type"], first.input, source_id, now)
+        prefix[0] = dataclasses.replace(first, forked_from=source_id)
+        self.append(row, prefix, now)
+        done = {e.activity_id for e in prefix if isinstance(e, (ev.ActivityCompleted, ev.ActivityFailed))}
+        fired = {e.timer_id for e in prefix if isinstance(e, ev.TimerFired)}
+        for seq, event in enumerate(prefix):
+            if isinstance(event, ev.ActivityScheduled) and event.activity_id not in done:
+                self._insert_task(new_id, ScheduleActivity(event.activity_id, event.activity_name,
+                                                           event.input, event.queue, event.compensation),
+                                  seq, registry, now)
+            elif isinstance(event, ev.TimerStarted) and event.timer_id not in fired:
+                self.conn.execute(timers.insert().values(
+                    execution_id=new_id, timer_id=event.timer_id,
+                    fire_at=datetime.fromisoformat(event.fire_at), fired=False))
+        self.request_decision(new_id, now, decision_queue)
+
+    def terminate(self, execution_id: str, reason: str, now: datetime) -> None:
+        """Seal without the post-cancel decision: TERMINATED, unstarted work never runs."""
+        row = self.lock_existing(execution_id)
+        status = row._mapping["status"]
+        if status != RUNNING:
+            raise InvalidState(execution_id, status, "terminate")
+        self.append(row, [ev.WorkflowFailed("Terminated", reason or "terminated by an operator")], now)
+        self.conn.execute(executions.update().where(executions.c.id == execution_id).values(
+            status=TERMINATED, closed_at=now, updated_at=now, nd_retry_at=None,
+            decision_requested_at=None, error={"type": "Terminated", "message": reason}))
+        self.conn.execute(activity_tasks.update().where(
+            (activity_tasks.c.execution_id == execution_id)
+            & activity_tasks.c.status.in_(("scheduled", "retry_wait"))).values(
+            status="cancelled", finished_at=now, last_error=f"workflow terminated: {reason}"))
+        self.conn.execute(timers.update().where(timers.c.execution_id == execution_id).values(fired=True))
+
+    def pause(self, execution_id: str, now: datetime) -> None:
+        """Decisions wait while paused. The pause takes the row lock, so a decision in flight
+        commits first and one that starts after it sees the pause and discards its commands."""
+        row = self.lock_existing(execution_id)
+        if row._mapping["status"] != RUNNING:
+            raise InvalidState(execution_id, row._mapping["status"], "pause")
+        self.conn.execute(executions.update().where(executions.c.id == execution_id)
+                          .values(paused_at=row._mapping["paused_at"] or now, updated_at=now))
+
+    def resume(self, execution_id: str, now: datetime, decision_queue: str) -> None:
+        row = self.lock_existing(execution_id)
+        if row._mapping["paused_at"] is None:
+            raise InvalidState(execution_id, "not paused", "resume")
+        self.conn.execute(executions.update().where(executions.c.id == execution_id)
+                          .values(paused_at=None, updated_at=now))
+        self.request_decision(execution_id, now, decision_queue, force=True)
 
     # ── erasure and retention ───────────────────────────────────────────────────────────────
     def erase(self, execution_id: str, now: datetime) -> tuple[dict[str, Any], list[tuple[str, str]]]:

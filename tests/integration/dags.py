@@ -177,3 +177,58 @@ ACTIVITIES = [undo_node, undo_slowly, dia_a, dia_b, dia_c, dia_d, sh_src, sh_oth
               sh_all, sh_alias, sh_cell, sh_last, mp_produce, mp_cell, mp_after, mp_fail, cx_first,
               cx_slow, cap_left, cap_right, cap_big]
 DAGS = [diamond, shapes, map_collect, map_failfast, cancellable, capped]
+
+
+# ── retry-from-node ───────────────────────────────────────────────────────────────────────────
+rt_a = node("rt_a")
+rt_c = node("rt_c", queue="beta")
+
+
+@activity(name="rt_b", queue="alpha", retry=NO_RETRY)
+def rt_b(value: Any) -> dict:
+    """Fails on its first run for a tag, succeeds afterwards."""
+    from .app import r
+
+    tag = tag_of(value)
+    record(tag, "rt_b", value)
+    if r.incr(f"rt_b:{tag}") == 1:
+        raise RuntimeError("rt_b failed the first time")
+    return {"tag": tag, "node": "rt_b", "saw": value}
+
+
+@dag
+def retryable(g: DagBuilder) -> None:
+    a = g.activity(rt_a)
+    b = g.activity(rt_b).input_from(a)
+    g.activity(rt_c).input_from(b)
+
+
+@activity(name="big_out", queue="alpha", retry=NO_RETRY)
+def big_out(value: dict) -> dict:
+    record(tag_of(value), "big_out", None)
+    return {"tag": tag_of(value), "pad": "b" * (2 * 1024 * 1024 + 10)}
+
+
+bo_fail = node("bo_fail", fail=True)
+
+
+@dag
+def oversized_envelope(g: DagBuilder) -> None:
+    """big_out's compensation envelope is over the default 2 MiB cap: rejected pre-dispatch,
+    so the unwind records its marker but dispatches nothing."""
+    big = g.activity(big_out).compensate(undo_node)
+    g.activity(bo_fail).upstream(big)
+
+
+ds_first = node("ds_first")
+ds_slow = node("ds_slow", queue="beta")
+
+
+@dag
+def drained(g: DagBuilder) -> None:
+    first = g.activity(ds_first).compensate(undo_node)
+    g.activity(ds_slow).upstream(first)
+
+
+ACTIVITIES += [rt_a, rt_b, rt_c, big_out, bo_fail, ds_first, ds_slow]
+DAGS += [retryable, oversized_envelope, drained]
