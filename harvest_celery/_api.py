@@ -6,7 +6,7 @@ before anything touches the database, so a rejected request writes nothing.
 
 Errors are JSON ``{"error": <class name>, "detail": <message>}``: unknown workflow/execution →
 404, an id reused for another workflow or an operation the run's status forbids → 409, a bad
-payload or id → 400, a request that does not match the schema → 422 (``"ValidationError"``, with
+payload or id → 400, a stored payload the server cannot decode → 503, a request that does not match the schema → 422 (``"ValidationError"``, with
 pydantic's error list as ``detail``), a missing or wrong bearer token on a mutating endpoint → 401.
 """
 
@@ -17,7 +17,6 @@ import secrets
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-import sqlalchemy as sa
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -28,15 +27,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from . import _events as ev
 from ._client import Harvest
+from ._codec import PayloadCodecError
 from ._errors import (
     ExecutionAlreadyExists,
     ExecutionNotFound,
     HarvestError,
     InvalidState,
-    PayloadNotSerializable,
     RegistrationError,
 )
 from ._metrics import exposition
+from ._payload import check_storable
+from ._payload import storable_text as _storable_text
+from ._payload_store import PayloadStoreError
 from ._rungraph import build_run_graph
 from ._store import Execution
 
@@ -169,11 +171,13 @@ class ApiError(Exception):
 
 
 def status_for(exc: BaseException) -> int:
-    """The HTTP status of a client error: 404 unknown, 409 conflict, 400 anything else."""
+    """404 unknown, 409 conflict, 503 an undecodable stored payload, 400 anything else."""
     if isinstance(exc, (ExecutionNotFound, RegistrationError)):
         return 404
     if isinstance(exc, (ExecutionAlreadyExists, InvalidState)):
         return 409
+    if isinstance(exc, (PayloadStoreError, PayloadCodecError)):
+        return 503  # the server cannot decode a stored payload: its configuration, not the request
     return 400  # PayloadNotSerializable, PayloadTooLarge and every other client error
 
 
@@ -204,35 +208,6 @@ def check_name(value: str, what: str) -> str:
     return value
 
 
-def _storable_text(text: str) -> bool:
-    # Postgres text and jsonb cannot hold NUL, and a lone surrogate cannot be encoded as UTF-8.
-    if "\x00" in text:
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def check_storable(value: Any, what: str) -> Any:
-    """Every string in ``value`` (keys included) can be stored by Postgres; else
-    ``PayloadNotSerializable`` (→ 400), before anything is written."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if not _storable_text(item):
-                raise PayloadNotSerializable(what, "a string holds a NUL character or a lone "
-                                                   "surrogate, which cannot be stored")
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return value
-
-
 # ── views ────────────────────────────────────────────────────────────────────────────────────
 def _summary(x: Execution) -> dict[str, Any]:
     return {
@@ -258,6 +233,9 @@ def _history_item(item: ev.HistoryEvent) -> dict[str, Any]:
 
 # ── the app ──────────────────────────────────────────────────────────────────────────────────
 ExecutionIdPath = Annotated[str, Path(description="the execution id")]
+# module-level: FastAPI resolves the (postponed) annotations of the endpoint functions here
+_BEARER = HTTPBearer(auto_error=False, description="the API token (HARVEST_API_TOKEN)")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
 
 
 def create_app(harvest: Harvest, *, token: str | None = None) -> FastAPI:
@@ -266,9 +244,8 @@ def create_app(harvest: Harvest, *, token: str | None = None) -> FastAPI:
     token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
     app = FastAPI(title="harvest-celery operator API", version="1.0.0",
                   description="Start, signal, cancel and inspect durable workflows and DAG runs.")
-    bearer = HTTPBearer(auto_error=False, description="the API token (HARVEST_API_TOKEN)")
 
-    def authorized(credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+    def authorized(credentials: Credentials) -> None:
         assert token is not None
         if credentials is None or not secrets.compare_digest(
                 credentials.credentials.encode("utf-8", "surrogateescape"),
@@ -338,7 +315,8 @@ def create_app(harvest: Harvest, *, token: str | None = None) -> FastAPI:
              responses=_responses(400, 404, 422), tags=["workflows"])
     def history(execution_id: ExecutionIdPath) -> dict[str, Any]:
         """The run's recorded events, in order."""
-        events = harvest.history(check_id(execution_id))
+        harvest.describe(check_id(execution_id))
+        events = harvest.history(execution_id, strict=False)  # a read-only view degrades
         return {"execution_id": execution_id, "events": [_history_item(h) for h in events]}
 
     @app.post("/workflows/{execution_id}/signals/{name}", response_model=SignalResponse,
@@ -378,8 +356,8 @@ def create_app(harvest: Harvest, *, token: str | None = None) -> FastAPI:
         execution = harvest.describe(execution_id)
         if execution.workflow_type != name:
             raise ApiError(404, "ExecutionNotFound", f"execution {execution_id!r} is not a run of DAG {name!r}")
-        # read with the connection released; a codec/offload decode pass slots in as decode=
-        return build_run_graph(definition.extra, execution, harvest.history(execution_id))
+        # decoded before the compensation filter reads inputs; a read-only view degrades
+        return build_run_graph(definition.extra, execution, harvest.history(execution_id, strict=False))
 
     # ── operations ───────────────────────────────────────────────────────────────────────────
     @app.get("/metrics", response_class=Response, tags=["operations"],
@@ -394,8 +372,7 @@ def create_app(harvest: Harvest, *, token: str | None = None) -> FastAPI:
     def healthz() -> Any:
         """The database answers a trivial query."""
         try:
-            with harvest.store.engine.connect() as conn:
-                conn.execute(sa.text("SELECT 1"))
+            harvest.store.ping()
         except Exception as exc:  # noqa: BLE001 - any failure means unhealthy
             return _error(503, "DatabaseUnavailable", f"{type(exc).__name__}: {exc}".splitlines()[0])
         return {"status": "ok"}

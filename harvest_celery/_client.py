@@ -252,9 +252,11 @@ class Harvest:
     def describe(self, execution_id: str) -> Execution:
         return self.store.get(execution_id)
 
-    def history(self, execution_id: str) -> list[ev.HistoryEvent]:
+    def history(self, execution_id: str, *, strict: bool = True) -> list[ev.HistoryEvent]:
+        """The run's events, decoded. ``strict=False`` (read-only views) leaves a payload that
+        cannot be decoded raw instead of raising."""
         self.store.get(execution_id)
-        return self.store.history(execution_id)
+        return self.store.history(execution_id, strict=strict)
 
     def list(self, *, status: str | None = None, workflow: str | None = None,
              nd_blocked: bool | None = None, limit: int = 100, offset: int = 0) -> list[Execution]:

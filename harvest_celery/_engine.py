@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import random as _random
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -172,7 +172,10 @@ class Replay:
         self.events = [h.event for h in activation.history]
         self.times = [h.recorded_at for h in activation.history]
         self.consumed: set[int] = set()
-        self.cmd_pos = 1
+        # positions a command matcher can meet: everything but WorkflowStarted, results, outcomes
+        self.candidates = [i for i, e in enumerate(self.events)
+                           if i > 0 and not isinstance(e, _RESULT_TYPES + ev.TERMINAL_EVENTS)]
+        self.cpos = 0
         self.commands: list[Command] = []
         self.nd: NonDeterministic | None = None
         self.ready: deque[_Task] = deque()
@@ -201,26 +204,27 @@ class Replay:
         """A cancelled run is sealed: divergences are raised into the workflow, never nd-block."""
         return self.cancel is not None
 
+    def _candidates(self, *, skip_signals: bool) -> Iterator[int]:
+        """Unconsumed positions from the command cursor that command matchers must look at
+        (result and terminal events never are), lazily: matching a command costs O(1) amortised,
+        so a replay stays linear in history length."""
+        for i in self.candidates[self.cpos:]:
+            if i in self.consumed:
+                continue
+            if skip_signals and isinstance(self.events[i], ev.SignalReceived):
+                continue
+            yield i
+
     def _rest(self, *, skip_signals: bool) -> list[int]:
-        """Unconsumed positions from the command cursor that command matchers must look at."""
-        out = []
-        for i in range(self.cmd_pos, len(self.events)):
-            e = self.events[i]
-            if i in self.consumed or isinstance(e, _RESULT_TYPES) or isinstance(e, ev.TERMINAL_EVENTS):
-                continue
-            if skip_signals and isinstance(e, ev.SignalReceived):
-                continue
-            out.append(i)
-        return out
+        return list(self._candidates(skip_signals=skip_signals))
 
     def _consume(self, index: int) -> None:
         self.consumed.add(index)
-        while self.cmd_pos < len(self.events) and self.cmd_pos in self.consumed:
-            self.cmd_pos += 1
+        while self.cpos < len(self.candidates) and self.candidates[self.cpos] in self.consumed:
+            self.cpos += 1
 
     def _next_command(self) -> int | None:
-        rest = self._rest(skip_signals=True)
-        return rest[0] if rest else None
+        return next(self._candidates(skip_signals=True), None)
 
     def diverge(self, expected: str, index: int | None) -> NonDeterministic:
         actual = ev.describe(self.events[index]) if index is not None else "end of history"
@@ -308,8 +312,7 @@ class Replay:
         return False
 
     def _next_after(self, index: int) -> int | None:
-        later = [i for i in self._rest(skip_signals=True) if i > index]
-        return later[0] if later else None
+        return next((i for i in self._candidates(skip_signals=True) if i > index), None)
 
     def wait_signal(self, name: str) -> _Future:
         future = _Future()

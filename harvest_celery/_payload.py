@@ -30,7 +30,39 @@ def dumps(value: Any, what: str) -> str:
 
 def check_json(value: Any, what: str) -> Any:
     """Return ``value`` as it will read back from history (tuples become lists), or raise."""
-    return json.loads(dumps(value, what))
+    text = dumps(value, what)
+    if "\\u0000" in text or "\\ud" in text:  # cheap gate before the full walk
+        check_storable(value, what)
+    return json.loads(text)
+
+
+def storable_text(text: str) -> bool:
+    # Postgres text and jsonb cannot hold NUL, and a lone surrogate cannot be encoded as UTF-8.
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_storable(value: Any, what: str) -> Any:
+    """Every string in ``value`` (keys included) can be stored by Postgres; else
+    ``PayloadNotSerializable``, before anything is written."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not storable_text(item):
+                raise PayloadNotSerializable(what, "a string holds a NUL character or a lone "
+                                                   "surrogate, which cannot be stored")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return value
 
 
 def check_cap(value: Any, what: str, cap: int | None) -> None:

@@ -16,17 +16,16 @@ whose input is a compensation envelope naming a node dispatched earlier in the s
 corroboration reads history only, never the definition, so it cannot drift across versions.
 
 **The readers must decode before they filter.** The corroboration reads
-``ActivityScheduled.input``, a payload-bearing field. A deployment that encrypts or offloads
-payloads must hand these readers decoded history: ``build_run_graph`` takes a ``decode`` callable
-and runs it first (the caller runs it after its database connection is released). The run graph is
-a read-only surface, so a decode failure degrades — it is logged and the raw history is used — and
-never fails the page.
+``ActivityScheduled.input``, a payload-bearing field, so these readers take *decoded* history:
+``Store.history`` inflates and decodes after releasing its connection, skipping the pass when no
+field is opaque. The run graph is a read-only surface and reads with ``strict=False`` (a payload
+that cannot be decoded is logged and left raw; the page still renders); the retry guard reads
+strictly and fails closed.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -36,14 +35,10 @@ from ._dag import ENVELOPE_KEYS, CollectAll, DagDefinition, Node
 from ._lifecycle import TERMINAL_STATUSES
 from ._store import Execution
 
-log = logging.getLogger("harvest_celery")
-
 ERROR_MAX_CHARS = 200
 TIMEOUT_ERROR_TYPE = "StartToCloseTimeout"
 
 NODE_STATUSES = ("succeeded", "failed", "timed_out", "cancelled", "running", "pending", "skipped")
-
-HistoryDecoder = Callable[[list[ev.HistoryEvent]], list[ev.HistoryEvent]]
 
 
 # ── compensation dispatches ──────────────────────────────────────────────────────────────────
@@ -203,31 +198,18 @@ def _mapped_node(node: Node, cells: list[Dispatch], live: bool) -> dict[str, Any
     return _node(node, status, started, finished, max(c.attempts for c in cells), failure)
 
 
-def _decoded(history: list[ev.HistoryEvent], decode: HistoryDecoder | None) -> list[ev.HistoryEvent]:
-    if decode is None:
-        return history
-    try:
-        return decode(history)
-    except Exception:  # noqa: BLE001 - a read-only surface degrades, never fails the page
-        log.warning("run graph: decoding the history failed; rendering from the raw history",
-                    exc_info=True)
-        return history
-
-
 def build_run_graph(definition: DagDefinition, execution: Execution,
-                    history: list[ev.HistoryEvent], *,
-                    decode: HistoryDecoder | None = None) -> dict[str, Any]:
-    """``{run_id, dag_name, state, started_at, finished_at, nodes: [...]}`` for one DAG run.
+                    history: Sequence[ev.HistoryEvent]) -> dict[str, Any]:
+    """``{run_id, dag_name, state, started_at, finished_at, nodes: [...]}`` for one DAG run, from
+    its decoded history.
 
     Nodes in declaration order, each ``{node_name, status, depends_on, started_at, finished_at,
-    attempts, error_type, error}``. ``decode`` (a codec/offload inflate pass) runs first, so the
-    compensation filter reads decoded inputs; on failure the raw history is used.
+    attempts, error_type, error}``.
 
     Limitations, history alone cannot tell: a node never dispatched is ``skipped`` on a terminal
     run and ``pending`` on a live one (an empty mapped fan-out, which dispatches nothing, shows
     the same way); a signal gate is ``succeeded`` once its signal has been delivered.
     """
-    history = _decoded(history, decode)
     live = execution.status not in TERMINAL_STATUSES
     by_name = _dispatches(history)
     signals: dict[str, datetime] = {}

@@ -190,6 +190,11 @@ class Store:
         with self.engine.begin() as conn:
             yield Tx(conn, self.is_sqlite, self.payloads)
 
+    def ping(self) -> None:
+        """A trivial query: raises if the database does not answer."""
+        with self.engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+
     # ── reads that need no lock ──────────────────────────────────────────────────────────────
     def get(self, execution_id: str) -> Execution:
         with self.engine.connect() as conn:

@@ -1,0 +1,35 @@
+"""The public surface is a contract (DESIGN.md, "Public Python surface"): pin it."""
+
+import harvest_celery
+
+CONTRACT = {
+    "Harvest", "activity", "workflow", "dag", "WorkflowContext", "Saga", "DagBuilder",
+    "RetryPolicy", "CollectAll", "FailFast",
+    "HarvestError", "Cancelled", "NonDeterministic", "SagaCompensationFailed", "PayloadTooLarge",
+}
+
+
+def test_the_design_contract_names_are_exported():
+    assert CONTRACT <= set(harvest_celery.__all__)
+    for name in harvest_celery.__all__:
+        assert getattr(harvest_celery, name) is not None
+
+
+def test_the_exported_list_is_exactly_this():
+    assert sorted(harvest_celery.__all__) == sorted([
+        "ActivityError", "Cancelled", "CollectAll", "CompensatorNameCollidesWithNode", "DagBuildError",
+        "DagBuilder", "DagTaskFailed", "DuplicateRegistration", "ExecutionAlreadyExists",
+        "ExecutionNotFound", "FailFast", "FernetCodec", "FileSystemPayloadStore", "Harvest",
+        "HarvestError", "InvalidState", "NonDeterministic", "NotInWorkflow", "PayloadCodecError",
+        "PayloadNotSerializable", "PayloadStoreError", "PayloadTooLarge", "PostgresPayloadStore",
+        "RegistrationError", "RetryPolicy", "Saga", "SagaCompensationFailed", "UnknownActivity",
+        "UnknownWorkflow", "UnregisteredActivity", "WorkflowCancelledError", "WorkflowContext",
+        "WorkflowFailed", "activity", "configure_celery", "dag", "workflow",
+    ])
+
+
+def test_every_error_is_a_harvest_error():
+    for name in harvest_celery.__all__:
+        obj = getattr(harvest_celery, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, harvest_celery.HarvestError), name
