@@ -115,16 +115,19 @@ def install(app: Celery, runtime: Runtime) -> None:
         consumer = getattr(sender, "app", None)
         if consumer is not app:
             return
-        port = os.environ.get("HARVEST_METRICS_PORT")
-        if port:
-            from ._metrics import serve
-
-            serve(int(port), os.environ.get("HARVEST_METRICS_ADDR", "127.0.0.1"))
         queues = set(app.amqp.queues.consume_from or {})  # type: ignore[union-attr]
         if runtime.settings.decision_queue in queues and not sweeper_holder:
             sweeper_holder.append(Sweeper(runtime))
             sweeper_holder[0].start()
             log.info("harvest sweeper started (decision queue %r)", runtime.settings.decision_queue)
+        port = os.environ.get("HARVEST_METRICS_PORT")
+        if port:
+            from ._metrics import serve
+
+            try:
+                serve(int(port), os.environ.get("HARVEST_METRICS_ADDR", "127.0.0.1"))
+            except OSError as exc:  # the worker works without its metrics endpoint; say so loudly
+                log.error("cannot serve metrics on port %s: %s", port, exc)
 
     signals.worker_ready.connect(_start_sweeper, weak=False)
 

@@ -62,6 +62,7 @@ class Harvest:
         else:
             self._inline = InlineDispatcher()
             self.runtime.dispatcher = self._inline
+            self.runtime.batch_outbox_deletes = False  # one process: delete sent rows at once
             log.warning("harvest-celery embedded mode: one process, in-process worker, no row locks "
                         "across processes (%s). For the demo and local development only.",
                         self.database_url)

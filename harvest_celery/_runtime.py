@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,11 @@ class Runtime:
         self.registry = registry
         self.settings = settings
         self.dispatcher: Dispatcher | None = None
+        self._sent: list[int] = []
+        self._sent_lock = threading.Lock()
+        # delete sent outbox rows in batches on a background thread (False: at once)
+        self.batch_outbox_deletes = True
+        self._flusher_pid = -1
         # test seam: called inside the claim transaction before ActivityStarted is appended
         self.before_claim_append: Callable[[str, str, int], None] | None = None
 
@@ -68,7 +74,35 @@ class Runtime:
                 log.exception("dispatch of %s failed; the relay will re-send it", message.task_id)
                 continue
             sent.append(message.id)
-        self.store.delete_outbox(sent)
+        self._forget_sent(sent)
+
+    def _forget_sent(self, ids: list[int]) -> None:
+        """Sent outbox rows are deleted in batches, off the hot path: a crash before the batch
+        commits only means the relay re-sends them, and a duplicate message is harmless (the
+        claim lets one body through)."""
+        if not ids:
+            return
+        with self._sent_lock:
+            self._sent.extend(ids)
+            due = len(self._sent) >= 200 or not self.batch_outbox_deletes
+            if not due and self._flusher_pid != os.getpid():  # one flusher per process (forks too)
+                self._flusher_pid = os.getpid()
+                threading.Thread(target=self._flush_loop, name="harvest-outbox", daemon=True).start()
+        if due:
+            self.flush_sent()
+
+    def flush_sent(self) -> None:
+        with self._sent_lock:
+            ids, self._sent = self._sent, []
+        self.store.delete_outbox(ids)
+
+    def _flush_loop(self) -> None:
+        while True:
+            time.sleep(0.5)
+            try:
+                self.flush_sent()
+            except Exception:  # noqa: BLE001 - the rows stay; the relay may re-send them
+                log.exception("deleting sent outbox rows failed")
 
     # ── decisions ────────────────────────────────────────────────────────────────────────────
     def run_decision(self, execution_id: str) -> None:

@@ -320,21 +320,26 @@ class Tx:
         return [ev.HistoryEvent(seq, ev.event_from_data(self.payloads.decode_event(data)), at)
                 for seq, data, at in self.raw_history(execution_id)]
 
-    def append(self, row: Any, new_events: Sequence[ev.Event], now: datetime) -> int:
-        """Append events at the run's next positions (the row must be locked). Returns the seq of
-        the first one."""
+    def append(self, row: Any, new_events: Sequence[ev.Event], now: datetime, *,
+               decide_on: str | None = None, **values: Any) -> int:
+        """Append events at the run's next positions (the row must be locked) and update the row
+        with ``values`` in the same statement. ``decide_on``: also request a decision on that queue
+        unless one is pending. Returns the seq of the first event."""
         first = row._mapping["next_seq"]
-        if not new_events:
-            return int(first)
         execution_id = row._mapping["id"]
-        self.conn.execute(events.insert(), [
-            {"execution_id": execution_id, "seq": first + i, "type": e.type,
-             "data": self.payloads.encode_event(e.to_data(), f"{execution_id}/{first + i}"),
-             "recorded_at": now}
-            for i, e in enumerate(new_events)
-        ])
-        self.conn.execute(executions.update().where(executions.c.id == execution_id)
-                          .values(next_seq=first + len(new_events), updated_at=now))
+        if new_events:
+            self.conn.execute(events.insert(), [
+                {"execution_id": execution_id, "seq": first + i, "type": e.type,
+                 "data": self.payloads.encode_event(e.to_data(), f"{execution_id}/{first + i}"),
+                 "recorded_at": now}
+                for i, e in enumerate(new_events)
+            ])
+            values.update(next_seq=first + len(new_events), updated_at=now)
+        if decide_on is not None and row._mapping["decision_requested_at"] is None:
+            values["decision_requested_at"] = now
+            self._send(DECIDE_TASK, decide_on, [execution_id], f"decide:{execution_id}:{now.timestamp()}", now)
+        if values:
+            self.conn.execute(executions.update().where(executions.c.id == execution_id).values(**values))
         return int(first)
 
     def _send(self, task_name: str, queue: str, args: list[Any], task_id: str, now: datetime,
@@ -371,8 +376,7 @@ class Tx:
             input=self.payloads.encode_value(input, f"{execution_id}/input"), next_seq=0,
             created_at=now, updated_at=now, nd_block_count=0))
         row = self.lock_existing(execution_id)
-        self.append(row, [ev.WorkflowStarted(workflow_type, input)], now)
-        self.request_decision(execution_id, now, decision_queue)
+        self.append(row, [ev.WorkflowStarted(workflow_type, input)], now, decide_on=decision_queue)
         return True
 
     def signal(self, execution_id: str, name: str, payload: Any, now: datetime, decision_queue: str) -> None:
@@ -380,8 +384,7 @@ class Tx:
         status = row._mapping["status"]
         if status != RUNNING:
             raise InvalidState(execution_id, status, "signal")
-        self.append(row, [ev.SignalReceived(name, payload)], now)
-        self.request_decision(execution_id, now, decision_queue)
+        self.append(row, [ev.SignalReceived(name, payload)], now, decide_on=decision_queue)
 
     # ── the decision cycle ───────────────────────────────────────────────────────────────────
     def take_decision_request(self, execution_id: str) -> Any:
@@ -391,14 +394,13 @@ class Tx:
         if row is None:
             return None
         m = row._mapping
-        if m["decision_requested_at"] is not None:
-            self.conn.execute(executions.update().where(executions.c.id == execution_id)
-                              .values(decision_requested_at=None))
-        if m["status"] != RUNNING and m["cancelled_at"] is None:
+        if (m["status"] != RUNNING and m["cancelled_at"] is None) or m["paused_at"] is not None:
+            # nothing to decide (a paused run is resumed later with a fresh request)
+            if m["decision_requested_at"] is not None:
+                self.conn.execute(executions.update().where(executions.c.id == execution_id)
+                                  .values(decision_requested_at=None))
             return None
-        if m["paused_at"] is not None:
-            return None  # resumed later with a fresh request
-        return row
+        return row  # apply_decision clears the request flag in its own update
 
     def apply_decision(self, row: Any, history: list[ev.HistoryEvent], decision: Decision,
                        registry: Registry, now: datetime, timings: Timings, workflow_label: str) -> None:
@@ -412,15 +414,19 @@ class Tx:
                 nd_blocked_at=m["nd_blocked_at"] or now,
                 nd_block_reason=f"expected {decision.nd['expected']}, got {decision.nd['actual']}",
                 nd_block_count=count, nd_details=decision.nd, nd_retry_at=now + timedelta(seconds=delay),
-                updated_at=now))
+                updated_at=now, decision_requested_at=None))
             return
         new_events = decision_events(decision, [h.event for h in history])
-        first = self.append(row, new_events, now)
         status = status_for_outcome(decision, m["status"])
-        values: dict[str, Any] = {"status": status, "updated_at": now, "nd_blocked_at": None,
-                                  "nd_block_reason": None, "nd_details": None, "nd_retry_at": None}
-        if m["nd_blocked_at"] is not None:
-            values["nd_block_count"] = 0
+        # one UPDATE of the run row per decision, folded into the append
+        values: dict[str, Any] = {}
+        if m["decision_requested_at"] is not None:
+            values["decision_requested_at"] = None
+        if status != m["status"]:
+            values["status"] = status
+        if m["nd_blocked_at"] is not None or m["nd_retry_at"] is not None:
+            values.update(nd_blocked_at=None, nd_block_reason=None, nd_details=None, nd_retry_at=None,
+                          nd_block_count=0)
         outcome_events = [e for e in new_events if isinstance(e, ev.TERMINAL_EVENTS)]
         if outcome_events:
             done = outcome_events[0]
@@ -430,7 +436,7 @@ class Tx:
                 values["error"] = {"type": done.error_type, "message": done.message}
         if status != m["status"] and status in TERMINAL_STATUSES:
             values["closed_at"] = now
-        self.conn.execute(executions.update().where(executions.c.id == execution_id).values(**values))
+        first = self.append(row, new_events, now, **values)
         seq = {id(c): first + i for i, c in enumerate(decision.commands)}
         for command in decision.commands:
             if isinstance(command, ScheduleActivity):
@@ -537,8 +543,8 @@ class Tx:
         row, _task = found
         self._finish_task(execution_id, activity_id, "completed", now, None)
         if self._can_append_result(row):
-            self.append(row, [ev.ActivityCompleted(activity_id, output, attempt)], now)
-            self.request_decision(execution_id, now, decision_queue)
+            self.append(row, [ev.ActivityCompleted(activity_id, output, attempt)], now,
+                        decide_on=decision_queue)
         return True
 
     def fail_activity(self, execution_id: str, activity_id: str, attempt: int, error_type: str,
@@ -564,8 +570,8 @@ class Tx:
             return "retry"
         self._finish_task(execution_id, activity_id, "failed", now, f"{error_type}: {message}")
         if self._can_append_result(row):
-            self.append(row, [ev.ActivityFailed(activity_id, error_type, message, attempt)], now)
-            self.request_decision(execution_id, now, decision_queue)
+            self.append(row, [ev.ActivityFailed(activity_id, error_type, message, attempt)], now,
+                        decide_on=decision_queue)
         return "failed"
 
     def _finish_task(self, execution_id: str, activity_id: str, status: str, now: datetime,
@@ -631,8 +637,8 @@ class Tx:
         source = self._seal_for_fork(source_id, new_id, now)
         workflow_type = source._mapping["workflow_type"]
         row = self._create_run(new_id, workflow_type, conf, source_id, now)
-        self.append(row, [ev.WorkflowStarted(workflow_type, conf, carried or None, source_id)], now)
-        self.request_decision(new_id, now, decision_queue)
+        self.append(row, [ev.WorkflowStarted(workflow_type, conf, carried or None, source_id)], now,
+                    decide_on=decision_queue)
 
     def reset(self, source_id: str, new_id: str, to_seq: int, registry: Registry, now: datetime,
               decision_queue: str) -> None:
@@ -827,8 +833,7 @@ class Tx:
             (timers.c.execution_id == execution_id) & (timers.c.timer_id == timer_id)
             & (timers.c.fired.is_(False))).values(fired=True))
         if updated.rowcount and row._mapping["status"] == RUNNING:
-            self.append(row, [ev.TimerFired(timer_id)], now)
-            self.request_decision(execution_id, now, decision_queue)
+            self.append(row, [ev.TimerFired(timer_id)], now, decide_on=decision_queue)
 
     def stale_decisions(self, now: datetime, timings: Timings, decision_queue: str, limit: int = 100) -> None:
         """Re-request decisions whose message seems lost, and retry nd-blocked runs whose backoff

@@ -65,18 +65,19 @@ class Worker:
                "-l", "INFO"]
         with open(self.log, "ab") as out:
             out.write(f"\n===== start {time.time()} =====\n".encode())
+            out.flush()
+            marker_from = self.log.stat().st_size  # only this start's output counts
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)
-        self._wait_ready()
+        self._wait_ready(marker_from)
 
-    def _wait_ready(self, timeout: float = 60) -> None:
+    def _wait_ready(self, marker_from: int, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
-        marker_from = self.log.stat().st_size if self.log.exists() else 0
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise RuntimeError(f"worker {self.name} exited: see {self.log}")
-            text = self.log.read_bytes()[max(marker_from - 200, 0):].decode(errors="replace")
+            text = self.log.read_bytes()[marker_from:].decode(errors="replace")
             if " ready." in text:
                 return
             time.sleep(0.1)
