@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 from . import _events as ev
+from . import _store_ops as ops
 from ._engine import EngineConfig
 from ._errors import (
     ExecutionNotFound,
@@ -175,18 +176,18 @@ class Harvest:
     def terminate(self, execution_id: str, reason: str = "") -> None:
         """Seal a live run at once, without the post-cancel decision (no workflow code runs)."""
         with self.store.begin() as tx:
-            tx.terminate(execution_id, reason, utcnow())
+            ops.terminate(tx, execution_id, reason, utcnow())
         self._after(tx)
 
     def pause(self, execution_id: str) -> None:
         """Hold the run's decisions until ``resume`` (activities already running finish)."""
         with self.store.begin() as tx:
-            tx.pause(execution_id, utcnow())
+            ops.pause(tx, execution_id, utcnow())
         self._after(tx)
 
     def resume(self, execution_id: str) -> None:
         with self.store.begin() as tx:
-            tx.resume(execution_id, utcnow(), self.runtime.settings.decision_queue)
+            ops.resume(tx, execution_id, utcnow(), self.runtime.settings.decision_queue)
         self._after(tx)
 
     def reset(self, execution_id: str, to_seq: int, new_execution_id: str | None = None) -> str:
@@ -195,7 +196,7 @@ class Harvest:
         self.store.get(execution_id)
         new_id = _check_id(new_execution_id or f"{execution_id}-reset-{uuid.uuid4().hex[:8]}")
         with self.store.begin() as tx:
-            tx.reset(execution_id, new_id, to_seq, self.registry, utcnow(),
+            ops.reset(tx, execution_id, new_id, to_seq, self.registry, utcnow(),
                      self.runtime.settings.decision_queue)
         self._after(tx)
         return new_id
@@ -235,7 +236,7 @@ class Harvest:
         started = history[0].event
         conf = getattr(started, "input", None)
         with self.store.begin() as tx:
-            tx.fork_dag_run(execution_id, new_id, conf, plan.carried, utcnow(),
+            ops.fork_dag_run(tx, execution_id, new_id, conf, plan.carried, utcnow(),
                             self.runtime.settings.decision_queue)
         self._after(tx)
         return {**answer, "run_id": new_id, "dry_run": False}

@@ -23,17 +23,17 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from . import _events as ev
+from . import _store_ops as ops
 from ._commands import Decision, ScheduleActivity, StartTimer
 from ._errors import ExecutionAlreadyExists, ExecutionNotFound, HarvestError, InvalidState
 from ._lifecycle import (
     RUNNING,
     TERMINAL_STATUSES,
-    TERMINATED,
     decision_events,
     status_after_cancel,
     status_for_outcome,
 )
-from ._payload import ERASED, EXECUTION_PAYLOAD_COLUMNS, PAYLOAD_FIELDS, Payloads, is_erased, references
+from ._payload import EXECUTION_PAYLOAD_COLUMNS, Payloads
 from ._registry import Registry
 from ._schema import activity_tasks, events, executions, outbox, timers
 
@@ -250,9 +250,10 @@ class Store:
         return [dict(r._mapping) for r in rows]
 
     def erase(self, execution_id: str) -> dict[str, Any]:
-        """PII erasure of one terminal run (see ``Tx.erase``); deletes its offloaded blobs."""
+        """PII erasure of one terminal run (see ``_store_ops.erase``); deletes its offloaded
+        blobs once the tombstones commit."""
         with self.begin() as tx:
-            counts, refs = tx.erase(execution_id, utcnow())
+            counts, refs = ops.erase(tx, execution_id, utcnow())
         self._delete_blobs(refs)
         return counts
 
@@ -263,8 +264,8 @@ class Store:
         totals = {"runs": 0, "events": 0, "blobs": 0}
         while True:
             with self.begin() as tx:
-                ids = tx.purgeable(cutoff, batch)
-                removed, refs = tx.delete_runs(ids) if ids else (0, [])
+                ids = ops.purgeable(tx, cutoff, batch)
+                removed, refs = ops.delete_runs(tx, ids) if ids else (0, [])
             self._delete_blobs(refs)
             totals["runs"] += len(ids)
             totals["events"] += removed
@@ -606,172 +607,6 @@ class Tx:
                           .values(fired=True))
         self.request_decision(execution_id, now, decision_queue, force=True)
         return new_status
-
-    # ── the fork mechanism (retry-from-node, reset) and operator actions ─────────────────────
-    def _seal_for_fork(self, source_id: str, new_id: str, now: datetime) -> Any:
-        """Lock the source and recheck erasure under that lock, before a single event is copied:
-        an erasure either committed before the lock (refused here) or queues behind it."""
-        from ._dag_retry import erased_refusal
-
-        row = self.lock_existing(source_id)
-        m = row._mapping
-        if m["erased_at"] is not None or is_erased(m["input"]):
-            raise erased_refusal(source_id)
-        if self.lock(new_id) is not None:
-            raise ExecutionAlreadyExists(new_id, self.lock(new_id)._mapping["workflow_type"])
-        self.conn.execute(executions.update().where(executions.c.id == source_id)
-                          .values(forked_to=new_id, updated_at=now))
-        return row
-
-    def _create_run(self, new_id: str, workflow_type: str, input: Any, forked_from: str,
-                    now: datetime) -> Any:
-        self.conn.execute(executions.insert().values(
-            id=new_id, workflow_type=workflow_type, status=RUNNING,
-            input=self.payloads.encode_value(input, f"{new_id}/input"), next_seq=0,
-            created_at=now, updated_at=now, nd_block_count=0, forked_from=forked_from))
-        return self.lock_existing(new_id)
-
-    def fork_dag_run(self, source_id: str, new_id: str, conf: Any, carried: dict[str, Any],
-                     now: datetime, decision_queue: str) -> None:
-        """A new run of the same DAG carrying over the succeeded nodes' recorded input/output."""
-        source = self._seal_for_fork(source_id, new_id, now)
-        workflow_type = source._mapping["workflow_type"]
-        row = self._create_run(new_id, workflow_type, conf, source_id, now)
-        self.append(row, [ev.WorkflowStarted(workflow_type, conf, carried or None, source_id)], now,
-                    decide_on=decision_queue)
-
-    def reset(self, source_id: str, new_id: str, to_seq: int, registry: Registry, now: datetime,
-              decision_queue: str) -> None:
-        """A new run whose history is the source's first ``to_seq`` events; a live source is
-        terminated. Open activities and timers of the copied prefix are scheduled again."""
-        source = self._seal_for_fork(source_id, new_id, now)
-        m = source._mapping
-        history = self.history(source_id)
-        if not 1 <= to_seq <= len(history):
-            raise ValueError(f"reset point must be between 1 and {len(history)} (the history length)")
-        prefix = [h.event for h in history[:to_seq]]
-        if any(isinstance(e, (ev.WorkflowCancelled, *ev.TERMINAL_EVENTS)) for e in prefix):
-            raise ValueError("a reset point must come before the run was cancelled or finished")
-        if m["status"] == RUNNING:
-            self.terminate(source_id, f"reset to event {to_seq} as {new_id}", now)
-        first = prefix[0]
-        assert isinstance(first, ev.WorkflowStarted)
-        row = self._create_run(new_id, m["workflow_type"], first.input, source_id, now)
-        prefix[0] = dataclasses.replace(first, forked_from=source_id)
-        self.append(row, prefix, now)
-        done = {e.activity_id for e in prefix if isinstance(e, (ev.ActivityCompleted, ev.ActivityFailed))}
-        fired = {e.timer_id for e in prefix if isinstance(e, ev.TimerFired)}
-        for seq, event in enumerate(prefix):
-            if isinstance(event, ev.ActivityScheduled) and event.activity_id not in done:
-                self._insert_task(new_id, ScheduleActivity(event.activity_id, event.activity_name,
-                                                           event.input, event.queue, event.compensation),
-                                  seq, registry, now)
-            elif isinstance(event, ev.TimerStarted) and event.timer_id not in fired:
-                self.conn.execute(timers.insert().values(
-                    execution_id=new_id, timer_id=event.timer_id,
-                    fire_at=datetime.fromisoformat(event.fire_at), fired=False))
-        self.request_decision(new_id, now, decision_queue)
-
-    def terminate(self, execution_id: str, reason: str, now: datetime) -> None:
-        """Seal without the post-cancel decision: TERMINATED, unstarted work never runs."""
-        row = self.lock_existing(execution_id)
-        status = row._mapping["status"]
-        if status != RUNNING:
-            raise InvalidState(execution_id, status, "terminate")
-        self.append(row, [ev.WorkflowFailed("Terminated", reason or "terminated by an operator")], now)
-        self.conn.execute(executions.update().where(executions.c.id == execution_id).values(
-            status=TERMINATED, closed_at=now, updated_at=now, nd_retry_at=None,
-            decision_requested_at=None, error={"type": "Terminated", "message": reason}))
-        self.conn.execute(activity_tasks.update().where(
-            (activity_tasks.c.execution_id == execution_id)
-            & activity_tasks.c.status.in_(("scheduled", "retry_wait"))).values(
-            status="cancelled", finished_at=now, last_error=f"workflow terminated: {reason}"))
-        self.conn.execute(timers.update().where(timers.c.execution_id == execution_id).values(fired=True))
-
-    def pause(self, execution_id: str, now: datetime) -> None:
-        """Decisions wait while paused. The pause takes the row lock, so a decision in flight
-        commits first and one that starts after it sees the pause and discards its commands."""
-        row = self.lock_existing(execution_id)
-        if row._mapping["status"] != RUNNING:
-            raise InvalidState(execution_id, row._mapping["status"], "pause")
-        self.conn.execute(executions.update().where(executions.c.id == execution_id)
-                          .values(paused_at=row._mapping["paused_at"] or now, updated_at=now))
-
-    def resume(self, execution_id: str, now: datetime, decision_queue: str) -> None:
-        row = self.lock_existing(execution_id)
-        if row._mapping["paused_at"] is None:
-            raise InvalidState(execution_id, "not paused", "resume")
-        self.conn.execute(executions.update().where(executions.c.id == execution_id)
-                          .values(paused_at=None, updated_at=now))
-        self.request_decision(execution_id, now, decision_queue, force=True)
-
-    # ── erasure and retention ───────────────────────────────────────────────────────────────
-    def erase(self, execution_id: str, now: datetime) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-        """Tombstone every payload field of a terminal run, the execution row's input first, under
-        the row lock; never remove or reorder an event. Idempotent. Returns counts and the blob
-        references to delete once this commits."""
-        row = self.lock_existing(execution_id)
-        m = row._mapping
-        if m["status"] not in TERMINAL_STATUSES:
-            raise InvalidState(execution_id, m["status"], "erase the payloads of")
-        if m["cancelled_at"] is not None and m["erased_at"] is None:
-            running = self.conn.execute(sa.select(sa.func.count()).select_from(activity_tasks).where(
-                (activity_tasks.c.execution_id == execution_id)
-                & (activity_tasks.c.status == "running"))).scalar_one()
-            if running or m["decision_requested_at"] is not None:
-                raise InvalidState(execution_id, "cancelled with work still finishing",
-                                   "erase the payloads of (retry once it settles)")
-        refs: list[tuple[str, str]] = []
-        values: dict[str, Any] = {"erased_at": m["erased_at"] or now, "updated_at": now}
-        fields = 0
-        for column in EXECUTION_PAYLOAD_COLUMNS:
-            value = m[column]
-            if value is not None and not is_erased(value):
-                refs += references(value)
-                values[column] = ERASED
-                fields += 1
-        self.conn.execute(executions.update().where(executions.c.id == execution_id).values(**values))
-        touched = 0
-        for seq, data, _at in self.raw_history(execution_id):
-            changed = dict(data)
-            for name in PAYLOAD_FIELDS.get(data.get("type", ""), ()):
-                value = data.get(name)
-                if value is not None and not is_erased(value):
-                    refs += references(value)
-                    changed[name] = ERASED
-                    fields += 1
-            if changed != data:
-                touched += 1
-                self.conn.execute(events.update().where(
-                    (events.c.execution_id == execution_id) & (events.c.seq == seq)).values(data=changed))
-        return {"execution_id": execution_id, "events": touched, "fields": fields,
-                "blobs": len(refs)}, refs
-
-    def purgeable(self, cutoff: datetime, limit: int) -> list[str]:
-        q = self._for_update(sa.select(executions.c.id).where(
-            executions.c.status.in_(sorted(TERMINAL_STATUSES)) & (executions.c.closed_at < cutoff))
-            .order_by(executions.c.closed_at).limit(limit))
-        return [r[0] for r in self.conn.execute(q).fetchall()]
-
-    def delete_runs(self, ids: Sequence[str]) -> tuple[int, list[tuple[str, str]]]:
-        """Delete whole runs (history, task rows, timers). Returns events removed and the blob
-        references to delete after commit."""
-        refs: list[tuple[str, str]] = []
-        removed = 0
-        for execution_id in ids:
-            row = self.lock(execution_id)
-            if row is None:
-                continue
-            for column in EXECUTION_PAYLOAD_COLUMNS:
-                refs += references(row._mapping[column])
-            for _seq, data, _at in self.raw_history(execution_id):
-                removed += 1
-                for name in PAYLOAD_FIELDS.get(data.get("type", ""), ()):
-                    refs += references(data.get(name))
-        for table in (events, activity_tasks, timers):
-            self.conn.execute(table.delete().where(table.c.execution_id.in_(list(ids))))
-        self.conn.execute(executions.delete().where(executions.c.id.in_(list(ids))))
-        return removed, refs
 
     # ── the sweeper ──────────────────────────────────────────────────────────────────────────
     def _for_update(self, q: Any) -> Any:
