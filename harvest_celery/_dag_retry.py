@@ -21,7 +21,7 @@ from typing import Any
 from . import _events as ev
 from ._dag import CollectAll, DagDefinition
 from ._errors import HarvestError
-from ._rungraph import forward_dispatches, is_compensation_dispatch
+from ._rungraph import forward_dispatches
 
 COMPENSATED = (
     "this run already executed its compensation unwind, so its succeeded nodes' side effects were "
@@ -63,16 +63,9 @@ def compensation_executed(history: Sequence[ev.HistoryEvent]) -> bool:
             if any(isinstance(later, ev.ActivityScheduled) and later.activity_id in started
                    for later in events[i + 1:]):
                 return True
-    seen: set[str] = set()
-    for event in events:
-        if not isinstance(event, ev.ActivityScheduled):
-            continue
-        if is_compensation_dispatch(event, seen):
-            if event.activity_id in started:
-                return True
-        else:
-            seen.add(event.activity_name)
-    return False
+    forward = {id(h) for h in forward_dispatches(history)}
+    return any(isinstance(h.event, ev.ActivityScheduled) and id(h) not in forward
+               and h.event.activity_id in started for h in history)
 
 
 @dataclass(frozen=True)

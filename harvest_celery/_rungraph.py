@@ -65,7 +65,7 @@ def forward_dispatches(history: Sequence[ev.HistoryEvent]) -> list[ev.HistoryEve
     Classified in order: a compensation always follows the dispatch of the node it undoes, so the
     forward names seen so far are the corroborating set.
     """
-    seen: set[str] = set()
+    seen: set[str] = set(carried_nodes(history))  # dispatched by the run this one forked from
     out: list[ev.HistoryEvent] = []
     for item in history:
         event = item.event
@@ -74,6 +74,13 @@ def forward_dispatches(history: Sequence[ev.HistoryEvent]) -> list[ev.HistoryEve
         seen.add(event.activity_name)
         out.append(item)
     return out
+
+
+def carried_nodes(history: Sequence[ev.HistoryEvent]) -> list[str]:
+    """Nodes a retry-from-node fork carried over from its source run (they succeeded there)."""
+    started = history[0].event if history else None
+    carried = getattr(started, "carried", None) or {}
+    return list(carried) if isinstance(carried, dict) else []
 
 
 # ── one dispatch, as history recorded it ─────────────────────────────────────────────────────
@@ -206,7 +213,8 @@ def build_run_graph(definition: DagDefinition, execution: Execution,
     Nodes in declaration order, each ``{node_name, status, depends_on, started_at, finished_at,
     attempts, error_type, error}``.
 
-    Limitations, history alone cannot tell: a node never dispatched is ``skipped`` on a terminal
+    Nodes a retry-from-node fork carried over show ``succeeded`` with no timings (they ran in
+    the source run). Limitations, history alone cannot tell: a node never dispatched is ``skipped`` on a terminal
     run and ``pending`` on a live one (an empty mapped fan-out, which dispatches nothing, shows
     the same way); a signal gate is ``succeeded`` once its signal has been delivered.
     """
@@ -216,10 +224,13 @@ def build_run_graph(definition: DagDefinition, execution: Execution,
     for item in history:
         if isinstance(item.event, ev.SignalReceived):
             signals.setdefault(item.event.name, item.recorded_at)
+    carried = set(carried_nodes(history))
     nodes = []
     for node in definition.nodes:
         dispatches = by_name.get(node.name)
-        if node.kind == "gate" and node.name in signals:
+        if node.name in carried and not dispatches:
+            nodes.append(_node(node, "succeeded"))  # carried over by a retry: it ran in the source
+        elif node.kind == "gate" and node.name in signals:
             nodes.append(_node(node, "succeeded", finished_at=signals[node.name]))
         elif node.kind != "gate" and dispatches:
             build = _mapped_node if node.kind == "mapped" else _activity_node

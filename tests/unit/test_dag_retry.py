@@ -142,3 +142,25 @@ def test_a_forked_run_dispatches_only_what_was_not_carried_and_feeds_carried_out
     scheduled = run.scheduled()
     assert [(e.activity_name, e.input) for e in scheduled] == [("b", "A"), ("c", "o")]
     assert run.status == "COMPLETED"
+
+
+def test_in_a_forked_run_a_compensation_of_a_carried_node_is_still_a_compensation():
+    h = history(WorkflowStarted("chain", {"k": 1}, {"a": {"input": {}, "output": "A"}}, "src"),
+                ActivityScheduled("1", "b", "A"), ActivityStarted("1", 1, "w"),
+                ActivityFailed("1", "RuntimeError", "again"), SignalReceived("stray"),
+                ActivityScheduled("2", "undo", env("a")), ActivityStarted("2", 1, "w"))
+    assert compensation_executed(h)
+
+
+def test_the_run_graph_of_a_forked_run_shows_carried_nodes_succeeded():
+    from harvest_celery._rungraph import build_run_graph
+    from harvest_celery._store import Execution
+
+    h = history(WorkflowStarted("chain", {"k": 1}, {"a": {"input": {}, "output": "A"},
+                                                    "side": {"input": {}, "output": "S"}}, "src"),
+                ActivityScheduled("1", "b", "A"), ActivityStarted("1", 1, "w"), ActivityCompleted("1", "B"))
+    execution = Execution("new", "chain", "RUNNING", None, None, None, T, T, None, None, None, None, None,
+                          0, None, 4)
+    graph = build_run_graph(chain.__harvest_workflow__.extra, execution, h)
+    assert {n["node_name"]: n["status"] for n in graph["nodes"]} == {
+        "a": "succeeded", "side": "succeeded", "b": "succeeded", "c": "pending"}
