@@ -425,34 +425,101 @@ def _outcome_of(future: _Future, workflow_type: str) -> Outcome:
         return Failed(type(exc).__name__, str(exc))
 
 
+class Session:
+    """A replay kept alive between decisions: the sticky cache that keeps decision cost flat in
+    history length. ``advance`` feeds it only the events appended since its last decision; it
+    refuses (returns None) unless they are exactly this session's own commands followed by
+    results, so any other change (another worker decided, a cancel, a config change) falls back
+    to a full replay, which is always correct."""
+
+    def __init__(self, definition: WorkflowDefinition, activation: Activation, registry: Registry) -> None:
+        from ._context import WorkflowContext
+
+        self.replay = replay = Replay(definition, activation, registry)
+        started = replay.events[0]
+        assert isinstance(started, ev.WorkflowStarted)
+        info = WorkflowInfo(activation.execution_id, activation.workflow_type, replay.times[0])
+        self.main = _Task(replay, definition.fn(WorkflowContext(replay, info), started.input))
+        replay.run_ready()
+        self.decision = self._drive(range(1, len(replay.events)))
+
+    @property
+    def events(self) -> list[ev.Event]:
+        return self.replay.events
+
+    @property
+    def reusable(self) -> bool:
+        """Worth keeping: live, not diverged, not sealed by a cancel, not a probe."""
+        d = self.decision
+        return (d.nd is None and d.outcome is None and not self.replay.sealed
+                and not self.replay.activation.probe)
+
+    def _drive(self, indices: Any) -> Decision:
+        replay = self.replay
+        for index in indices:
+            if self.main.future.done():
+                break
+            replay.deliver(index)
+            replay.run_ready()
+        done = self.main.future.done()
+        outcome = _outcome_of(self.main.future, replay.definition.name) if done else None
+        if replay.nd is None and not replay.sealed:
+            # Recorded commands the code no longer issues are a divergence too (a removed step).
+            leftover = [i for i in replay._rest(skip_signals=True)
+                        if isinstance(replay.events[i], ev.COMMAND_EVENTS)]
+            if leftover:
+                replay.diverge("WorkflowCompleted" if done else "no further command", leftover[0])
+        if replay.nd is not None:
+            return Decision(nd=replay.nd.details())
+        return Decision(commands=list(replay.commands), outcome=outcome)
+
+    def advance(self, new: list[ev.HistoryEvent], config: EngineConfig) -> Decision | None:
+        replay = self.replay
+        if not self.reusable or config != replay.activation.config:
+            return None
+        ours = self.decision.commands
+        if len(new) < len(ours) or (new and new[0].seq != len(replay.events)):
+            return None
+        for command, item in zip(ours, new, strict=False):
+            if not _same(command, item.event):
+                return None
+        results = new[len(ours):]
+        if not all(isinstance(h.event, _RESULT_TYPES + (ev.SignalReceived,)) for h in results):
+            return None
+        for item in new[:len(ours)]:  # what this session emitted at the frontier: consumed
+            replay.consumed.add(len(replay.events))
+            replay.events.append(item.event)
+            replay.times.append(item.recorded_at)
+        indices = []
+        for item in results:
+            index = len(replay.events)
+            replay.events.append(item.event)
+            replay.times.append(item.recorded_at)
+            if isinstance(item.event, ev.SignalReceived):
+                replay.candidates.append(index)
+            indices.append(index)
+        replay.commands = []
+        self.decision = self._drive(indices)
+        return self.decision
+
+    def close(self) -> None:
+        self.replay.close()
+
+
+def _same(command: Command, event: ev.Event) -> bool:
+    if isinstance(command, ScheduleActivity):
+        return (isinstance(event, ev.ActivityScheduled) and event.activity_id == command.activity_id
+                and event.activity_name == command.activity_name)
+    if isinstance(command, RecordMarker):
+        return isinstance(event, ev.MarkerRecorded) and event.name == command.name
+    return isinstance(event, ev.TimerStarted) and event.timer_id == command.timer_id
+
+
 def decide(definition: WorkflowDefinition, activation: Activation, registry: Registry) -> Decision:
     """Replay ``activation.history`` through the workflow and return this decision."""
-    from ._context import WorkflowContext
-
-    replay = Replay(definition, activation, registry)
-    started = replay.events[0]
-    assert isinstance(started, ev.WorkflowStarted)
-    info = WorkflowInfo(activation.execution_id, activation.workflow_type, replay.times[0])
-    ctx = WorkflowContext(replay, info)
-    main = _Task(replay, definition.fn(ctx, started.input))
-    replay.run_ready()
-    for index in range(1, len(replay.events)):
-        if main.future.done():
-            break
-        replay.deliver(index)
-        replay.run_ready()
-    outcome = _outcome_of(main.future, definition.name) if main.future.done() else None
-    if replay.nd is None and not replay.sealed:
-        # Recorded commands the code no longer issues are a divergence too (a removed step).
-        leftover = [i for i in replay._rest(skip_signals=True)
-                    if isinstance(replay.events[i], ev.COMMAND_EVENTS)]
-        if leftover:
-            expected = "WorkflowCompleted" if outcome is not None else "no further command"
-            replay.diverge(expected, leftover[0])
-    if replay.nd is not None:
-        return Decision(nd=replay.nd.details())
-    replay.close()
-    return Decision(commands=replay.commands, outcome=outcome)
+    session = Session(definition, activation, registry)
+    session.close()
+    return session.decision
 
 
 def replay_history(definition: WorkflowDefinition, execution_id: str,

@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 ADMIN_URL = os.environ.get("HARVEST_TEST_ADMIN_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
 DB_NAME = os.environ.get("HARVEST_TEST_DB", "harvest_it")
 DATABASE_URL = f"postgresql+psycopg2://postgres@127.0.0.1:5432/{DB_NAME}"
-BROKER_URL = "redis://127.0.0.1:6379/5"
+# Separate sessions (or CI beside a developer's run) need their own database, Redis DB and ports.
+BROKER_URL = os.environ.get("HARVEST_TEST_BROKER", "redis://127.0.0.1:6379/5")
 LOG_DIR = Path(os.environ.get("HARVEST_TEST_LOGS", "/tmp/harvest-it-logs"))
 
 os.environ["HARVEST_TEST_DATABASE_URL"] = DATABASE_URL
@@ -35,7 +36,8 @@ WORKER_QUEUES = {
     "w1": "harvest,default,alpha,payments",
     "w2": "beta,inventory,pricing",
 }
-METRICS_PORTS = {"w1": 19808, "w2": 19809}
+_PORT = int(os.environ.get("HARVEST_TEST_METRICS_PORT", "19808"))
+METRICS_PORTS = {"w1": _PORT, "w2": _PORT + 1}
 
 
 def _fresh_database() -> None:

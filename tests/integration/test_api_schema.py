@@ -27,8 +27,11 @@ def test_no_request_breaks_the_api(harvest, monkeypatch):
     directly, so the run does not depend on schemathesis's pytest plugin)."""
     monkeypatch.delenv("HARVEST_API_TOKEN", raising=False)
     schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(harvest))
-    operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) >= 9
+    # /admin/purge deletes every finished run older than a generated age: tested on its own, never
+    # fuzzed against the shared session database
+    operations = [op for op in (result.ok() for result in schema.get_all_operations())
+                  if op.path != "/admin/purge"]
+    assert len(operations) >= 15
     for operation in operations:
 
         @settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck), database=None)

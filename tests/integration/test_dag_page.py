@@ -23,7 +23,6 @@ import uvicorn
 
 from harvest_celery._api import create_app
 from harvest_celery._errors import WorkflowFailed
-from harvest_celery._page import register_pages
 
 pytestmark = pytest.mark.integration
 
@@ -41,10 +40,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(harvest: Any, workers: Any, redis_client: Any) -> Iterator[str]:
-    """uvicorn serving create_app(harvest) + register_pages on 127.0.0.1, in a background thread."""
+    """uvicorn serving create_app(harvest) (which includes the pages) on 127.0.0.1, in a background thread."""
     os.environ.pop("HARVEST_API_TOKEN", None)
     app = create_app(harvest)
-    register_pages(app, harvest)
     port = _free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
     srv = uvicorn.Server(config)

@@ -29,7 +29,7 @@ def test_fulfillment_dag_leaves_zero_uncompensated_side_effects_across_1000_runs
     outcomes = {"COMPLETED": 0, "FAILED": 0}
     for i in range(1000):
         fail_at["current"] = rng.choice([None, "reserve_stock", "capture_payment", "print_label"])
-        run = sim.start("fulfillment", {"order_id": str(i)}, execution_id=f"run-{i}")
+        run = sim.start("fulfillment", {"order_id": f"soak{i}"}, execution_id=f"run-{i}")
         for _ in range(50):
             before = len(run.history)
             run.decide()
@@ -41,7 +41,7 @@ def test_fulfillment_dag_leaves_zero_uncompensated_side_effects_across_1000_runs
                 break
         outcomes[run.status] += 1
         live = {k: v for k, v in fulfillment.STATE.items()
-                if k.endswith(f"-{i}") and v in ("reserved", "captured", "printed")}
+                if k.endswith(f"-soak{i}") and v in ("reserved", "captured", "printed")}
         if run.status == "COMPLETED":
             assert fail_at["current"] is None
             assert set(live.values()) == {"reserved", "captured", "printed"}
