@@ -486,8 +486,8 @@ class Session:
         results = new[len(ours):]
         if not all(isinstance(h.event, _RESULT_TYPES + (ev.SignalReceived,)) for h in results):
             return None
-        for item in new[:len(ours)]:  # what this session emitted at the frontier: consumed
-            replay.consumed.add(len(replay.events))
+        # What this session emitted at the frontier is matched already: never a candidate.
+        for item in new[:len(ours)]:
             replay.events.append(item.event)
             replay.times.append(item.recorded_at)
         indices = []

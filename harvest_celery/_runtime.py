@@ -12,12 +12,12 @@ import os
 import socket
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ._engine import Activation, EngineConfig, decide
+from ._engine import Activation, EngineConfig, Session
 from ._metrics import METRICS
 from ._payload import check_json
 from ._registry import Registry
@@ -37,10 +37,38 @@ class Settings:
     timings: Timings = field(default_factory=Timings)
     sweep_interval: float = 1.0
     relay_after: float = 10.0  # an outbox row older than this was not sent: send it again
+    sticky_sessions: bool = True  # keep warm executions' replays between decisions
+    max_sessions: int = 1000
 
 
 def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+
+class SessionCache:
+    """Warm replays by execution id (LRU). A session is taken out for a decision and put back
+    only after that decision committed, so two threads never share one."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[str, Session] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def take(self, execution_id: str) -> Session | None:
+        with self._lock:
+            return self._items.pop(execution_id, None)
+
+    def put(self, execution_id: str, session: Session) -> None:
+        with self._lock:
+            self._items[execution_id] = session
+            evicted = []
+            while len(self._items) > self.size:
+                evicted.append(self._items.popitem(last=False)[1])
+        for old in evicted:
+            old.close()
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 class Runtime:
@@ -49,6 +77,7 @@ class Runtime:
         self.registry = registry
         self.settings = settings
         self.dispatcher: Dispatcher | None = None
+        self.sessions = SessionCache(settings.max_sessions)
         self._sent: list[int] = []
         self._sent_lock = threading.Lock()
         # delete sent outbox rows in batches on a background thread (False: at once)
@@ -106,24 +135,40 @@ class Runtime:
 
     # ── decisions ────────────────────────────────────────────────────────────────────────────
     def run_decision(self, execution_id: str) -> None:
-        """One decision cycle: lock, load, replay, append — one transaction."""
+        """One decision cycle: lock, load, replay, append — one transaction.
+
+        A warm execution (its last decision was taken by this process) is advanced from the cached
+        ``Session`` with only the events appended since, so the cost stays flat in history length;
+        anything unexpected falls back to a full replay."""
         with self.store.begin() as tx:
             row = tx.take_decision_request(execution_id)
             if row is None:
                 return
             workflow_type = row._mapping["workflow_type"]
             definition = self.registry.workflow(workflow_type)
-            history = tx.history(execution_id)
-            activation = Activation(execution_id, workflow_type, history, self.settings.engine)
-            decision = decide(definition, activation, self.registry)
-            now = utcnow()
-            tx.apply_decision(row, history, decision, self.registry, now, self.settings.timings,
-                              workflow_type)
+            session = self.sessions.take(execution_id)
+            decision = None
+            if session is not None:
+                decision = session.advance(tx.history(execution_id, since=len(session.events)),
+                                           self.settings.engine)
+                if decision is None:
+                    session.close()
+            if session is None or decision is None:
+                history = tx.history(execution_id)
+                session = Session(definition, Activation(execution_id, workflow_type, history,
+                                                         self.settings.engine), self.registry)
+                decision = session.decision
+            tx.apply_decision(row, session.events, decision, self.registry, utcnow(),
+                              self.settings.timings, workflow_type)
             if decision.nd is not None:
                 METRICS.inc("nd_blocked", {"workflow": workflow_type})
                 log.warning("execution %s is nd-blocked: expected %s, got %s", execution_id,
                             decision.nd["expected"], decision.nd["actual"])
         self._after_commit(tx)
+        if session.reusable and self.settings.sticky_sessions:
+            self.sessions.put(execution_id, session)  # only once its decision committed
+        else:
+            session.close()
 
     # ── activities ───────────────────────────────────────────────────────────────────────────
     def claim(self, execution_id: str, activity_id: str, attempt: int) -> Claim | None:

@@ -310,16 +310,18 @@ class Tx:
             raise ExecutionNotFound(execution_id)
         return row
 
-    def raw_history(self, execution_id: str) -> list[tuple[int, dict[str, Any], datetime]]:
+    def raw_history(self, execution_id: str, since: int = 0) -> list[tuple[int, dict[str, Any], datetime]]:
         """Stored events, payload fields as written (possibly encoded or offloaded)."""
         q = (sa.select(events.c.seq, events.c.data, events.c.recorded_at)
-             .where(events.c.execution_id == execution_id).order_by(events.c.seq))
+             .where((events.c.execution_id == execution_id) & (events.c.seq >= since))
+             .order_by(events.c.seq))
         return [(r.seq, r.data, _aware(r.recorded_at)) for r in self.conn.execute(q)]  # type: ignore[misc]
 
-    def history(self, execution_id: str) -> list[ev.HistoryEvent]:
-        """Decoded history for a decision (strict: replay cannot run on opaque payloads)."""
+    def history(self, execution_id: str, since: int = 0) -> list[ev.HistoryEvent]:
+        """Decoded history for a decision, from position ``since`` (strict: replay cannot run on
+        opaque payloads)."""
         return [ev.HistoryEvent(seq, ev.event_from_data(self.payloads.decode_event(data)), at)
-                for seq, data, at in self.raw_history(execution_id)]
+                for seq, data, at in self.raw_history(execution_id, since)]
 
     def append(self, row: Any, new_events: Sequence[ev.Event], now: datetime, *,
                decide_on: str | None = None, **values: Any) -> int:
@@ -403,7 +405,7 @@ class Tx:
             return None
         return row  # apply_decision clears the request flag in its own update
 
-    def apply_decision(self, row: Any, history: list[ev.HistoryEvent], decision: Decision,
+    def apply_decision(self, row: Any, history: Sequence[ev.Event], decision: Decision,
                        registry: Registry, now: datetime, timings: Timings, workflow_label: str) -> None:
         m = row._mapping
         execution_id = m["id"]
@@ -417,7 +419,7 @@ class Tx:
                 nd_block_count=count, nd_details=decision.nd, nd_retry_at=now + timedelta(seconds=delay),
                 updated_at=now, decision_requested_at=None))
             return
-        new_events = decision_events(decision, [h.event for h in history])
+        new_events = decision_events(decision, history)
         status = status_for_outcome(decision, m["status"])
         # one UPDATE of the run row per decision, folded into the append
         values: dict[str, Any] = {}

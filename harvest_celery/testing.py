@@ -19,7 +19,7 @@ from typing import Any
 
 from . import _events as ev
 from ._commands import Decision
-from ._engine import Activation, EngineConfig, decide, replay_history
+from ._engine import Activation, EngineConfig, Session, replay_history
 from ._lifecycle import (
     CANCELLED,
     RUNNING,
@@ -50,6 +50,7 @@ class SimRun:
     metrics: list[str] = field(default_factory=list)
     # activity ids whose task row a cancel failed (they never run)
     cancelled_rows: set[str] = field(default_factory=set)
+    session: Session | None = None  # the warm replay when the simulator is sticky
 
     @property
     def events(self) -> list[ev.Event]:
@@ -65,9 +66,19 @@ class SimRun:
     def decide(self) -> Decision:
         """One decision, applied like the store applies it."""
         definition = self.sim.registry.workflow(self.workflow_type)
-        activation = Activation(self.execution_id, self.workflow_type, list(self.history),
-                                self.sim.config)
-        decision = decide(definition, activation, self.sim.registry)
+        decision = None
+        session, self.session = self.session, None
+        if session is not None:  # the sticky path, exactly as the runtime takes it
+            decision = session.advance(self.history[len(session.events):], self.sim.config)
+        if session is None or decision is None:
+            activation = Activation(self.execution_id, self.workflow_type, list(self.history),
+                                    self.sim.config)
+            session = Session(definition, activation, self.sim.registry)
+            decision = session.decision
+        if self.sim.sticky and session.reusable:
+            self.session = session
+        else:
+            session.close()
         if decision.nd is not None:
             if self.status == RUNNING:
                 self.nd = decision.nd  # nd-blocked: nothing appended, still RUNNING
@@ -163,8 +174,10 @@ class SimRun:
 class Simulator:
     """Holds a registry and a fake clock; starts ``SimRun``s."""
 
-    def __init__(self, *objects: Any, config: EngineConfig | None = None) -> None:
+    def __init__(self, *objects: Any, config: EngineConfig | None = None, sticky: bool = False) -> None:
         self.registry = registry_of(*objects)
+        # sticky: keep each run's replay warm between decisions, as the worker runtime does
+        self.sticky = sticky
         self.config = config or EngineConfig()
         self.clock = datetime(2026, 1, 1, tzinfo=timezone.utc)
         # activity name → function overriding the registered one (to inject failures)

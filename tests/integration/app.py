@@ -123,9 +123,9 @@ async def non_retryable(ctx: WorkflowContext, data: dict) -> str:
 
 @workflow
 async def deployable(ctx: WorkflowContext, data: dict) -> str:
-    """Its code 'version' is read from Redis: the test flips it to simulate a deploy that reorders
-    the first two activities, then reverts it."""
-    version = (r.get("deployed_version") or b"1").decode()
+    """Its code 'version' is the worker's DEPLOYED_VERSION: the test restarts the decision worker
+    with version 2 (a deploy that reorders the first two activities), then rolls it back."""
+    version = os.environ.get("DEPLOYED_VERSION", "1")
     first, second = (step_one, step_two) if version == "1" else (step_two, step_one)
     await ctx.execute_activity(first, data)
     await ctx.execute_activity(second, data)

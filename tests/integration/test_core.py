@@ -114,12 +114,12 @@ def test_concurrent_decisions_never_fork_a_history(harvest, workers, tag):
 
 
 def test_reordering_code_nd_blocks_and_reverting_lets_it_complete(harvest, workers, redis_client, tag):
-    redis_client.set("deployed_version", "1")
+    w1 = workers["w1"]  # the decision worker
     run_id = harvest.start_workflow("deployable", {"tag": tag})
     wait_for(lambda: len(effects(redis_client, tag)) == 2, what="both first steps ran")
     wait_for(lambda: types(harvest, run_id)[-1] == "ActivityCompleted(2)", what="second step recorded")
-    redis_client.set("deployed_version", "2")  # the 'deploy' that swaps the first two steps
     try:
+        w1.restart({"DEPLOYED_VERSION": "2"})  # the deploy that swaps the first two steps
         harvest.signal(run_id, "go")
         row = wait_for(lambda: (r := harvest.describe(run_id)).nd_blocked and r, what="nd-block")
         assert row.status == "RUNNING"
@@ -130,7 +130,7 @@ def test_reordering_code_nd_blocks_and_reverting_lets_it_complete(harvest, worke
         wait_for(lambda: harvest.describe(run_id).nd_block_count >= 2, what="a retried nd-block")
         assert len(harvest.history(run_id)) == length  # nd-blocked decisions append nothing
     finally:
-        redis_client.set("deployed_version", "1")  # roll the code back
+        w1.restart({"DEPLOYED_VERSION": "1"})  # roll the code back
     assert harvest.result(run_id, timeout=30) == f"done:{tag}"
     assert not harvest.describe(run_id).nd_blocked
     assert run_id not in [r.id for r in harvest.list(nd_blocked=True)]
