@@ -155,7 +155,8 @@ def bench_decide(sizes: tuple[int, ...] = (10, 100, 1000)) -> dict[str, Any]:
         assert check.nd is None and len(check.commands) == 1 and check.outcome is None, check
         per_call = bench_call(lambda a=activation: decide(definition, a, sim.registry))
         rows.append({"events": len(run.history), "completed_steps": k, "us_per_decision": per_call * 1e6,
-                     "us_per_event": per_call * 1e6 / len(run.history)})
+                     "us_per_event": per_call * 1e6 / len(run.history),
+                     "us_per_warm_decision": bench_warm(definition, activation, sim) * 1e6})
     base = rows[0]["us_per_decision"]
     for row in rows:
         row["ratio_vs_smallest"] = row["us_per_decision"] / base
@@ -174,6 +175,31 @@ def bench_decide(sizes: tuple[int, ...] = (10, 100, 1000)) -> dict[str, Any]:
     return {"rows": rows, "shape": shape,
             "note": "decide() only: excludes loading and decoding the history from Postgres, "
                     "which is also linear in history length"}
+
+
+def bench_warm(definition: Any, activation: Any, sim: Any, steps: int = 8) -> float:
+    """Seconds per decision of a warm execution (the sticky session the decision worker keeps):
+    each step feeds the session only the three events the step appended."""
+    from datetime import datetime, timezone
+
+    from harvest_celery import _events as ev
+    from harvest_celery._engine import Session
+
+    session = Session(definition, activation, sim.registry)
+    now = datetime.now(timezone.utc)
+    total = 0.0
+    for _ in range(steps):
+        (command,) = session.decision.commands
+        seq = len(session.events)
+        new = [ev.HistoryEvent(seq, ev.ActivityScheduled(command.activity_id, command.activity_name,
+                                                         command.input, command.queue), now),
+               ev.HistoryEvent(seq + 1, ev.ActivityStarted(command.activity_id, 1, "bench"), now),
+               ev.HistoryEvent(seq + 2, ev.ActivityCompleted(command.activity_id, command.input + 1), now)]
+        t0 = time.perf_counter()
+        decision = session.advance(new, sim.config)
+        total += time.perf_counter() - t0
+        assert decision is not None and len(decision.commands) == 1, decision
+    return total / steps
 
 
 # ── e. payload codec cost ────────────────────────────────────────────────────────────────────
@@ -483,10 +509,12 @@ def render(res: dict[str, Any]) -> str:
         lines.append(f"  raw Celery / harvest steps/s ............ "
                      f"{fmt(ratio(th['raw_celery']['steps_per_s'], th['harvest']['steps_per_s']))}x")
     dec = res["decide"]
-    lines += ["", f"decision cost vs history length (decide(), in process) — {dec['shape']}"]
+    lines += ["", f"decision cost vs history length, in process — cold decide(): {dec['shape']}; "
+              "warm (sticky session, what a decision worker does for a run it decided last):"]
     for rw in dec["rows"]:
-        lines.append(f"  {rw['events']:>5} events: {fmt(rw['us_per_decision'], 1):>9} µs/decision  "
-                     f"{fmt(rw['us_per_event'], 2):>6} µs/event  x{fmt(rw['ratio_vs_smallest'], 1)}")
+        lines.append(f"  {rw['events']:>5} events: cold {fmt(rw['us_per_decision'], 1):>9} µs  "
+                     f"({fmt(rw['us_per_event'], 2):>6} µs/event, x{fmt(rw['ratio_vs_smallest'], 1)})"
+                     f"   warm {fmt(rw['us_per_warm_decision'], 1):>7} µs")
     c = res["codec"]
     lines += [
         "",

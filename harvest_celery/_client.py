@@ -332,5 +332,4 @@ def configure_celery(app: Any) -> None:
     )
 
 
-__all__ = ["Harvest", "configure_celery", "RUNNING"]
-_ = ExecutionNotFound
+__all__ = ["Harvest", "configure_celery"]

@@ -118,3 +118,19 @@ def test_known_limitation_raising_the_cap_mid_unwind_diverges(harvest, workers, 
     finally:
         w1.restart({"HARVEST_TEST_CAP": ""})
 
+
+
+def test_a_worker_refuses_to_boot_when_a_dag_names_an_unregistered_compensator(harvest):
+    import os
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.integration.bad_app", "worker", "-Q", "nobody",
+         "-P", "solo", "--without-gossip", "--without-mingle", "--without-heartbeat"],
+        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "dag 'shipping' references unregistered compensator 'unship' for task 'ship'" in (
+        proc.stdout + proc.stderr)
