@@ -24,17 +24,9 @@ ORDER = json.dumps({"order_id": 5, "items": [{"qty": 2, "price": 3}]})
 
 
 @pytest.fixture
-def db(tmp_path, monkeypatch):
-    """A migrated SQLite database, and ``tests.unit.cli_app`` freshly pointed at it."""
-    for name in list(os.environ):
-        if name.startswith("HARVEST_"):
-            monkeypatch.delenv(name)
-    path = tmp_path / "harvest.db"
-    monkeypatch.setenv("HARVEST_CLI_TEST_DB", str(path))
-    monkeypatch.delitem(sys.modules, APP, raising=False)
-    url = f"sqlite:///{path}"
-    assert main(["--database-url", url, "db", "upgrade"]) == 0
-    return url
+def db(cli_db):
+    """A migrated SQLite database, and the CLI app freshly pointed at it."""
+    return cli_db(APP)
 
 
 def runs(url):

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import uvicorn
 from fastapi import FastAPI
@@ -16,14 +13,8 @@ APP = "tests.unit.cli_app"
 
 
 @pytest.fixture
-def served(tmp_path, monkeypatch):
-    for name in list(os.environ):
-        if name.startswith("HARVEST_"):
-            monkeypatch.delenv(name)
-    path = tmp_path / "harvest.db"
-    monkeypatch.setenv("HARVEST_CLI_TEST_DB", str(path))
-    monkeypatch.delitem(sys.modules, APP, raising=False)
-    assert main(["--database-url", f"sqlite:///{path}", "db", "upgrade"]) == 0
+def served(cli_db, monkeypatch):
+    cli_db(APP)
     calls: list[tuple[object, dict]] = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.append((app, kw)))
     return calls

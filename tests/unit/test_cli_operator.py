@@ -3,7 +3,6 @@ purge), run in-process against an embedded SQLite app (tests/unit/cli_operator_a
 
 from __future__ import annotations
 
-import os
 import sys
 from datetime import timedelta
 
@@ -18,17 +17,9 @@ APP = "tests.unit.cli_operator_app"
 
 
 @pytest.fixture
-def db(tmp_path, monkeypatch):
-    """A migrated SQLite database, and the operator app freshly imported against it."""
-    for name in list(os.environ):
-        if name.startswith("HARVEST_"):
-            monkeypatch.delenv(name)
-    path = tmp_path / "harvest.db"
-    monkeypatch.setenv("HARVEST_CLI_TEST_DB", str(path))
-    monkeypatch.delitem(sys.modules, APP, raising=False)
-    url = f"sqlite:///{path}"
-    assert main(["--database-url", url, "db", "upgrade"]) == 0
-    return url
+def db(cli_db):
+    """A migrated SQLite database, and the CLI app freshly pointed at it."""
+    return cli_db(APP)
 
 
 @pytest.fixture
