@@ -33,7 +33,11 @@ class RetryPolicy:
 
     def delay_after(self, attempt: int) -> float:
         """Seconds to wait after failed attempt ``attempt`` (1-based) before the next one."""
-        delay = self.initial_interval * (self.backoff_coefficient ** max(attempt - 1, 0))
+        exponent = min(max(attempt - 1, 0), 64)  # past 2**64 every interval is capped anyway
+        try:
+            delay = self.initial_interval * (self.backoff_coefficient ** exponent)
+        except OverflowError:
+            return self.maximum_interval
         return min(delay, self.maximum_interval)
 
     def should_retry(self, attempt: int, error_type: str) -> bool:

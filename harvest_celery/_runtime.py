@@ -15,6 +15,7 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from ._engine import Activation, EngineConfig, Session
@@ -208,7 +209,10 @@ class Runtime:
 
     # ── sweeper ──────────────────────────────────────────────────────────────────────────────
     def sweep_once(self) -> None:
-        """Fire what is due: retries, expired leases, timers, lost messages, nd-block retries."""
+        """Fire what is due: retries, expired leases, timers, lost messages, nd-block retries.
+
+        Each row is its own transaction, and one row that fails is logged and skipped: it must
+        never stop the sweep for every other run."""
         s = self.settings
         now = utcnow()
         with self.store.begin() as tx:
@@ -216,27 +220,33 @@ class Runtime:
             expired = tx.expired_leases(now)
             timers = tx.due_timers(now)
         for execution_id, activity_id in due:
-            with self.store.begin() as tx:
-                tx.redispatch_next_attempt(execution_id, activity_id, utcnow())
-            self._after_commit(tx)
+            self._sweep_row("retry", execution_id, partial(
+                Tx.redispatch_next_attempt, execution_id=execution_id, activity_id=activity_id))
         for execution_id, activity_id, attempt in expired:
             # The worker vanished or overran start_to_close: a failed attempt, retried per policy.
-            with self.store.begin() as tx:
-                tx.fail_activity(execution_id, activity_id, attempt, "StartToCloseTimeout",
-                                 "no result before the lease expired (worker lost or too slow)",
-                                 utcnow(), s.decision_queue)
-            self._after_commit(tx)
+            self._sweep_row("lease", execution_id, partial(
+                Tx.expire_lease, execution_id=execution_id, activity_id=activity_id, attempt=attempt,
+                decision_queue=s.decision_queue))
         for execution_id, timer_id in timers:
-            with self.store.begin() as tx:
-                tx.fire_timer(execution_id, timer_id, utcnow(), s.decision_queue)
-            self._after_commit(tx)
-        with self.store.begin() as tx:
-            tx.stale_scheduled(utcnow(), s.timings)
-            tx.stale_decisions(utcnow(), s.timings, s.decision_queue)
-        self._after_commit(tx)
+            self._sweep_row("timer", execution_id, partial(
+                Tx.fire_timer, execution_id=execution_id, timer_id=timer_id,
+                decision_queue=s.decision_queue))
+        self._sweep_row("lost messages", "*", partial(Tx.stale_scheduled, timings=s.timings))
+        self._sweep_row("lost decisions", "*", partial(
+            Tx.stale_decisions, timings=s.timings, decision_queue=s.decision_queue))
         with self.store.begin() as tx:
             stale = tx.stale_outbox(utcnow(), s.relay_after)
         self.flush(stale)
+
+    def _sweep_row(self, what: str, execution_id: str, work: Callable[..., Any]) -> None:
+        """``work(tx, now=...)`` in its own transaction."""
+        try:
+            with self.store.begin() as tx:
+                work(tx, now=utcnow())
+        except Exception:  # noqa: BLE001 - logged; the next pass retries this row
+            log.exception("sweeper: %s of %s failed", what, execution_id)
+            return
+        self._after_commit(tx)
 
 
 class Sweeper:

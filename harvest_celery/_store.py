@@ -397,7 +397,8 @@ class Tx:
         if row is None:
             return None
         m = row._mapping
-        if (m["status"] != RUNNING and m["cancelled_at"] is None) or m["paused_at"] is not None:
+        if ((m["status"] != RUNNING and m["cancelled_at"] is None) or m["paused_at"] is not None
+                or m["erased_at"] is not None):
             # nothing to decide (a paused run is resumed later with a fresh request)
             if m["decision_requested_at"] is not None:
                 self.conn.execute(executions.update().where(executions.c.id == execution_id)
@@ -439,6 +440,7 @@ class Tx:
                 values["error"] = {"type": done.error_type, "message": done.message}
         if status != m["status"] and status in TERMINAL_STATUSES:
             values["closed_at"] = now
+            self.abandon_open_tasks(execution_id, now, "the workflow finished without awaiting it")
         first = self.append(row, new_events, now, **values)
         seq = {id(c): first + i for i, c in enumerate(decision.commands)}
         for command in decision.commands:
@@ -497,8 +499,8 @@ class Tx:
         a row a cancel failed, or an unknown row. A refused claim means the body must not run.
         """
         row = self.lock(execution_id)
-        if row is None:
-            return None
+        if row is None or not self._can_append_result(row):
+            return None  # erased, or finished: nothing more runs for it
         task = self.conn.execute(sa.select(activity_tasks).where(
             (activity_tasks.c.execution_id == execution_id)
             & (activity_tasks.c.activity_id == activity_id)).with_for_update()).first()
@@ -561,8 +563,10 @@ class Tx:
             return "ignored"
         row, task = found
         t = task._mapping
-        if t["attempt"] != attempt:
-            return "ignored"  # a stale attempt: a newer one owns the row
+        if t["attempt"] != attempt or t["status"] != "running":
+            # a stale attempt (a newer one owns the row), or a row a cancel already failed: a
+            # cancel never fails an await, so nothing may be recorded for it
+            return "ignored"
         policy = RetryPolicy.from_data(t["retry"])
         if policy.should_retry(attempt, error_type) and row._mapping["status"] == RUNNING:
             self.conn.execute(activity_tasks.update().where(
@@ -600,15 +604,19 @@ class Tx:
         new_status = status_after_cancel(history)
         self.conn.execute(executions.update().where(executions.c.id == execution_id).values(
             status=new_status, cancelled_at=now, cancel_reason=reason, closed_at=now, updated_at=now,
-            nd_retry_at=None))
+            nd_retry_at=None, paused_at=None))
+        self.abandon_open_tasks(execution_id, now, f"workflow cancelled: {reason}")
+        self.request_decision(execution_id, now, decision_queue, force=True)
+        return new_status
+
+    def abandon_open_tasks(self, execution_id: str, now: datetime, why: str) -> None:
+        """Rows that have not started never will (no event: their body never ran); timers stop."""
         self.conn.execute(activity_tasks.update().where(
             (activity_tasks.c.execution_id == execution_id)
             & activity_tasks.c.status.in_(("scheduled", "retry_wait"))).values(
-            status="cancelled", finished_at=now, last_error=f"workflow cancelled: {reason}"))
+            status="cancelled", finished_at=now, last_error=why))
         self.conn.execute(timers.update().where(timers.c.execution_id == execution_id)
                           .values(fired=True))
-        self.request_decision(execution_id, now, decision_queue, force=True)
-        return new_status
 
     # ── the sweeper ──────────────────────────────────────────────────────────────────────────
     def _for_update(self, q: Any) -> Any:
@@ -624,6 +632,19 @@ class Tx:
                       activity_tasks.c.attempt).where(
             (activity_tasks.c.status == "running") & (activity_tasks.c.lease_expires_at <= now)).limit(limit)
         return [(r[0], r[1], r[2]) for r in self.conn.execute(q)]
+
+    def expire_lease(self, execution_id: str, activity_id: str, attempt: int, now: datetime,
+                     decision_queue: str) -> None:
+        """A lease found expired: rechecked under the lock (the attempt may have finished or
+        renewed meanwhile), then recorded as a failed attempt, retried per policy."""
+        self.lock(execution_id)
+        lease = self.conn.execute(sa.select(activity_tasks.c.lease_expires_at).where(
+            (activity_tasks.c.execution_id == execution_id) & (activity_tasks.c.activity_id == activity_id)
+            & (activity_tasks.c.status == "running") & (activity_tasks.c.attempt == attempt))).scalar()
+        if lease is not None and _aware(lease) <= now:  # type: ignore[operator]
+            self.fail_activity(execution_id, activity_id, attempt, "StartToCloseTimeout",
+                               "no result before the lease expired (worker lost or too slow)",
+                               now, decision_queue)
 
     def redispatch_next_attempt(self, execution_id: str, activity_id: str, now: datetime) -> None:
         """A due retry: the next attempt, with a fresh message."""
@@ -651,9 +672,12 @@ class Tx:
             .limit(limit))
         for task in self.conn.execute(q).fetchall():
             t = task._mapping
+            # back off: the next re-send waits as long again as this row has waited so far (a
+            # backed-up queue must not be flooded with duplicates), at most an hour
+            waited = min(now - _aware(t["dispatched_at"]), timedelta(hours=1))  # type: ignore[operator]
             self.conn.execute(activity_tasks.update().where(
                 (activity_tasks.c.execution_id == t["execution_id"])
-                & (activity_tasks.c.activity_id == t["activity_id"])).values(dispatched_at=now))
+                & (activity_tasks.c.activity_id == t["activity_id"])).values(dispatched_at=now + waited))
             self._dispatch_activity(t["execution_id"], t["activity_id"], t["activity_name"], t["queue"],
                                     t["attempt"], now, t["adopted"])
 

@@ -93,15 +93,11 @@ def terminate(tx: Tx, execution_id: str, reason: str, now: datetime) -> None:
     status = row._mapping["status"]
     if status != RUNNING:
         raise InvalidState(execution_id, status, "terminate")
-    tx.append(row, [ev.WorkflowFailed("Terminated", reason or "terminated by an operator")], now)
-    tx.conn.execute(executions.update().where(executions.c.id == execution_id).values(
-        status=TERMINATED, closed_at=now, updated_at=now, nd_retry_at=None,
-        decision_requested_at=None, error={"type": "Terminated", "message": reason}))
-    tx.conn.execute(activity_tasks.update().where(
-        (activity_tasks.c.execution_id == execution_id)
-        & activity_tasks.c.status.in_(("scheduled", "retry_wait"))).values(
-        status="cancelled", finished_at=now, last_error=f"workflow terminated: {reason}"))
-    tx.conn.execute(timers.update().where(timers.c.execution_id == execution_id).values(fired=True))
+    tx.append(row, [ev.WorkflowFailed("Terminated", reason or "terminated by an operator")], now,
+              status=TERMINATED, closed_at=now, nd_retry_at=None, decision_requested_at=None,
+              paused_at=None, error={"type": "Terminated", "message": reason})
+    tx.abandon_open_tasks(execution_id, now, f"workflow terminated: {reason}")
+
 
 def pause(tx: Tx, execution_id: str, now: datetime) -> None:
     """Decisions wait while paused. The pause takes the row lock, so a decision in flight
@@ -129,6 +125,8 @@ def erase(tx: Tx, execution_id: str, now: datetime) -> tuple[dict[str, Any], lis
     m = row._mapping
     if m["status"] not in TERMINAL_STATUSES:
         raise InvalidState(execution_id, m["status"], "erase the payloads of")
+    if m["paused_at"] is not None and m["erased_at"] is None:
+        raise InvalidState(execution_id, "paused", "erase the payloads of (resume it first)")
     if m["cancelled_at"] is not None and m["erased_at"] is None:
         running = tx.conn.execute(sa.select(sa.func.count()).select_from(activity_tasks).where(
             (activity_tasks.c.execution_id == execution_id)

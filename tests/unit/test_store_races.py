@@ -1,0 +1,138 @@
+"""Races and edge paths of the store, on the embedded SQLite store with messages delivered by
+hand (no worker): each test replays an interleaving that once broke an invariant."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from harvest_celery import Harvest, InvalidState, RetryPolicy, Saga, WorkflowContext, activity, workflow
+from harvest_celery._runtime import InlineDispatcher
+from harvest_celery._store import utcnow
+
+SEEN: list = []
+
+
+@activity(retry=RetryPolicy(max_attempts=3), start_to_close=1)
+def charge(x):
+    return "ch-1"
+
+
+@activity
+def refund(x):
+    return None
+
+
+@activity
+def notify(x):
+    SEEN.append(x)
+    return "sent"
+
+
+@activity(retry=RetryPolicy(max_attempts=1))
+def decline(x):
+    raise RuntimeError("declined")
+
+
+@workflow
+async def checkout(ctx: WorkflowContext, data):
+    saga = Saga(ctx)
+    await saga.step(lambda: ctx.execute_activity(charge, data), lambda cid: ctx.execute_activity(refund, cid))
+
+
+@workflow
+async def order(ctx: WorkflowContext, data):
+    pending = ctx.execute_activity(notify, {"email": data["email"]})
+    await ctx.execute_activity(decline, data)  # fails: the run fails, notify never awaited
+    await pending
+
+
+@workflow
+async def waits(ctx: WorkflowContext, data):
+    await ctx.wait_signal("go")
+    return {"cancelled": ctx.is_cancelled()}
+
+
+@pytest.fixture
+def h(tmp_path):
+    harvest = Harvest(f"sqlite:///{tmp_path / 'h.db'}").register(
+        checkout, charge, refund, order, notify, decline, waits)
+    harvest.migrate()
+    harvest._inline = None  # deliver messages by hand
+    harvest.runtime.dispatcher = InlineDispatcher()
+    return harvest
+
+
+def pump(h, hold=()):
+    """Deliver queued messages; those named in ``hold`` stay 'in the broker' and are returned."""
+    queue, held = h.runtime.dispatcher.queue, []
+    while queue:
+        m = queue.popleft()
+        if m.task_name == "harvest.decide":
+            h.runtime.run_decision(m.args[0])
+        elif m.task_name in hold:
+            held.append(m)
+        else:
+            claim = h.runtime.claim(*m.args)
+            if claim:
+                h.runtime.execute(claim, h.registry.activity(m.task_name).fn)
+    return held
+
+
+def types(h, run_id):
+    return [e.event.type for e in h.store.history(run_id)]
+
+
+def test_a_delayed_message_of_a_finished_run_never_runs_its_body(h):
+    SEEN.clear()
+    run_id = h.start_workflow("order", {"email": "pii@example.com"})
+    held = pump(h, hold={"notify"})
+    assert h.describe(run_id).status == "FAILED"
+    assert [r["status"] for r in h.store.activity_rows(run_id)] == ["cancelled", "failed"]
+    h.erase_payloads(run_id)
+    for m in held:  # the broker finally delivers it
+        assert h.runtime.claim(*m.args) is None
+    assert SEEN == [] and types(h, run_id)[-1] == "WorkflowFailed"
+
+
+def test_a_stale_sweeper_pass_never_fails_a_row_the_cancel_already_failed(h):
+    run_id = h.start_workflow("checkout", {"o": 1})
+    h.runtime.run_decision(run_id)
+    claim = h.runtime.claim(run_id, "1", 1)
+    later = utcnow() + timedelta(seconds=60)
+    with h.store.begin() as tx:
+        expired = tx.expired_leases(later)  # the sweeper reads the expired lease...
+    assert h.runtime.fail(claim, "ConnectionError", "flaky") == "retry"
+    h.cancel_workflow_execution(run_id, "customer asked")
+    for execution_id, activity_id, attempt in expired:  # ...and processes its stale list
+        with h.store.begin() as tx:
+            tx.expire_lease(execution_id, activity_id, attempt, later, "harvest")
+    assert h.store.activity_rows(run_id)[0]["status"] == "cancelled"
+    assert "ActivityFailed" not in types(h, run_id)
+    pump(h)
+    assert h.describe(run_id).status == "CANCELLED" and not any(
+        t == "MarkerRecorded" for t in types(h, run_id))  # no rollback was set off
+
+
+def test_a_retry_policy_that_overflows_is_capped_and_the_sweep_goes_on(h):
+    huge = RetryPolicy(max_attempts=100_000, maximum_interval=60)
+    assert huge.delay_after(5000) == 60
+    assert RetryPolicy(backoff_coefficient=10.0, maximum_interval=7).delay_after(400) == 7
+
+
+def test_cancel_clears_a_pause_and_an_erased_run_takes_no_decision(h):
+    run_id = h.start_workflow("waits", {})
+    pump(h)
+    h.pause(run_id)
+    h.cancel_workflow_execution(run_id, "stop")
+    assert h.describe(run_id).paused_at is None
+    with pytest.raises(InvalidState, match="not paused"):
+        h.resume(run_id)
+    pump(h)
+    h.erase_payloads(run_id)
+    before = types(h, run_id)
+    with h.store.begin() as tx:
+        tx.request_decision(run_id, utcnow(), "harvest", force=True)
+    pump(h)
+    assert types(h, run_id) == before  # nothing is appended to an erased run
