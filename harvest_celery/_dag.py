@@ -347,14 +347,14 @@ async def _run_mapped(ctx: WorkflowContext, node: Node, items: Any) -> _Outcome:
         return _Outcome("failed", input=items, cause=NOT_AN_ARRAY)
     if not items:
         return _Outcome("succeeded", [], items, dispatched=False)  # nothing done: never compensated
-    cap = ctx._replay.activation.config.max_activity_input_bytes
+    replay = ctx._replay
+    cap = replay.activation.config.max_activity_input_bytes if not replay.recorded_next(node.name) else None
     try:
         for i, item in enumerate(items):
             check_cap(check_json(item, f"input of activity {node.name!r}"),
                       f"input of activity {node.name!r} (cell {i})", cap)
     except PayloadTooLarge as exc:
         return _Outcome("failed", input=items, cause=f"dag task {node.name!r}: {exc}")
-    replay = ctx._replay
     futures = [replay.schedule_activity(node.name, item, node.queue, retry=node.retry,
                                         start_to_close=node.start_to_close) for item in items]
 

@@ -256,8 +256,11 @@ class Replay:
         definition = self.registry.activity(name)
         what = f"input of activity {name!r}"
         payload = check_json(input, what)
-        # A deterministic pre-dispatch rejection: before an id is allocated or anything recorded.
-        check_cap(payload, what, self.activation.config.max_activity_input_bytes)
+        if not self.recorded_next(name):
+            # A deterministic pre-dispatch rejection: before an id is allocated or anything
+            # recorded, so it is re-decided on every replay. A dispatch the history already
+            # records is never re-checked: lowering the cap cannot strand a run in flight.
+            check_cap(payload, what, self.activation.config.max_activity_input_bytes)
         resolved_queue = definition.resolve_queue(queue)
         self.activity_seq += 1
         activity_id = str(self.activity_seq)
@@ -295,24 +298,29 @@ class Replay:
             future.set_result(None)
         return future
 
+    def recorded_next(self, activity_name: str) -> bool:
+        """Is the next command event a dispatch of ``activity_name`` (a replayed dispatch)?"""
+        index = self._next_command()
+        event = self.events[index] if index is not None else None
+        return isinstance(event, ev.ActivityScheduled) and event.activity_name == activity_name
+
     def patched(self, patch_id: str) -> bool:
         """``patch:{id}`` marker with an Absent arm: histories recorded before the patch replay
-        the old branch."""
+        the old branch. A trailing ``WorkflowCancelled`` is transparent here, as for the saga
+        markers, so the answer a post-cancel decision recorded reads back the same."""
         name = f"patch:{patch_id}"
-        index = self._next_command()
-        if index is None or (isinstance(self.events[index], ev.WorkflowCancelled)
-                             and self._next_after(index) is None):
+        rest = self._rest(skip_signals=True)
+        if rest and isinstance(self.events[rest[0]], ev.WorkflowCancelled):
+            rest = rest[1:]
+        if not rest:
             if not self.activation.probe:
                 self.commands.append(RecordMarker(name))
             return True
-        event = self.events[index]
+        event = self.events[rest[0]]
         if isinstance(event, ev.MarkerRecorded) and event.name == name:
-            self._consume(index)
+            self._consume(rest[0])
             return True
         return False
-
-    def _next_after(self, index: int) -> int | None:
-        return next((i for i in self._candidates(skip_signals=True) if i > index), None)
 
     def wait_signal(self, name: str) -> _Future:
         future = _Future()

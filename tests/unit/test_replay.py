@@ -612,3 +612,72 @@ def test_a_non_json_workflow_result_fails_the_run_with_a_clear_error():
     failed = run.events[-1]
     assert failed.error_type == "PayloadNotSerializable"
     assert "result of workflow 'returns_a_set' is not JSON-serialisable" in failed.message
+
+
+# ── review regressions ────────────────────────────────────────────────────────────────────────
+@activity
+def upload(x):
+    return "ok"
+
+
+@activity
+def notify_done(x):
+    return "ok"
+
+
+@workflow
+async def big_then_small(ctx, blob):
+    await ctx.execute_activity(upload, blob)
+    await ctx.wait_signal("approved")
+    return await ctx.execute_activity(notify_done, "done")
+
+
+def test_lowering_the_cap_never_strands_a_dispatch_already_recorded():
+    from harvest_celery._engine import EngineConfig
+
+    sim = Simulator(big_then_small, upload, notify_done, config=EngineConfig(max_activity_input_bytes=1_000_000))
+    run = sim.start("big_then_small", "x" * 50_000)
+    run.decide()
+    run.execute(run.open_activities()[0])
+    run.decide()
+    sim.config = EngineConfig(max_activity_input_bytes=10_000)  # applies to new dispatches only
+    run.signal("approved")
+    run.run_to_end()
+    assert run.nd is None and run.status == "COMPLETED"
+
+
+@activity
+def pa(x):
+    return x
+
+
+@activity
+def pb(x):
+    return x
+
+
+@workflow
+async def patched_after_cancel(ctx, _):
+    fa = ctx.execute_activity(pa, 1)
+    fb = ctx.execute_activity(pb, 2)
+    await fa
+    v2 = ctx.patched("p")  # first reached by the post-cancel decision
+    await fb
+    return "v2" if v2 else "v1"
+
+
+def test_patched_after_a_cancel_reads_back_what_the_post_cancel_decision_recorded():
+    from harvest_celery._events import ActivityCompleted
+
+    sim = Simulator(patched_after_cancel, pa, pb)
+    run = sim.start("patched_after_cancel")
+    run.decide()
+    run.start_activity("1")
+    run.start_activity("2")  # both bodies running when the cancel lands
+    run.cancel("op")
+    run.append(ActivityCompleted("1", 1))
+    run.decide()
+    assert run.types()[-1] == "MarkerRecorded"
+    run.append(ActivityCompleted("2", 2))
+    run.decide()
+    assert run.events[-1].result == "v2"
