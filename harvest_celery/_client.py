@@ -224,6 +224,9 @@ class Harvest:
             raise RetryRefused(execution_id, "running", f"run {execution_id} is still running")
         if row.status == COMPLETED:
             raise RetryRefused(execution_id, "completed", f"run {execution_id} completed: nothing to retry")
+        if row.forked_to is not None and not dry_run:
+            raise RetryRefused(execution_id, "retried", f"run {execution_id} was already retried as "
+                                                        f"{row.forked_to}; retry that run instead")
         history = self.store.history(execution_id, strict=True)  # decode before filtering
         if compensation_executed(history):
             raise RetryRefused(execution_id, "compensated", COMPENSATED)

@@ -31,7 +31,7 @@ COMPENSATED = (
 
 class RetryRefused(HarvestError):
     """The run cannot be retried (HTTP 409). ``reason``: compensated · erased · running ·
-    completed."""
+    completed · retried."""
 
     def __init__(self, execution_id: str, reason: str, message: str) -> None:
         super().__init__(message)

@@ -12,6 +12,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -84,6 +85,16 @@ class Runtime:
         # delete sent outbox rows in batches on a background thread (False: at once)
         self.batch_outbox_deletes = True
         self._flusher_pid = -1
+        # a pool child forked while another thread held the lock must not inherit it held
+        if hasattr(os, "register_at_fork"):
+            me = weakref.ref(self)  # the hook must not keep every Runtime alive
+
+            def after_fork() -> None:
+                runtime = me()
+                if runtime is not None:
+                    runtime._reset_after_fork()
+
+            os.register_at_fork(after_in_child=after_fork)
         # test seam: called inside the claim transaction before ActivityStarted is appended
         self.before_claim_append: Callable[[str, str, int], None] | None = None
 
@@ -120,6 +131,12 @@ class Runtime:
                 threading.Thread(target=self._flush_loop, name="harvest-outbox", daemon=True).start()
         if due:
             self.flush_sent()
+
+    def _reset_after_fork(self) -> None:
+        self._sent_lock = threading.Lock()
+        self._sent = []  # the parent deletes its own batch
+        self._flusher_pid = -1
+        self.sessions = SessionCache(self.settings.max_sessions)
 
     def flush_sent(self) -> None:
         with self._sent_lock:

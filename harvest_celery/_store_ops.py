@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from ._store import Tx
 
 # ── the fork mechanism (retry-from-node, reset) and operator actions ─────────────────────
-def _seal_for_fork(tx: Tx, source_id: str, new_id: str, now: datetime) -> Any:
+def _seal_for_fork(tx: Tx, source_id: str, new_id: str, now: datetime, *, once: bool = False) -> Any:
     """Lock the source and recheck erasure under that lock, before a single event is copied:
     an erasure either committed before the lock (refused here) or queues behind it."""
     from ._dag_retry import erased_refusal
@@ -32,6 +32,12 @@ def _seal_for_fork(tx: Tx, source_id: str, new_id: str, now: datetime) -> Any:
     m = row._mapping
     if m["erased_at"] is not None or is_erased(m["input"]):
         raise erased_refusal(source_id)
+    if once and m["forked_to"] is not None:
+        from ._dag_retry import RetryRefused
+
+        # a double click or a client retrying its request must not fork twice
+        raise RetryRefused(source_id, "retried", f"run {source_id} was already retried as "
+                                                 f"{m['forked_to']}; retry that run instead")
     if tx.lock(new_id) is not None:
         raise ExecutionAlreadyExists(new_id, tx.lock(new_id)._mapping["workflow_type"])
     tx.conn.execute(executions.update().where(executions.c.id == source_id)
@@ -49,7 +55,7 @@ def _create_run(tx: Tx, new_id: str, workflow_type: str, input: Any, forked_from
 def fork_dag_run(tx: Tx, source_id: str, new_id: str, conf: Any, carried: dict[str, Any],
                  now: datetime, decision_queue: str) -> None:
     """A new run of the same DAG carrying over the succeeded nodes' recorded input/output."""
-    source = _seal_for_fork(tx, source_id, new_id, now)
+    source = _seal_for_fork(tx, source_id, new_id, now, once=True)
     workflow_type = source._mapping["workflow_type"]
     row = _create_run(tx, new_id, workflow_type, conf, source_id, now)
     tx.append(row, [ev.WorkflowStarted(workflow_type, conf, carried or None, source_id)], now,

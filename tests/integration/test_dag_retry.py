@@ -42,6 +42,9 @@ def test_a_retry_from_the_failed_node_carries_the_upstream_and_completes(harvest
     assert harvest.describe(new).forked_from == source
     assert harvest.describe(source).forked_to == new
     assert names(harvest, new)[1] == "ActivityScheduled(rt_b)"
+    with pytest.raises(RetryRefused) as again:  # a double click must not fork twice
+        harvest.retry_dag_run("retryable", source)
+    assert again.value.reason == "retried" and new in str(again.value)
 
 
 def test_retry_refuses_a_run_whose_unwind_ran(harvest, workers, redis_client, tag):

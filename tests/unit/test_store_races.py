@@ -136,3 +136,16 @@ def test_cancel_clears_a_pause_and_an_erased_run_takes_no_decision(h):
         tx.request_decision(run_id, utcnow(), "harvest", force=True)
     pump(h)
     assert types(h, run_id) == before  # nothing is appended to an erased run
+
+
+def test_a_forked_child_starts_with_a_free_outbox_lock_and_no_warm_sessions(h):
+    import os
+
+    h.runtime._sent_lock.acquire()  # another thread holds it at the moment of the fork
+    pid = os.fork()
+    if pid == 0:  # the child: the lock must be free and the cache empty
+        ok = h.runtime._sent_lock.acquire(timeout=2) and len(h.runtime.sessions) == 0
+        os._exit(0 if ok else 1)
+    h.runtime._sent_lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
