@@ -16,6 +16,7 @@ import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from functools import partial
 from typing import Any, Protocol
 
@@ -216,13 +217,33 @@ class Runtime:
         return verdict
 
     def execute(self, claim: Claim, fn: Callable[[Any], Any]) -> None:
-        """Run a claimed body and record what happened."""
+        """Run a claimed body and record what happened.
+
+        With no ``start_to_close`` the claim's lease is renewed while the body runs (a
+        heartbeat): only a vanished worker lets it expire, so a long body is never run again
+        beside itself. With one, the lease is the deadline."""
+        stop = threading.Event()
+        if claim.start_to_close is None:
+            threading.Thread(target=self._renew_lease, args=(claim, stop), daemon=True,
+                             name=f"harvest-lease-{claim.activity_id}").start()
         try:
             output = fn(claim.input)
         except Exception as exc:  # noqa: BLE001 - recorded as the attempt's failure
+            stop.set()
             self.fail(claim, type(exc).__name__, str(exc))
             return
+        stop.set()
         self.complete(claim, output)
+
+    def _renew_lease(self, claim: Claim, stop: threading.Event) -> None:
+        lease = self.settings.timings.default_lease
+        while not stop.wait(lease / 3):
+            try:
+                with self.store.begin() as tx:
+                    tx.renew_lease(claim.execution_id, claim.activity_id, claim.attempt,
+                                   utcnow() + timedelta(seconds=lease + 5))
+            except Exception:  # noqa: BLE001 - the next beat retries; the lease has slack
+                log.exception("renewing the lease of %s/%s failed", claim.execution_id, claim.activity_id)
 
     # ── sweeper ──────────────────────────────────────────────────────────────────────────────
     def sweep_once(self) -> None:

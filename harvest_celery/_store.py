@@ -130,7 +130,9 @@ class Claim:
 class Timings:
     """Sweeper and lease settings."""
 
-    default_lease: float = 300.0  # seconds a claim holds without start_to_close
+    # seconds a claim holds without start_to_close; renewed every third of it while the body
+    # runs, so it bounds how long a vanished worker's activity waits to be retried
+    default_lease: float = 60.0
     redispatch_after: float = 30.0  # re-send a scheduled row / decision request after this
     nd_retry_initial: float = 1.0
     nd_retry_max: float = 300.0
@@ -632,6 +634,12 @@ class Tx:
                       activity_tasks.c.attempt).where(
             (activity_tasks.c.status == "running") & (activity_tasks.c.lease_expires_at <= now)).limit(limit)
         return [(r[0], r[1], r[2]) for r in self.conn.execute(q)]
+
+    def renew_lease(self, execution_id: str, activity_id: str, attempt: int, until: datetime) -> None:
+        self.conn.execute(activity_tasks.update().where(
+            (activity_tasks.c.execution_id == execution_id) & (activity_tasks.c.activity_id == activity_id)
+            & (activity_tasks.c.attempt == attempt) & (activity_tasks.c.status == "running"))
+            .values(lease_expires_at=until))
 
     def expire_lease(self, execution_id: str, activity_id: str, attempt: int, now: datetime,
                      decision_queue: str) -> None:

@@ -149,3 +149,40 @@ def test_a_forked_child_starts_with_a_free_outbox_lock_and_no_warm_sessions(h):
     h.runtime._sent_lock.release()
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
+
+
+@activity
+def slow_no_deadline(x):
+    import time
+
+    time.sleep(0.6)
+    return "done"
+
+
+@workflow
+async def long_body(ctx: WorkflowContext, data):
+    return await ctx.execute_activity(slow_no_deadline, data)
+
+
+def test_a_body_without_start_to_close_keeps_its_lease_alive_while_it_runs(tmp_path):
+    import threading
+    import time
+
+    from harvest_celery._store import Timings
+
+    h = Harvest(f"sqlite:///{tmp_path / 'l.db'}", timings=Timings(default_lease=0.15))
+    h.register(long_body, slow_no_deadline)
+    h.migrate()
+    h._inline = None
+    h.runtime.dispatcher = InlineDispatcher()
+    run_id = h.start_workflow("long_body", {})
+    h.runtime.run_decision(run_id)
+    claim = h.runtime.claim(run_id, "1", 1)
+    first = h.store.activity_rows(run_id)[0]["lease_expires_at"]
+    body = threading.Thread(target=h.runtime.execute, args=(claim, slow_no_deadline))
+    body.start()
+    time.sleep(0.4)  # a few heartbeats (every 0.05 s)
+    renewed = h.store.activity_rows(run_id)[0]["lease_expires_at"]
+    body.join()
+    assert renewed > first  # the running body pushed its lease forward
+    assert h.store.activity_rows(run_id)[0]["status"] == "completed"
