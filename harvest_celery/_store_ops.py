@@ -17,7 +17,9 @@ from ._errors import ExecutionAlreadyExists, InvalidState
 from ._lifecycle import RUNNING, TERMINAL_STATUSES, TERMINATED
 from ._payload import ERASED, EXECUTION_PAYLOAD_COLUMNS, PAYLOAD_FIELDS, is_erased, references
 from ._registry import Registry
-from ._schema import activity_tasks, events, executions, timers
+from ._schema import activity_tasks, events, executions, outbox, timers
+
+ERASED_TEXT = "[erased]"
 
 if TYPE_CHECKING:
     from ._store import Tx
@@ -149,7 +151,17 @@ def erase(tx: Tx, execution_id: str, now: datetime) -> tuple[dict[str, Any], lis
             refs += references(value)
             values[column] = ERASED
             fields += 1
+    # Error messages are not payload fields (the run graph shows them), but exception text often
+    # quotes the input: erasure scrubs them too, keeping the error type. We chose the safe side.
+    error = m["error"]
+    if isinstance(error, dict) and error.get("message") not in (None, ERASED_TEXT):
+        values["error"] = {**error, "message": ERASED_TEXT}
     tx.conn.execute(executions.update().where(executions.c.id == execution_id).values(**values))
+    tx.conn.execute(activity_tasks.update().where(
+        (activity_tasks.c.execution_id == execution_id) & activity_tasks.c.last_error.is_not(None))
+        .values(last_error=ERASED_TEXT))
+    # unsent messages of an adopted task carry its input as their argument
+    tx.conn.execute(outbox.delete().where(outbox.c.task_id.like(f"{execution_id}:%")))
     touched = 0
     for seq, data, _at in tx.raw_history(execution_id):
         changed = dict(data)
@@ -159,6 +171,8 @@ def erase(tx: Tx, execution_id: str, now: datetime) -> tuple[dict[str, Any], lis
                 refs += references(value)
                 changed[name] = ERASED
                 fields += 1
+        if data.get("type") in ("ActivityFailed", "WorkflowFailed") and data.get("message") != ERASED_TEXT:
+            changed["message"] = ERASED_TEXT
         if changed != data:
             touched += 1
             tx.conn.execute(events.update().where(

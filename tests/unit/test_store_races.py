@@ -186,3 +186,23 @@ def test_a_body_without_start_to_close_keeps_its_lease_alive_while_it_runs(tmp_p
     body.join()
     assert renewed > first  # the running body pushed its lease forward
     assert h.store.activity_rows(run_id)[0]["status"] == "completed"
+
+
+def test_erasure_scrubs_error_messages_that_may_quote_the_input(h):
+    @activity(name="leaky", retry=RetryPolicy(max_attempts=1))
+    def leaky(x):
+        raise ValueError(f"card {x['card']} declined")
+
+    @workflow(name="leaky_flow")
+    async def leaky_flow(ctx, data):
+        return await ctx.execute_activity("leaky", data)
+
+    h.register(leaky, leaky_flow)
+    run_id = h.start_workflow("leaky_flow", {"card": "4111-1111"})
+    pump(h)
+    assert "4111-1111" in str(h.describe(run_id).error)
+    h.erase_payloads(run_id)
+    dump = str([e.event for e in h.store.history(run_id)]) + str(h.describe(run_id).error) + str(
+        h.store.activity_rows(run_id))
+    assert "4111-1111" not in dump
+    assert h.describe(run_id).error["type"] == "ActivityError"  # the type survives
