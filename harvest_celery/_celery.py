@@ -16,7 +16,7 @@ from celery import Celery, Task, signals
 from celery.exceptions import SoftTimeLimitExceeded
 
 from ._registry import ActivityDefinition
-from ._store import DECIDE_TASK, Claim, OutboxMessage
+from ._store import DECIDE_TASK, TIME_LIMIT_HEADER, Claim, OutboxMessage
 
 if TYPE_CHECKING:
     from ._runtime import Runtime, Sweeper
@@ -31,8 +31,12 @@ class CeleryDispatcher:
         self.app = app
 
     def send(self, message: OutboxMessage) -> None:
+        limits: dict[str, float] = {}
+        deadline = (message.headers or {}).get(TIME_LIMIT_HEADER)
+        if deadline:  # honoured by prefork pools; the lease sweep covers the others
+            limits = {"soft_time_limit": float(deadline), "time_limit": float(deadline) + 5}
         self.app.send_task(message.task_name, args=message.args, queue=message.queue,
-                           task_id=message.task_id, headers=message.headers or None)
+                           task_id=message.task_id, headers=message.headers or None, **limits)
 
 
 class ActivityTask(Task):  # type: ignore[misc]

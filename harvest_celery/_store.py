@@ -38,6 +38,7 @@ from ._registry import Registry
 from ._schema import activity_tasks, events, executions, outbox, timers
 
 DECIDE_TASK = "harvest.decide"
+TIME_LIMIT_HEADER = "harvest_time_limit"
 log = logging.getLogger("harvest_celery")
 
 
@@ -469,20 +470,25 @@ class Tx:
             event_seq=event_seq, dispatched_at=now, compensation=command.compensation,
             adopted=definition.adopted))
         self._dispatch_activity(execution_id, command.activity_id, command.activity_name,
-                                command.queue, 1, now, definition.adopted, command.input)
+                                command.queue, 1, now, definition.adopted, command.input,
+                                command.start_to_close or definition.start_to_close)
 
     def _dispatch_activity(self, execution_id: str, activity_id: str, name: str, queue: str,
-                           attempt: int, now: datetime, adopted: bool, input: Any = None) -> None:
+                           attempt: int, now: datetime, adopted: bool, input: Any = None,
+                           start_to_close: float | None = None) -> None:
         ref = {"execution_id": execution_id, "activity_id": activity_id, "attempt": attempt}
         task_id = f"{execution_id}:{activity_id}:{attempt}"
+        # the row's deadline (a DAG node's override included) becomes the message's Celery time
+        # limit, so a prefork worker stops the body when its lease runs out
+        headers: dict[str, Any] | None = {TIME_LIMIT_HEADER: start_to_close} if start_to_close else None
         if adopted:
             # An existing task keeps its signature: the input is its argument (it transits the
             # broker), and the ids travel in a header.
             if input is None:
                 input = self._scheduled_input(execution_id, activity_id)
-            self._send(name, queue, [input], task_id, now, headers={"harvest": ref})
+            self._send(name, queue, [input], task_id, now, headers={"harvest": ref, **(headers or {})})
         else:
-            self._send(name, queue, [execution_id, activity_id, attempt], task_id, now)
+            self._send(name, queue, [execution_id, activity_id, attempt], task_id, now, headers=headers)
 
     def _scheduled_input(self, execution_id: str, activity_id: str) -> Any:
         seq = self.conn.execute(sa.select(activity_tasks.c.event_seq).where(
@@ -669,7 +675,7 @@ class Tx:
             & (activity_tasks.c.activity_id == activity_id)).values(
             status="scheduled", attempt=attempt, due_at=None, dispatched_at=now))
         self._dispatch_activity(execution_id, activity_id, t["activity_name"], t["queue"], attempt,
-                                now, t["adopted"])
+                                now, t["adopted"], start_to_close=t["start_to_close"])
 
     def stale_scheduled(self, now: datetime, timings: Timings, limit: int = 100) -> None:
         """Re-send scheduled rows whose message seems lost (a Redis restart, a refused claim).
@@ -687,7 +693,7 @@ class Tx:
                 (activity_tasks.c.execution_id == t["execution_id"])
                 & (activity_tasks.c.activity_id == t["activity_id"])).values(dispatched_at=now + waited))
             self._dispatch_activity(t["execution_id"], t["activity_id"], t["activity_name"], t["queue"],
-                                    t["attempt"], now, t["adopted"])
+                                    t["attempt"], now, t["adopted"], start_to_close=t["start_to_close"])
 
     def due_timers(self, now: datetime, limit: int = 100) -> list[tuple[str, str]]:
         q = sa.select(timers.c.execution_id, timers.c.timer_id).where(
