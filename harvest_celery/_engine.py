@@ -40,8 +40,6 @@ from ._payload import check_cap, check_json
 from ._registry import Registry, WorkflowDefinition
 from ._retry import RetryPolicy
 
-_RESULT_TYPES = (ev.ActivityStarted, ev.ActivityCompleted, ev.ActivityFailed, ev.TimerFired)
-
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -174,7 +172,7 @@ class Replay:
         self.consumed: set[int] = set()
         # positions a command matcher can meet: everything but WorkflowStarted, results, outcomes
         self.candidates = [i for i, e in enumerate(self.events)
-                           if i > 0 and not isinstance(e, _RESULT_TYPES + ev.TERMINAL_EVENTS)]
+                           if i > 0 and not isinstance(e, ev.RESULT_EVENTS + ev.TERMINAL_EVENTS)]
         self.cpos = 0
         self.commands: list[Command] = []
         self.nd: NonDeterministic | None = None
@@ -492,7 +490,7 @@ class Session:
             if not _same(command, item.event):
                 return None
         results = new[len(ours):]
-        if not all(isinstance(h.event, _RESULT_TYPES + (ev.SignalReceived,)) for h in results):
+        if not all(isinstance(h.event, ev.RESULT_EVENTS + (ev.SignalReceived,)) for h in results):
             return None
         # What this session emitted at the frontier is matched already: never a candidate.
         for item in new[:len(ours)]:

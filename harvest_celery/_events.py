@@ -139,7 +139,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
 }
 
 COMMAND_EVENTS = (ActivityScheduled, MarkerRecorded, TimerStarted)
-RESULT_EVENTS = (ActivityStarted, ActivityCompleted, ActivityFailed, TimerFired, SignalReceived)
+# results of commands, delivered in history order; never met by a command matcher. Signals are
+# delivered too, but a command matcher sees them (the saga marker's drained-signal check).
+RESULT_EVENTS = (ActivityStarted, ActivityCompleted, ActivityFailed, TimerFired)
 TERMINAL_EVENTS = (WorkflowCompleted, WorkflowFailed)
 
 

@@ -113,7 +113,7 @@ def test_saga_cancellation_does_not_auto_compensate(harvest, workers, redis_clie
     assert scrape("w1", COMPENSATED, workflow="saga_steps") == before
 
 
-def test_cancel_before_a_dispatched_activity_is_claimed_means_it_never_runs(harvest, workers, redis_client, tag):
+def test_a_cancel_while_a_step_runs_dispatches_and_runs_nothing_more(harvest, workers, redis_client, tag):
     run_id = harvest.start_workflow("saga_steps", {"tag": tag, "n": 3, "slow_at": 1, "slow": 1.5})
     wait_for(lambda: "forward:1" in ran(redis_client, tag), what="the first body")
     harvest.cancel_workflow_execution(run_id, reason="stop")

@@ -206,3 +206,24 @@ def test_erasure_scrubs_error_messages_that_may_quote_the_input(h):
         h.store.activity_rows(run_id))
     assert "4111-1111" not in dump
     assert h.describe(run_id).error["type"] == "ActivityError"  # the type survives
+
+
+def test_a_cancel_fails_a_dispatched_but_unclaimed_row_without_an_event_and_its_body_never_runs(h):
+    SEEN.clear()
+
+    @workflow(name="notify_then_wait")
+    async def notify_then_wait(ctx, data):
+        await ctx.execute_activity(notify, data)
+
+    h.register(notify_then_wait)
+    run_id = h.start_workflow("notify_then_wait", {"email": "x@example.com"})
+    held = pump(h, hold={"notify"})  # dispatched, still in the broker
+    h.cancel_workflow_execution(run_id, "stop")
+    row = h.store.activity_rows(run_id)[0]
+    assert row["status"] == "cancelled" and row["last_error"] == "workflow cancelled: stop"
+    for m in held:  # delivered after the cancel: the claim is refused
+        assert h.runtime.claim(*m.args) is None
+    pump(h)
+    assert SEEN == []
+    assert types(h, run_id) == ["WorkflowStarted", "ActivityScheduled", "WorkflowCancelled"]
+    assert h.describe(run_id).status == "CANCELLED"
