@@ -135,7 +135,7 @@ class Worker:
 # ── d. decision cost vs history length (pure, in process) ────────────────────────────────────
 def bench_decide(sizes: tuple[int, ...] = (10, 100, 1000)) -> dict[str, Any]:
     from benchmarks.app import bench_seq, bench_step
-    from harvest_celery._engine import Activation, decide
+    from harvest_celery._core.engine import Activation, decide
     from harvest_celery.testing import Simulator
 
     sim = Simulator(bench_seq, bench_step)
@@ -182,8 +182,8 @@ def bench_warm(definition: Any, activation: Any, sim: Any, steps: int = 8) -> fl
     each step feeds the session only the three events the step appended."""
     from datetime import datetime, timezone
 
-    from harvest_celery import _events as ev
-    from harvest_celery._engine import Session
+    from harvest_celery._core import events as ev
+    from harvest_celery._core.engine import Session
 
     session = Session(definition, activation, sim.registry)
     now = datetime.now(timezone.utc)
@@ -204,7 +204,7 @@ def bench_warm(definition: Any, activation: Any, sim: Any, steps: int = 8) -> fl
 
 # ── e. payload codec cost ────────────────────────────────────────────────────────────────────
 def representative_event() -> dict[str, Any]:
-    from harvest_celery import _events as ev
+    from harvest_celery._core import events as ev
 
     order = {
         "order_id": "ord_9f3c2a71",
@@ -223,7 +223,7 @@ def bench_codec() -> dict[str, Any]:
     from cryptography.fernet import Fernet
 
     from harvest_celery import FernetCodec
-    from harvest_celery._payload import Payloads
+    from harvest_celery._payloads.pipeline import Payloads
 
     data = representative_event()
     size = len(json.dumps(data, separators=(",", ":")).encode())
@@ -297,7 +297,7 @@ def harvest_run(steps: int) -> tuple[float, list[float], float]:
     """One workflow: client wall seconds, per-step intervals (from the history) and the
     server-side span WorkflowStarted → WorkflowCompleted."""
     from benchmarks.app import harvest
-    from harvest_celery import _events as ev
+    from harvest_celery._core import events as ev
 
     t0 = time.perf_counter()
     execution_id = harvest.start_workflow("bench_seq", steps)
@@ -326,7 +326,7 @@ def _phases(history: list[Any]) -> None:
     * dispatch_claim: ActivityScheduled → ActivityStarted = the decision commit + relay +
       activity broker hop + the claim's lock and checks;
     * body_complete: ActivityStarted → ActivityCompleted = the claim commit + the body."""
-    from harvest_celery import _events as ev
+    from harvest_celery._core import events as ev
 
     previous = None
     scheduled = started = None

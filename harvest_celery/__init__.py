@@ -1,9 +1,9 @@
 """harvest-celery: durable workflows, sagas and DAGs on the Celery you already run."""
 
-from ._client import Harvest, configure_celery
-from ._codec import FernetCodec, PayloadCodecError
-from ._context import WorkflowContext
-from ._dag import (
+from harvest_celery._client import Harvest, configure_celery
+from harvest_celery._payloads.codec import FernetCodec, PayloadCodecError
+from harvest_celery._core.context import WorkflowContext
+from harvest_celery._dag.builder import (
     CollectAll,
     CompensatorNameCollidesWithNode,
     DagBuilder,
@@ -13,7 +13,7 @@ from ._dag import (
     UnregisteredActivity,
     dag,
 )
-from ._errors import (
+from harvest_celery._errors import (
     ActivityError,
     Cancelled,
     DuplicateRegistration,
@@ -32,10 +32,10 @@ from ._errors import (
     WorkflowCancelledError,
     WorkflowFailed,
 )
-from ._payload_store import FileSystemPayloadStore, PayloadStoreError, PostgresPayloadStore
-from ._registry import activity, workflow
-from ._retry import RetryPolicy
-from ._saga import Saga
+from harvest_celery._payloads.stores import FileSystemPayloadStore, PayloadStoreError, PostgresPayloadStore
+from harvest_celery._core.registry import activity, workflow
+from harvest_celery._core.retry import RetryPolicy
+from harvest_celery._core.saga import Saga
 
 __version__ = "0.1.0"
 

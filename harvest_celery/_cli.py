@@ -26,10 +26,10 @@ import sys
 import tempfile
 from typing import Any
 
-from ._client import Harvest
-from ._errors import HarvestError, WorkflowCancelledError, WorkflowFailed
-from ._store import Store
-from ._timeline import render_status, render_timeline
+from harvest_celery._client import Harvest
+from harvest_celery._errors import HarvestError, WorkflowCancelledError, WorkflowFailed
+from harvest_celery._store.store import Store
+from harvest_celery._core.timeline import render_status, render_timeline
 
 PROG = "harvest"
 
@@ -251,7 +251,7 @@ def _safe_url(url: str) -> str:
 
 # ── commands ─────────────────────────────────────────────────────────────────────────────────
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from ._migrate import upgrade
+    from harvest_celery._store.migrate import upgrade
 
     url = _database_url(args)
     upgrade(url, args.revision)
@@ -395,7 +395,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     try:
         import uvicorn
 
-        from ._api import create_app
+        from harvest_celery._web.api import create_app
     except ImportError as exc:
         raise CliError(f"'{PROG} api' needs the api extra (pip install 'harvest-celery[api]'): {exc}") from None
     if not os.environ.get("HARVEST_API_TOKEN"):
@@ -406,7 +406,7 @@ def cmd_api(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ._demo import run_demo
+    from harvest_celery._demo import run_demo
 
     return run_demo(sys.stdout, keep=args.keep)
 

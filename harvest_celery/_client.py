@@ -8,22 +8,22 @@ import time
 import uuid
 from typing import Any
 
-from . import _events as ev
-from . import _store_ops as ops
-from ._engine import EngineConfig
-from ._errors import (
+from harvest_celery._core import events as ev
+from harvest_celery._store import runs as ops
+from harvest_celery._core.engine import EngineConfig
+from harvest_celery._errors import (
     ExecutionNotFound,
     InvalidState,
     UnknownWorkflow,
     WorkflowCancelledError,
     WorkflowFailed,
 )
-from ._lifecycle import CANCELLED, COMPLETED, RUNNING, TERMINAL_STATUSES
-from ._payload import Payloads, check_json
-from ._registry import ActivityDefinition, Registry, register_into
-from ._retry import DEFAULT_RETRY, RetryPolicy
-from ._runtime import InlineDispatcher, Runtime, Settings
-from ._store import DECIDE_TASK, Execution, Store, Timings, utcnow
+from harvest_celery._core.lifecycle import CANCELLED, COMPLETED, RUNNING, TERMINAL_STATUSES
+from harvest_celery._payloads.pipeline import Payloads, check_json
+from harvest_celery._core.registry import ActivityDefinition, Registry, register_into
+from harvest_celery._core.retry import DEFAULT_RETRY, RetryPolicy
+from harvest_celery._runtime.runtime import InlineDispatcher, Runtime, Settings
+from harvest_celery._store.store import DECIDE_TASK, Execution, Store, Timings, utcnow
 
 log = logging.getLogger("harvest_celery")
 
@@ -56,7 +56,7 @@ class Harvest:
         self.celery_app = celery_app
         self._inline: InlineDispatcher | None = None
         if celery_app is not None:
-            from ._celery import CeleryDispatcher, install
+            from harvest_celery._runtime.celery import CeleryDispatcher, install
 
             install(celery_app, self.runtime)
             self.runtime.dispatcher = CeleryDispatcher(celery_app)
@@ -90,7 +90,7 @@ class Harvest:
         """Register decorated workflows, DAGs and activities (or whole modules of them)."""
         register_into(self.registry, objects)
         if self.celery_app is not None:
-            from ._celery import register_activity
+            from harvest_celery._runtime.celery import register_activity
 
             for definition in self.registry.activities.values():
                 register_activity(self.celery_app, self.runtime, definition)
@@ -104,13 +104,13 @@ class Harvest:
                                         adopted=True)
         self.registry.add_activity(definition)
         if self.celery_app is not None:
-            from ._adopt import adopt
+            from harvest_celery._runtime.adopt import adopt
 
             adopt(self.celery_app, self.runtime, definition)
 
     def migrate(self) -> None:
         """Bring the schema to the latest Alembic revision."""
-        from ._migrate import upgrade
+        from harvest_celery._store.migrate import upgrade
 
         upgrade(self.database_url)
 
@@ -158,13 +158,13 @@ class Harvest:
     def _preflight(self, name: str) -> None:
         definition = self.registry.workflow(name)
         if definition.kind == "dag":
-            from ._dag import preflight
+            from harvest_celery._dag.builder import preflight
 
             preflight(definition.extra, self.registry)
 
     def preflight(self) -> None:
         """Every DAG's activities and compensators are registered (run at worker boot)."""
-        from ._dag import preflight_all
+        from harvest_celery._dag.builder import preflight_all
 
         preflight_all(self.registry)
 
@@ -210,7 +210,7 @@ class Harvest:
         compensation unwind, or whose payloads were erased; ``UnknownNode``; and a payload error
         when the history cannot be fully decoded (it fails closed).
         """
-        from ._dag_retry import COMPENSATED, RetryRefused, compensation_executed, erased_refusal, plan_retry
+        from harvest_celery._dag.retry import COMPENSATED, RetryRefused, compensation_executed, erased_refusal, plan_retry
 
         definition = self.registry.workflow(dag_name)
         if definition.kind != "dag":

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from ._client import Harvest
-from ._errors import HarvestError
-from ._timeline import render_status, render_timeline
+from harvest_celery._client import Harvest
+from harvest_celery._errors import HarvestError
+from harvest_celery._core.timeline import render_status, render_timeline
 
 CANCEL_NOTE = (
     "known limitation: once WorkflowCancelled is recorded, a durable compensation cannot be "

@@ -1,5 +1,5 @@
 """The operator HTTP API (needs the ``api`` extra): ``create_app(harvest)`` or ``harvest api``."""
 
-from ._api import create_app
+from harvest_celery._web.api import create_app
 
 __all__ = ["create_app"]

@@ -1,6 +1,6 @@
 """The event types of a run's history (``Harvest.history`` returns them inside ``HistoryEvent``)."""
 
-from ._events import (
+from harvest_celery._core.events import (
     ActivityCompleted,
     ActivityFailed,
     ActivityScheduled,

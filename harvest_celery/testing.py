@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from . import _events as ev
-from ._commands import Decision
-from ._engine import Activation, EngineConfig, Session, replay_history
-from ._lifecycle import (
+from harvest_celery._core import events as ev
+from harvest_celery._core.commands import Decision
+from harvest_celery._core.engine import Activation, EngineConfig, Session, replay_history
+from harvest_celery._core.lifecycle import (
     CANCELLED,
     RUNNING,
     TERMINAL_STATUSES,
@@ -29,7 +29,7 @@ from ._lifecycle import (
     status_after_cancel,
     status_for_outcome,
 )
-from ._registry import Registry, register_into
+from harvest_celery._core.registry import Registry, register_into
 
 
 def registry_of(*objects: Any) -> Registry:

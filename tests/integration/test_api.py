@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from harvest_celery._api import create_app
+from harvest_celery._web.api import create_app
 
 from .conftest import wait_for
 

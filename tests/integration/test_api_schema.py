@@ -14,7 +14,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from harvest_celery._api import create_app
+from harvest_celery._web.api import create_app
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from harvest_celery import UnknownWorkflow
-from harvest_celery._store import Store
+from harvest_celery._store.store import Store
 
 from .conftest import effects, wait_for
 

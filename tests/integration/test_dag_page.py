@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 import pytest
 import uvicorn
 
-from harvest_celery._api import create_app
+from harvest_celery._web.api import create_app
 from harvest_celery._errors import WorkflowFailed
 
 pytestmark = pytest.mark.integration

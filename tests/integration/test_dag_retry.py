@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harvest_celery import WorkflowFailed
-from harvest_celery._dag_retry import COMPENSATED, RetryRefused
+from harvest_celery._dag.retry import COMPENSATED, RetryRefused
 
 from .conftest import effects, wait_for
 
@@ -89,7 +89,7 @@ def test_retry_refuses_an_erased_run_even_without_compensators(harvest, workers,
 def test_erasure_landing_between_the_preflight_and_the_forks_lock_is_refused(harvest, workers, redis_client,
                                                                             tag, monkeypatch):
     source = failed_run(harvest, "retryable", {"tag": tag})
-    import harvest_celery._dag_retry as dag_retry
+    import harvest_celery._dag.retry as dag_retry
 
     real_plan = dag_retry.plan_retry
 
@@ -108,7 +108,7 @@ def test_erasure_landing_between_the_preflight_and_the_forks_lock_is_refused(har
 
 
 def test_retry_refuses_running_and_completed_runs_and_unknown_nodes(harvest, workers, redis_client, tag):
-    from harvest_celery._dag_retry import UnknownNode
+    from harvest_celery._dag.retry import UnknownNode
 
     run_id = harvest.start_workflow("cancellable", {"tag": tag, "slow": "cx_slow"})
     wait_for(lambda: "cx_slow" in ran(redis_client, tag), what="the slow node")

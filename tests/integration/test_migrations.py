@@ -7,8 +7,8 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from harvest_celery._migrate import downgrade, upgrade
-from harvest_celery._schema import metadata
+from harvest_celery._store.migrate import downgrade, upgrade
+from harvest_celery._store.schema import metadata
 
 from .conftest import ADMIN_URL
 

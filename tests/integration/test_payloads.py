@@ -26,7 +26,7 @@ from harvest_celery import (
     activity,
     workflow,
 )
-from harvest_celery._schema import activity_tasks, blobs, events, executions
+from harvest_celery._store.schema import activity_tasks, blobs, events, executions
 
 from .conftest import DATABASE_URL
 

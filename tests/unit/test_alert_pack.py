@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from harvest_celery._metrics import _SPECS
+from harvest_celery._runtime.metrics import _SPECS
 
 ROOT = Path(__file__).resolve().parents[2]
 PACK = ROOT / "docs" / "alerts" / "starter-pack-v0.1.0.json"

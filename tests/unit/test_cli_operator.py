@@ -10,8 +10,8 @@ import pytest
 import sqlalchemy as sa
 
 from harvest_celery._cli import main
-from harvest_celery._schema import executions
-from harvest_celery._store import Store, utcnow
+from harvest_celery._store.schema import executions
+from harvest_celery._store.store import Store, utcnow
 
 APP = "tests.unit.cli_operator_app"
 
@@ -245,7 +245,7 @@ def test_purge_deletes_old_terminal_runs_only(app, db, capsys):
     assert out.strip() == f"purged 1 runs closed more than 30 days ago: {events} events, 0 blobs"
     assert set(snapshot(db)) == {recent, live}
     with app.harvest.store.engine.connect() as conn:
-        from harvest_celery._schema import events as events_table
+        from harvest_celery._store.schema import events as events_table
 
         left = conn.execute(sa.select(sa.func.count()).select_from(events_table)
                             .where(events_table.c.execution_id == old)).scalar_one()

@@ -7,8 +7,8 @@ from datetime import datetime, timezone
 import pytest
 
 from harvest_celery import DagBuilder, activity, dag
-from harvest_celery._dag_retry import UnknownNode, compensation_executed, plan_retry
-from harvest_celery._events import (
+from harvest_celery._dag.retry import UnknownNode, compensation_executed, plan_retry
+from harvest_celery._core.events import (
     ActivityCompleted,
     ActivityFailed,
     ActivityScheduled,
@@ -153,8 +153,8 @@ def test_in_a_forked_run_a_compensation_of_a_carried_node_is_still_a_compensatio
 
 
 def test_the_run_graph_of_a_forked_run_shows_carried_nodes_succeeded():
-    from harvest_celery._rungraph import build_run_graph
-    from harvest_celery._store import Execution
+    from harvest_celery._dag.graph import build_run_graph
+    from harvest_celery._store.store import Execution
 
     h = history(WorkflowStarted("chain", {"k": 1}, {"a": {"input": {}, "output": "A"},
                                                     "side": {"input": {}, "output": "S"}}, "src"),

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from celery import Celery
 
-from harvest_celery._celery import CeleryDispatcher
-from harvest_celery._store import TIME_LIMIT_HEADER, OutboxMessage
+from harvest_celery._runtime.celery import CeleryDispatcher
+from harvest_celery._store.store import TIME_LIMIT_HEADER, OutboxMessage
 
 
 class RecordingApp(Celery):  # a real Celery app whose broker call is recorded, not made
@@ -29,7 +29,7 @@ def test_a_deadline_becomes_soft_and_hard_time_limits():
 
 def test_a_dag_nodes_start_to_close_override_reaches_the_message(tmp_path):
     from harvest_celery import DagBuilder, Harvest, activity, dag
-    from harvest_celery._runtime import InlineDispatcher
+    from harvest_celery._runtime.runtime import InlineDispatcher
 
     @activity(name="no_deadline")
     def no_deadline(x):

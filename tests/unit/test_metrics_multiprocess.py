@@ -12,14 +12,14 @@ import textwrap
 def test_counters_from_several_processes_are_aggregated(tmp_path):
     env = dict(os.environ, PROMETHEUS_MULTIPROC_DIR=str(tmp_path))
     child = textwrap.dedent("""
-        from harvest_celery._metrics import METRICS
+        from harvest_celery._runtime.metrics import METRICS
         METRICS.inc("saga_compensated", {"workflow": "checkout"})
         METRICS.inc("saga_compensated", {"workflow": "checkout"})
     """)
     for _ in range(3):  # three "pool children"
         subprocess.run([sys.executable, "-c", child], env=env, check=True)
     reader = textwrap.dedent("""
-        from harvest_celery._metrics import exposition
+        from harvest_celery._runtime.metrics import exposition
         print(exposition()[0].decode())
     """)
     text = subprocess.run([sys.executable, "-c", reader], env=env, check=True, capture_output=True,

@@ -6,8 +6,8 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from harvest_celery._migrate import upgrade
-from harvest_celery._schema import metadata
+from harvest_celery._store.migrate import upgrade
+from harvest_celery._store.schema import metadata
 
 
 def test_migrating_an_empty_sqlite_database_gives_the_models_schema(tmp_path):

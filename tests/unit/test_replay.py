@@ -25,9 +25,9 @@ from harvest_celery import (
     activity,
     workflow,
 )
-from harvest_celery import _events as ev
-from harvest_celery._commands import RecordMarker, ScheduleActivity, StartTimer
-from harvest_celery._engine import EngineConfig
+from harvest_celery._core import events as ev
+from harvest_celery._core.commands import RecordMarker, ScheduleActivity, StartTimer
+from harvest_celery._core.engine import EngineConfig
 from harvest_celery.testing import Simulator
 
 
@@ -633,7 +633,7 @@ async def big_then_small(ctx, blob):
 
 
 def test_lowering_the_cap_never_strands_a_dispatch_already_recorded():
-    from harvest_celery._engine import EngineConfig
+    from harvest_celery._core.engine import EngineConfig
 
     sim = Simulator(big_then_small, upload, notify_done, config=EngineConfig(max_activity_input_bytes=1_000_000))
     run = sim.start("big_then_small", "x" * 50_000)
@@ -667,7 +667,7 @@ async def patched_after_cancel(ctx, _):
 
 
 def test_patched_after_a_cancel_reads_back_what_the_post_cancel_decision_recorded():
-    from harvest_celery._events import ActivityCompleted
+    from harvest_celery._core.events import ActivityCompleted
 
     sim = Simulator(patched_after_cancel, pa, pb)
     run = sim.start("patched_after_cancel")

@@ -7,9 +7,9 @@ import typing
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from harvest_celery import _events as ev
-from harvest_celery._dag import CollectAll, DagBuilder, FailFast, build
-from harvest_celery._rungraph import (
+from harvest_celery._core import events as ev
+from harvest_celery._dag.builder import CollectAll, DagBuilder, FailFast, build
+from harvest_celery._dag.graph import (
     NODE_STATUSES,
     build_run_graph,
     first_line,
@@ -18,7 +18,7 @@ from harvest_celery._rungraph import (
     latest_scheduled,
     node_outcome,
 )
-from harvest_celery._store import Execution
+from harvest_celery._store.store import Execution
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 SECRET = "card-4242-secret"
@@ -273,8 +273,8 @@ def test_run_fields_come_from_the_execution():
 
 
 def test_the_api_models_name_the_same_statuses():
-    from harvest_celery import _api
-    from harvest_celery._lifecycle import TERMINAL_STATUSES
+    from harvest_celery._web import api as _api
+    from harvest_celery._core.lifecycle import TERMINAL_STATUSES
 
     assert typing.get_args(_api.NodeStatus) == NODE_STATUSES
     assert set(typing.get_args(_api.Status)) == {"RUNNING", *TERMINAL_STATUSES}

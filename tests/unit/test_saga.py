@@ -17,8 +17,8 @@ from harvest_celery import (
     activity,
     workflow,
 )
-from harvest_celery import _events as ev
-from harvest_celery._commands import RecordMarker
+from harvest_celery._core import events as ev
+from harvest_celery._core.commands import RecordMarker
 from harvest_celery.testing import Simulator
 
 COMPENSATED, FAILED_METRIC = "saga_compensated", "saga_compensation_failed"

@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 
 from harvest_celery import Harvest, InvalidState, RetryPolicy, Saga, WorkflowContext, activity, workflow
-from harvest_celery._runtime import InlineDispatcher
-from harvest_celery._store import utcnow
+from harvest_celery._runtime.runtime import InlineDispatcher
+from harvest_celery._store.store import utcnow
 
 SEEN: list = []
 
@@ -168,7 +168,7 @@ def test_a_body_without_start_to_close_keeps_its_lease_alive_while_it_runs(tmp_p
     import threading
     import time
 
-    from harvest_celery._store import Timings
+    from harvest_celery._store.store import Timings
 
     h = Harvest(f"sqlite:///{tmp_path / 'l.db'}", timings=Timings(default_lease=0.15))
     h.register(long_body, slow_no_deadline)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from . import _events as ev
-from ._commands import (
+from harvest_celery._core import events as ev
+from harvest_celery._core.commands import (
     Command,
     Completed,
     Decision,
@@ -35,10 +35,10 @@ from ._commands import (
     ScheduleActivity,
     StartTimer,
 )
-from ._errors import ActivityError, HarvestError, NonDeterministic, NotInWorkflow
-from ._payload import check_cap, check_json
-from ._registry import Registry, WorkflowDefinition
-from ._retry import RetryPolicy
+from harvest_celery._errors import ActivityError, HarvestError, NonDeterministic, NotInWorkflow
+from harvest_celery._payloads.pipeline import check_cap, check_json
+from harvest_celery._core.registry import Registry, WorkflowDefinition
+from harvest_celery._core.retry import RetryPolicy
 
 
 @dataclass(frozen=True)
@@ -439,7 +439,7 @@ class Session:
     to a full replay, which is always correct."""
 
     def __init__(self, definition: WorkflowDefinition, activation: Activation, registry: Registry) -> None:
-        from ._context import WorkflowContext
+        from harvest_celery._core.context import WorkflowContext
 
         self.replay = replay = Replay(definition, activation, registry)
         started = replay.events[0]

@@ -16,8 +16,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from ._context import WorkflowContext
-from ._errors import Cancelled, NonDeterministic, SagaCompensationFailed
+from harvest_celery._core.context import WorkflowContext
+from harvest_celery._errors import Cancelled, NonDeterministic, SagaCompensationFailed
 
 MANUAL_COMPENSATION = "manual compensation requested"
 

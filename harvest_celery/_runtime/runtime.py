@@ -20,11 +20,11 @@ from datetime import timedelta
 from functools import partial
 from typing import Any, Protocol
 
-from ._engine import Activation, EngineConfig, Session
-from ._metrics import METRICS
-from ._payload import check_json
-from ._registry import Registry
-from ._store import Claim, OutboxMessage, Store, Timings, Tx, utcnow
+from harvest_celery._core.engine import Activation, EngineConfig, Session
+from harvest_celery._runtime.metrics import METRICS
+from harvest_celery._payloads.pipeline import check_json
+from harvest_celery._core.registry import Registry
+from harvest_celery._store.store import Claim, OutboxMessage, Store, Timings, Tx, utcnow
 
 log = logging.getLogger("harvest_celery")
 

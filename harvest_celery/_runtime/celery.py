@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery, Task, signals
 from celery.exceptions import SoftTimeLimitExceeded
 
-from ._registry import ActivityDefinition
-from ._store import DECIDE_TASK, TIME_LIMIT_HEADER, Claim, OutboxMessage
+from harvest_celery._core.registry import ActivityDefinition
+from harvest_celery._store.store import DECIDE_TASK, TIME_LIMIT_HEADER, Claim, OutboxMessage
 
 if TYPE_CHECKING:
-    from ._runtime import Runtime, Sweeper
+    from harvest_celery._runtime.runtime import Runtime, Sweeper
 
 log = logging.getLogger("harvest_celery")
 
@@ -114,7 +114,7 @@ def install(app: Celery, runtime: Runtime) -> None:
     sweeper_holder: list[Sweeper] = []
 
     def _start_sweeper(sender: Any = None, **_kw: Any) -> None:
-        from ._runtime import Sweeper
+        from harvest_celery._runtime.runtime import Sweeper
 
         consumer = getattr(sender, "app", None)
         if consumer is not app:
@@ -126,7 +126,7 @@ def install(app: Celery, runtime: Runtime) -> None:
             log.info("harvest sweeper started (decision queue %r)", runtime.settings.decision_queue)
         port = os.environ.get("HARVEST_METRICS_PORT")
         if port:
-            from ._metrics import serve
+            from harvest_celery._runtime.metrics import serve
 
             try:
                 serve(int(port), os.environ.get("HARVEST_METRICS_ADDR", "127.0.0.1"))
@@ -136,7 +136,7 @@ def install(app: Celery, runtime: Runtime) -> None:
     signals.worker_ready.connect(_start_sweeper, weak=False)
 
     def _preflight(sender: Any = None, **_kw: Any) -> None:
-        from ._dag import preflight_all
+        from harvest_celery._dag.builder import preflight_all
 
         if getattr(sender, "app", None) is not app:
             return

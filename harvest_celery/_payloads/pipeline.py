@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any
 
-from ._errors import PayloadNotSerializable, PayloadTooLarge
+from harvest_celery._errors import PayloadNotSerializable, PayloadTooLarge
 
 
 def _reject_nan(value: float) -> float:
@@ -99,7 +99,7 @@ class Payloads:
     """
 
     def __init__(self, codec: Any = None, store: Any = None, offload_threshold: int | None = None) -> None:
-        from ._codec import CodecChain
+        from harvest_celery._payloads.codec import CodecChain
 
         self.codec = codec if isinstance(codec, CodecChain) else CodecChain([codec] if codec else [])
         self.store = store
@@ -112,14 +112,14 @@ class Payloads:
         if self.offload_threshold is not None:
             text = dumps(encoded, key)
             if len(text.encode()) > self.offload_threshold:
-                from ._payload_store import OFFLOAD_KEY
+                from harvest_celery._payloads.stores import OFFLOAD_KEY
 
                 self.store.put(key, text.encode())
                 return {OFFLOAD_KEY: 1, "store_id": self.store.store_id, "key": key}
         return encoded
 
     def decode_value(self, value: Any) -> Any:
-        from ._payload_store import PayloadStoreError, is_reference
+        from harvest_celery._payloads.stores import PayloadStoreError, is_reference
 
         if is_reference(value):
             key, store_id = str(value.get("key")), str(value.get("store_id"))

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
-from ._context import WorkflowContext
-from ._errors import ActivityError, HarvestError, PayloadTooLarge
-from ._payload import check_cap, check_json
-from ._registry import Registry, WorkflowDefinition, activity_name
-from ._retry import RetryPolicy
-from ._saga import Saga
+from harvest_celery._core.context import WorkflowContext
+from harvest_celery._errors import ActivityError, HarvestError, PayloadTooLarge
+from harvest_celery._payloads.pipeline import check_cap, check_json
+from harvest_celery._core.registry import Registry, WorkflowDefinition, activity_name
+from harvest_celery._core.retry import RetryPolicy
+from harvest_celery._core.saga import Saga
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -22,20 +22,20 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from . import _events as ev
-from . import _store_ops as ops
-from ._commands import Decision, ScheduleActivity, StartTimer
-from ._errors import ExecutionAlreadyExists, ExecutionNotFound, HarvestError, InvalidState
-from ._lifecycle import (
+from harvest_celery._core import events as ev
+from harvest_celery._store import runs as ops
+from harvest_celery._core.commands import Decision, ScheduleActivity, StartTimer
+from harvest_celery._errors import ExecutionAlreadyExists, ExecutionNotFound, HarvestError, InvalidState
+from harvest_celery._core.lifecycle import (
     RUNNING,
     TERMINAL_STATUSES,
     decision_events,
     status_after_cancel,
     status_for_outcome,
 )
-from ._payload import EXECUTION_PAYLOAD_COLUMNS, Payloads
-from ._registry import Registry
-from ._schema import activity_tasks, events, executions, outbox, timers
+from harvest_celery._payloads.pipeline import EXECUTION_PAYLOAD_COLUMNS, Payloads
+from harvest_celery._core.registry import Registry
+from harvest_celery._store.schema import activity_tasks, events, executions, outbox, timers
 
 DECIDE_TASK = "harvest.decide"
 TIME_LIMIT_HEADER = "harvest_time_limit"
@@ -564,7 +564,7 @@ class Tx:
                       message: str, now: datetime, decision_queue: str) -> str:
         """Record a failed attempt: schedule a retry (no event) or fail for good. Returns
         ``"retry"``, ``"failed"`` or ``"ignored"``."""
-        from ._retry import RetryPolicy
+        from harvest_celery._core.retry import RetryPolicy
 
         found = self._running_task(execution_id, activity_id)
         if found is None:

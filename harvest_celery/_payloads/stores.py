@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import sqlalchemy as sa
 
-from ._errors import HarvestError
-from ._schema import blobs
+from harvest_celery._errors import HarvestError
+from harvest_celery._store.schema import blobs
 
 OFFLOAD_KEY = "_harvest_offload_envelope"
 

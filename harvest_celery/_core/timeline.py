@@ -10,7 +10,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from . import _events as ev
+from harvest_celery._core import events as ev
 
 MAX_VALUE = 60  # characters of a payload shown inline
 

@@ -18,10 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _events as ev
-from ._dag import CollectAll, DagDefinition
-from ._errors import HarvestError
-from ._rungraph import forward_dispatches
+from harvest_celery._core import events as ev
+from harvest_celery._dag.builder import CollectAll, DagDefinition
+from harvest_celery._errors import HarvestError
+from harvest_celery._dag.graph import forward_dispatches
 
 COMPENSATED = (
     "this run already executed its compensation unwind, so its succeeded nodes' side effects were "

@@ -1,9 +1,9 @@
-"""Alembic environment for harvest-celery (run through harvest_celery._migrate)."""
+"""Alembic environment for harvest-celery (run through harvest_celery._store.migrate)."""
 
 from alembic import context
 from sqlalchemy import create_engine, pool
 
-from harvest_celery._schema import metadata
+from harvest_celery._store.schema import metadata
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or ""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
 
-from ._errors import HarvestError
+from harvest_celery._errors import HarvestError
 
 EVENT_VERSION = 1
 

@@ -26,11 +26,11 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
-from . import _events as ev
-from ._errors import ExecutionNotFound, HarvestError, RegistrationError
-from ._payload import storable_text
-from ._rungraph import build_run_graph, forward_dispatches, is_compensation_dispatch
-from ._timeline import render_timeline
+from harvest_celery._core import events as ev
+from harvest_celery._errors import ExecutionNotFound, HarvestError, RegistrationError
+from harvest_celery._payloads.pipeline import storable_text
+from harvest_celery._dag.graph import build_run_graph, forward_dispatches, is_compensation_dispatch
+from harvest_celery._core.timeline import render_timeline
 
 COMPENSATED = "compensated"
 COMPENSATION_FAILED = "compensation failed"

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery, signals
 
-from ._registry import ActivityDefinition
+from harvest_celery._core.registry import ActivityDefinition
 
 if TYPE_CHECKING:
-    from ._runtime import Runtime
+    from harvest_celery._runtime.runtime import Runtime
 
 log = logging.getLogger("harvest_celery")
 

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from . import _events as ev
-from ._dag import ENVELOPE_KEYS, CollectAll, DagDefinition, Node
-from ._lifecycle import TERMINAL_STATUSES
-from ._store import Execution
+from harvest_celery._core import events as ev
+from harvest_celery._dag.builder import ENVELOPE_KEYS, CollectAll, DagDefinition, Node
+from harvest_celery._core.lifecycle import TERMINAL_STATUSES
+from harvest_celery._store.store import Execution
 
 ERROR_MAX_CHARS = 200
 TIMEOUT_ERROR_TYPE = "StartToCloseTimeout"

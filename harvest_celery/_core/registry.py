@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
-from ._errors import DuplicateRegistration, UnknownActivity, UnknownWorkflow
-from ._retry import DEFAULT_RETRY, RetryPolicy
+from harvest_celery._errors import DuplicateRegistration, UnknownActivity, UnknownWorkflow
+from harvest_celery._core.retry import DEFAULT_RETRY, RetryPolicy
 
 F = TypeVar("F", bound=Callable[..., Any])
 

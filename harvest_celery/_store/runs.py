@@ -11,31 +11,31 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from . import _events as ev
-from ._commands import ScheduleActivity
-from ._errors import ExecutionAlreadyExists, InvalidState
-from ._lifecycle import RUNNING, TERMINAL_STATUSES, TERMINATED
-from ._payload import ERASED, EXECUTION_PAYLOAD_COLUMNS, PAYLOAD_FIELDS, is_erased, references
-from ._registry import Registry
-from ._schema import activity_tasks, events, executions, outbox, timers
+from harvest_celery._core import events as ev
+from harvest_celery._core.commands import ScheduleActivity
+from harvest_celery._errors import ExecutionAlreadyExists, InvalidState
+from harvest_celery._core.lifecycle import RUNNING, TERMINAL_STATUSES, TERMINATED
+from harvest_celery._payloads.pipeline import ERASED, EXECUTION_PAYLOAD_COLUMNS, PAYLOAD_FIELDS, is_erased, references
+from harvest_celery._core.registry import Registry
+from harvest_celery._store.schema import activity_tasks, events, executions, outbox, timers
 
 ERASED_TEXT = "[erased]"
 
 if TYPE_CHECKING:
-    from ._store import Tx
+    from harvest_celery._store.store import Tx
 
 # ── the fork mechanism (retry-from-node, reset) and operator actions ─────────────────────
 def _seal_for_fork(tx: Tx, source_id: str, new_id: str, now: datetime, *, once: bool = False) -> Any:
     """Lock the source and recheck erasure under that lock, before a single event is copied:
     an erasure either committed before the lock (refused here) or queues behind it."""
-    from ._dag_retry import erased_refusal
+    from harvest_celery._dag.retry import erased_refusal
 
     row = tx.lock_existing(source_id)
     m = row._mapping
     if m["erased_at"] is not None or is_erased(m["input"]):
         raise erased_refusal(source_id)
     if once and m["forked_to"] is not None:
-        from ._dag_retry import RetryRefused
+        from harvest_celery._dag.retry import RetryRefused
 
         # a double click or a client retrying its request must not fork twice
         raise RetryRefused(source_id, "retried", f"run {source_id} was already retried as "

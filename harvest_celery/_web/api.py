@@ -29,24 +29,24 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import _events as ev
-from ._client import Harvest
-from ._codec import PayloadCodecError
-from ._dag_retry import RetryRefused
-from ._errors import (
+from harvest_celery._core import events as ev
+from harvest_celery._client import Harvest
+from harvest_celery._payloads.codec import PayloadCodecError
+from harvest_celery._dag.retry import RetryRefused
+from harvest_celery._errors import (
     ExecutionAlreadyExists,
     ExecutionNotFound,
     HarvestError,
     InvalidState,
     RegistrationError,
 )
-from ._metrics import exposition
-from ._page import register_pages
-from ._payload import check_storable
-from ._payload import storable_text as _storable_text
-from ._payload_store import PayloadStoreError
-from ._rungraph import build_run_graph
-from ._store import Execution
+from harvest_celery._runtime.metrics import exposition
+from harvest_celery._web.pages import register_pages
+from harvest_celery._payloads.pipeline import check_storable
+from harvest_celery._payloads.pipeline import storable_text as _storable_text
+from harvest_celery._payloads.stores import PayloadStoreError
+from harvest_celery._dag.graph import build_run_graph
+from harvest_celery._store.store import Execution
 
 TOKEN_ENV = "HARVEST_API_TOKEN"
 MAX_ID_LENGTH = 200

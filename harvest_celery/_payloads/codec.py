@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from ._errors import HarvestError
+from harvest_celery._errors import HarvestError
 
 CODEC_KEY = "_harvest_codec"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._retry import RetryPolicy
+from harvest_celery._core.retry import RetryPolicy
 
 
 @dataclass(frozen=True)

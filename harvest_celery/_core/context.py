@@ -12,11 +12,11 @@ from collections.abc import Awaitable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ._errors import Cancelled
-from ._registry import activity_name
+from harvest_celery._errors import Cancelled
+from harvest_celery._core.registry import activity_name
 
 if TYPE_CHECKING:
-    from ._engine import Replay, WorkflowInfo, _Future
+    from harvest_celery._core.engine import Replay, WorkflowInfo, _Future
 
 
 class WorkflowContext:
@@ -55,7 +55,7 @@ class WorkflowContext:
         The first failure in argument order is then raised.
         """
         self._replay.check_running("ctx.gather")
-        from ._engine import _Future
+        from harvest_celery._core.engine import _Future
 
         futures = [self._replay.spawn(a) for a in awaitables]
         if futures:
