@@ -1,21 +1,17 @@
 """harvest-celery: durable workflows, sagas and DAGs on the Celery you already run."""
 
 from harvest_celery._client import Harvest, configure_celery
-from harvest_celery._payloads.codec import FernetCodec, PayloadCodecError
 from harvest_celery._core.context import WorkflowContext
-from harvest_celery._dag.builder import (
-    CollectAll,
-    CompensatorNameCollidesWithNode,
-    DagBuilder,
-    DagBuildError,
-    DagTaskFailed,
-    FailFast,
-    UnregisteredActivity,
-    dag,
-)
+from harvest_celery._core.registry import activity, workflow
+from harvest_celery._core.retry import RetryPolicy
+from harvest_celery._core.saga import Saga
+from harvest_celery._dag.builder import CollectAll, DagBuilder, FailFast, dag
 from harvest_celery._errors import (
     ActivityError,
     Cancelled,
+    CompensatorNameCollidesWithNode,
+    DagBuildError,
+    DagTaskFailed,
     DuplicateRegistration,
     ExecutionAlreadyExists,
     ExecutionNotFound,
@@ -23,19 +19,25 @@ from harvest_celery._errors import (
     InvalidState,
     NonDeterministic,
     NotInWorkflow,
+    PayloadCodecError,
     PayloadNotSerializable,
+    PayloadStoreError,
     PayloadTooLarge,
     RegistrationError,
+    RetryRefused,
     SagaCompensationFailed,
+    StartToCloseTimeout,
     UnknownActivity,
+    UnknownEventType,
+    UnknownNode,
     UnknownWorkflow,
+    UnregisteredActivity,
     WorkflowCancelledError,
     WorkflowFailed,
 )
-from harvest_celery._payloads.stores import FileSystemPayloadStore, PayloadStoreError, PostgresPayloadStore
-from harvest_celery._core.registry import activity, workflow
-from harvest_celery._core.retry import RetryPolicy
-from harvest_celery._core.saga import Saga
+from harvest_celery._payloads.codec import FernetCodec
+from harvest_celery._payloads.stores import FileSystemPayloadStore
+from harvest_celery._store.blobs import PostgresPayloadStore
 
 __version__ = "0.1.0"
 
@@ -50,9 +52,9 @@ __all__ = [
     "DuplicateRegistration",
     "ExecutionAlreadyExists",
     "ExecutionNotFound",
+    "FailFast",
     "FernetCodec",
     "FileSystemPayloadStore",
-    "FailFast",
     "Harvest",
     "HarvestError",
     "InvalidState",
@@ -65,9 +67,13 @@ __all__ = [
     "PostgresPayloadStore",
     "RegistrationError",
     "RetryPolicy",
+    "RetryRefused",
     "Saga",
     "SagaCompensationFailed",
+    "StartToCloseTimeout",
     "UnknownActivity",
+    "UnknownEventType",
+    "UnknownNode",
     "UnknownWorkflow",
     "UnregisteredActivity",
     "WorkflowCancelledError",

@@ -27,9 +27,9 @@ import tempfile
 from typing import Any
 
 from harvest_celery._client import Harvest
+from harvest_celery._core.timeline import render_status, render_timeline
 from harvest_celery._errors import HarvestError, WorkflowCancelledError, WorkflowFailed
 from harvest_celery._store.store import Store
-from harvest_celery._core.timeline import render_status, render_timeline
 
 PROG = "harvest"
 

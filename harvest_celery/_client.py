@@ -9,8 +9,11 @@ import uuid
 from typing import Any
 
 from harvest_celery._core import events as ev
-from harvest_celery._store import runs as ops
 from harvest_celery._core.engine import EngineConfig
+from harvest_celery._core.jsonvalues import check_json
+from harvest_celery._core.lifecycle import CANCELLED, COMPLETED, RUNNING, TERMINAL_STATUSES
+from harvest_celery._core.registry import ActivityDefinition, Registry, register_into
+from harvest_celery._core.retry import DEFAULT_RETRY, RetryPolicy
 from harvest_celery._errors import (
     ExecutionNotFound,
     InvalidState,
@@ -18,11 +21,9 @@ from harvest_celery._errors import (
     WorkflowCancelledError,
     WorkflowFailed,
 )
-from harvest_celery._core.lifecycle import CANCELLED, COMPLETED, RUNNING, TERMINAL_STATUSES
-from harvest_celery._payloads.pipeline import Payloads, check_json
-from harvest_celery._core.registry import ActivityDefinition, Registry, register_into
-from harvest_celery._core.retry import DEFAULT_RETRY, RetryPolicy
+from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._runtime.runtime import InlineDispatcher, Runtime, Settings
+from harvest_celery._store import runs as ops
 from harvest_celery._store.store import DECIDE_TASK, Execution, Store, Timings, utcnow
 
 log = logging.getLogger("harvest_celery")
@@ -210,7 +211,13 @@ class Harvest:
         compensation unwind, or whose payloads were erased; ``UnknownNode``; and a payload error
         when the history cannot be fully decoded (it fails closed).
         """
-        from harvest_celery._dag.retry import COMPENSATED, RetryRefused, compensation_executed, erased_refusal, plan_retry
+        from harvest_celery._dag.retry import (
+            COMPENSATED,
+            RetryRefused,
+            compensation_executed,
+            erased_refusal,
+            plan_retry,
+        )
 
         definition = self.registry.workflow(dag_name)
         if definition.kind != "dag":

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from harvest_celery._client import Harvest
-from harvest_celery._errors import HarvestError
 from harvest_celery._core.timeline import render_status, render_timeline
+from harvest_celery._errors import HarvestError
 
 CANCEL_NOTE = (
     "known limitation: once WorkflowCancelled is recorded, a durable compensation cannot be "

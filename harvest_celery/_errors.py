@@ -8,8 +8,12 @@
     ├── SagaCompensationFailed         an unwind finished with compensation errors
     ├── PayloadTooLarge                an activity input over the configured cap
     ├── PayloadNotSerializable         a value that is not JSON
+    ├── PayloadCodecError              an encoded payload cannot be decoded
+    ├── PayloadStoreError              an offloaded payload cannot be inflated
     ├── ActivityError                  an activity failed for good (seen by the workflow)
+    ├── StartToCloseTimeout            an attempt ran past its start_to_close
     ├── WorkflowFailed                 the run ended FAILED (raised by Harvest.result)
+    ├── WorkflowCancelledError         the run was cancelled (raised by Harvest.result)
     ├── RegistrationError
     │   ├── UnknownWorkflow
     │   ├── UnknownActivity
@@ -17,11 +21,18 @@
     ├── NotInWorkflow                  an engine API called outside a workflow
     ├── ExecutionNotFound
     ├── ExecutionAlreadyExists         an id reused for another workflow type
-    └── InvalidState                   an operation the run's status forbids
+    ├── InvalidState                   an operation the run's status forbids
+    ├── UnknownEventType               a history event this build does not know
+    ├── DagBuildError                  build-time DAG misuse (raised at decoration)
+    │   └── CompensatorNameCollidesWithNode
+    ├── UnregisteredActivity           preflight: a DAG names an unregistered activity
+    ├── DagTaskFailed                  a DAG run's terminal failure
+    ├── RetryRefused                   retry-from-node refused (HTTP 409)
+    └── UnknownNode                    retry from a node the DAG does not declare (HTTP 400)
 
 Every error carries structured fields and pickles across processes (``__reduce__``), because
-errors cross Celery. Engine-internal control flow that user code must never see derives from
-``BaseException`` instead (see ``_engine._Suspend``).
+errors cross Celery. This module imports nothing of the package, so every layer may raise
+from it.
 """
 
 from __future__ import annotations
@@ -199,3 +210,80 @@ class InvalidState(HarvestError):
         self.execution_id = execution_id
         self.status = status
         self.operation = operation
+
+
+class PayloadCodecError(HarvestError):
+    """An encoded payload cannot be decoded (unknown codec or key, tampered ciphertext)."""
+
+    def __init__(self, message: str, *, codec: str = "", key_id: str = "") -> None:
+        super().__init__(message)
+        self.codec = codec
+        self.key_id = key_id
+
+
+class PayloadStoreError(HarvestError):
+    """A reference cannot be inflated (foreign store, missing blob, no store configured)."""
+
+    def __init__(self, message: str, *, key: str = "", store_id: str = "") -> None:
+        super().__init__(message)
+        self.key = key
+        self.store_id = store_id
+
+
+class UnknownEventType(HarvestError):
+    def __init__(self, type_name: str) -> None:
+        super().__init__(f"unknown event type {type_name!r} in history (written by a newer build?)")
+        self.type_name = type_name
+
+
+class RetryRefused(HarvestError):
+    """The run cannot be retried (HTTP 409). ``reason``: compensated · erased · running ·
+    completed · retried."""
+
+    def __init__(self, execution_id: str, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.execution_id = execution_id
+        self.reason = reason
+
+
+class UnknownNode(HarvestError):
+    """Retry from a node the DAG does not declare (HTTP 400)."""
+
+    def __init__(self, dag: str, node: str) -> None:
+        super().__init__(f"dag {dag!r} has no node {node!r}")
+        self.dag = dag
+        self.node = node
+
+
+class DagBuildError(HarvestError):
+    """A DAG definition misuses the builder; raised at decoration, before any node runs."""
+
+
+class CompensatorNameCollidesWithNode(DagBuildError):
+    def __init__(self, dag: str, task: str, compensator: str) -> None:
+        super().__init__(
+            f"dag {dag!r}: task {task!r} declares compensator {compensator!r}, which is also the "
+            "name of a forward node; a compensation dispatched under a node's name would be read "
+            "back as that node by the run graph and retry-from-node")
+        self.dag, self.task, self.compensator = dag, task, compensator
+
+
+class UnregisteredActivity(HarvestError):
+    """Preflight: a DAG names an activity (or compensator) that is not registered."""
+
+    def __init__(self, dag: str, task: str, name: str, role: str) -> None:
+        if role == "compensator":
+            message = f"dag '{dag}' references unregistered compensator '{name}' for task '{task}'"
+        else:
+            message = f"dag '{dag}' references unregistered activity '{name}' for task '{task}'"
+        super().__init__(message)
+        self.dag, self.task, self.name, self.role = dag, task, name, role
+
+
+class DagTaskFailed(HarvestError):
+    """The DAG's terminal failure: ``one or more DAG tasks failed``, or the precise cause of a
+    pre-dispatch rejection."""
+
+
+class StartToCloseTimeout(HarvestError):
+    """The attempt ran past its activity's ``start_to_close``."""

@@ -8,26 +8,83 @@ from __future__ import annotations
 
 import random as _random
 import uuid as _uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from harvest_celery._errors import Cancelled
+from harvest_celery._core.futures import Future
 from harvest_celery._core.registry import activity_name
+from harvest_celery._core.retry import RetryPolicy
+from harvest_celery._errors import Cancelled
 
-if TYPE_CHECKING:
-    from harvest_celery._core.engine import Replay, WorkflowInfo, _Future
+
+@dataclass(frozen=True)
+class WorkflowInfo:
+    execution_id: str
+    workflow_type: str
+    started_at: datetime
+    # nodes a DAG retry-from-node carried over from its source run: {node: {input, output}}
+    carried: Mapping[str, Any] = field(default_factory=dict)
+
+
+class ReplayPort(Protocol):
+    """What the context needs from the replay that drives it (``_core.engine.Replay`` implements
+    it). The context depends on this port, never on the engine, so the two form no cycle."""
+
+    cancel: Any
+    current_time: datetime
+    rng: _random.Random
+    compensating: int
+
+    def check_running(self, api: str) -> None: ...
+
+    def schedule_activity(self, name: str, input: Any, queue: str, *,
+                          retry: RetryPolicy | None = None,
+                          start_to_close: float | None = None) -> Future: ...
+
+    def check_inputs(self, name: str, inputs: Sequence[Any]) -> list[Any]: ...
+
+    def start_timer(self, seconds: float) -> Future: ...
+
+    def wait_signal(self, name: str) -> Future: ...
+
+    def spawn(self, awaitable: Awaitable[Any]) -> Future: ...
+
+    def patched(self, patch_id: str) -> bool: ...
+
+    def saga_unwind_started(self, workflow_label: str) -> tuple[int, bool]: ...
+
+    def saga_unwind_failed(self, seq: int) -> None: ...
+
+
+class Unwind:
+    """One compensation unwind in progress (see ``WorkflowContext.unwinding``)."""
+
+    def __init__(self, replay: ReplayPort, seq: int, counted: bool) -> None:
+        self._replay = replay
+        self.seq = seq
+        self.counted = counted
+
+    def failed(self) -> None:
+        """The unwind ended with compensation errors: record ``saga_compensation_failed:{seq}``
+        (a counted unwind only)."""
+        if self.counted:
+            self._replay.saga_unwind_failed(self.seq)
 
 
 class WorkflowContext:
     """Handed to every workflow function as its first argument."""
 
-    def __init__(self, replay: Replay, info: WorkflowInfo) -> None:
+    def __init__(self, replay: ReplayPort, info: WorkflowInfo) -> None:
         self._replay = replay
         self.info = info
 
     # ── activities, timers, signals ─────────────────────────────────────────────────────────
-    def execute_activity(self, activity: Any, input: Any = None, queue: str = "") -> _Future:
+    def execute_activity(self, activity: Any, input: Any = None, queue: str = "", *,
+                         retry: RetryPolicy | None = None,
+                         start_to_close: float | None = None) -> Future:
         """Dispatch an activity (a decorated function or its name) and return an awaitable of its
         output. ``queue`` empty → the activity's default queue → ``"default"``.
 
@@ -35,14 +92,23 @@ class WorkflowContext:
         anything is recorded; awaiting raises ``ActivityError`` if the activity failed for good.
         """
         self._replay.check_running("ctx.execute_activity")
-        return self._replay.schedule_activity(activity_name(activity), input, queue)
+        return self._replay.schedule_activity(activity_name(activity), input, queue, retry=retry,
+                                              start_to_close=start_to_close)
 
-    def sleep(self, seconds: float) -> _Future:
+    def check_activity_inputs(self, activity: Any, inputs: Sequence[Any]) -> list[Any]:
+        """Check every input a fan-out is about to dispatch, before any is recorded: raises
+        ``PayloadNotSerializable`` or ``PayloadTooLarge`` for the first bad one (a dispatch the
+        history already records is never re-checked against the cap). Returns the inputs as they
+        will read back from history."""
+        self._replay.check_running("ctx.check_activity_inputs")
+        return self._replay.check_inputs(activity_name(activity), inputs)
+
+    def sleep(self, seconds: float) -> Future:
         """A durable timer: survives worker restarts; fired by the sweeper from Postgres."""
         self._replay.check_running("ctx.sleep")
         return self._replay.start_timer(seconds)
 
-    def wait_signal(self, name: str) -> _Future:
+    def wait_signal(self, name: str) -> Future:
         """Await the next signal called ``name`` (signals are buffered until awaited)."""
         self._replay.check_running("ctx.wait_signal")
         return self._replay.wait_signal(name)
@@ -55,14 +121,12 @@ class WorkflowContext:
         The first failure in argument order is then raised.
         """
         self._replay.check_running("ctx.gather")
-        from harvest_celery._core.engine import _Future
-
         futures = [self._replay.spawn(a) for a in awaitables]
         if futures:
-            join = _Future()
+            join = Future()
             remaining = [len(futures)]
 
-            def settled(_f: _Future) -> None:
+            def settled(_f: Future) -> None:
                 remaining[0] -= 1
                 if remaining[0] == 0:
                     join.set_result(None)
@@ -107,3 +171,16 @@ class WorkflowContext:
     @property
     def rng(self) -> _random.Random:
         return self._replay.rng
+
+    # ── compensation helpers (Saga, the DAG unwind) ─────────────────────────────────────────────
+    @contextmanager
+    def unwinding(self) -> Iterator[Unwind]:
+        """Scope of one compensation unwind: numbers it, decides once whether it is counted
+        (``saga_compensated:{seq}``), and marks activities dispatched inside it as compensations.
+        Call ``Unwind.failed()`` if a compensation failed."""
+        seq, counted = self._replay.saga_unwind_started(self.info.workflow_type)
+        self._replay.compensating += 1
+        try:
+            yield Unwind(self._replay, seq, counted)
+        finally:
+            self._replay.compensating -= 1

@@ -19,9 +19,9 @@ from __future__ import annotations
 import hashlib
 import random as _random
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from harvest_celery._core import events as ev
@@ -35,10 +35,12 @@ from harvest_celery._core.commands import (
     ScheduleActivity,
     StartTimer,
 )
-from harvest_celery._errors import ActivityError, HarvestError, NonDeterministic, NotInWorkflow
-from harvest_celery._payloads.pipeline import check_cap, check_json
+from harvest_celery._core.context import WorkflowContext, WorkflowInfo
+from harvest_celery._core.futures import Future
+from harvest_celery._core.jsonvalues import check_cap, check_json
 from harvest_celery._core.registry import Registry, WorkflowDefinition
 from harvest_celery._core.retry import RetryPolicy
+from harvest_celery._errors import ActivityError, HarvestError, NonDeterministic, NotInWorkflow
 
 
 @dataclass(frozen=True)
@@ -46,13 +48,6 @@ class EngineConfig:
     """Live configuration the engine consults (not recorded in history)."""
 
     max_activity_input_bytes: int | None = 2 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class WorkflowInfo:
-    execution_id: str
-    workflow_type: str
-    started_at: datetime
 
 
 @dataclass(frozen=True)
@@ -68,59 +63,13 @@ class Activation:
     probe: bool = False
 
 
-class _Future:
-    """The only awaitable a workflow may await (besides coroutines that await these)."""
-
-    __slots__ = ("_done", "_result", "_exc", "_callbacks")
-
-    def __init__(self) -> None:
-        self._done = False
-        self._result: Any = None
-        self._exc: BaseException | None = None
-        self._callbacks: list[Callable[[_Future], None]] = []
-
-    def done(self) -> bool:
-        return self._done
-
-    def set_result(self, value: Any) -> None:
-        if not self._done:
-            self._done, self._result = True, value
-            self._fire()
-
-    def set_exception(self, exc: BaseException) -> None:
-        if not self._done:
-            self._done, self._exc = True, exc
-            self._fire()
-
-    def result(self) -> Any:
-        if self._exc is not None:
-            raise self._exc
-        return self._result
-
-    def add_done_callback(self, cb: Callable[[_Future], None]) -> None:
-        if self._done:
-            cb(self)
-        else:
-            self._callbacks.append(cb)
-
-    def _fire(self) -> None:
-        callbacks, self._callbacks = self._callbacks, []
-        for cb in callbacks:
-            cb(self)
-
-    def __await__(self) -> Generator[_Future, None, Any]:
-        if not self._done:
-            yield self
-        return self.result()
-
-
 class _Task:
     """A coroutine driven by the replay loop."""
 
     def __init__(self, replay: Replay, coro: Coroutine[Any, Any, Any]) -> None:
         self.replay = replay
         self.coro = coro
-        self.future = _Future()
+        self.future = Future()
         replay.tasks.append(self)
         replay.ready.append(self)
 
@@ -144,7 +93,7 @@ class _Task:
             return
         finally:
             replay.running = False
-        if not isinstance(yielded, _Future):
+        if not isinstance(yielded, Future):
             self.coro.close()
             self.future.set_exception(_foreign_await(repr(yielded)))
             return
@@ -185,12 +134,12 @@ class Replay:
         self.unwind_seq = 0
         self.compensating = 0
         self.activity_names: dict[str, str] = {}
-        self.activity_futures: dict[str, _Future] = {}
-        self.timer_futures: dict[str, _Future] = {}
+        self.activity_futures: dict[str, Future] = {}
+        self.timer_futures: dict[str, Future] = {}
         self.results: dict[str, ev.Event] = {}  # activity id → its delivered result
         self.fired_timers: set[str] = set()
         self.signal_buffer: dict[str, deque[tuple[int, Any]]] = {}
-        self.signal_waiters: dict[str, deque[_Future]] = {}
+        self.signal_waiters: dict[str, deque[Future]] = {}
         cancels = [e for e in self.events if isinstance(e, ev.WorkflowCancelled)]
         self.cancel: ev.WorkflowCancelled | None = cancels[0] if cancels else None
         seed = hashlib.sha256(activation.execution_id.encode()).digest()
@@ -250,7 +199,7 @@ class Replay:
 
     def schedule_activity(self, name: str, input: Any, queue: str, *,
                           retry: RetryPolicy | None = None,
-                          start_to_close: float | None = None) -> _Future:
+                          start_to_close: float | None = None) -> Future:
         definition = self.registry.activity(name)
         what = f"input of activity {name!r}"
         payload = check_json(input, what)
@@ -271,14 +220,14 @@ class Replay:
         else:
             assert isinstance(recorded, ev.ActivityScheduled)
             activity_id = recorded.activity_id
-        future = _Future()
+        future = Future()
         self.activity_names[activity_id] = name
         self.activity_futures[activity_id] = future
         if activity_id in self.results:
             self._resolve_activity(self.results[activity_id])
         return future
 
-    def start_timer(self, seconds: float) -> _Future:
+    def start_timer(self, seconds: float) -> Future:
         if seconds < 0:
             raise ValueError("ctx.sleep() needs a non-negative number of seconds")
         self.timer_seq += 1
@@ -290,11 +239,23 @@ class Replay:
         else:
             assert isinstance(recorded, ev.TimerStarted)
             timer_id = recorded.timer_id
-        future = _Future()
+        future = Future()
         self.timer_futures[timer_id] = future
         if timer_id in self.fired_timers:
             future.set_result(None)
         return future
+
+    def check_inputs(self, name: str, inputs: Any) -> list[Any]:
+        """The pre-dispatch checks of ``schedule_activity`` for a whole fan-out at once, so a bad
+        cell rejects the node before any cell is recorded."""
+        what = f"input of activity {name!r}"
+        cap = None if self.recorded_next(name) else self.activation.config.max_activity_input_bytes
+        checked = []
+        for i, item in enumerate(inputs):
+            payload = check_json(item, what)
+            check_cap(payload, f"{what} (cell {i})", cap)
+            checked.append(payload)
+        return checked
 
     def recorded_next(self, activity_name: str) -> bool:
         """Is the next command event a dispatch of ``activity_name`` (a replayed dispatch)?"""
@@ -320,8 +281,8 @@ class Replay:
             return True
         return False
 
-    def wait_signal(self, name: str) -> _Future:
-        future = _Future()
+    def wait_signal(self, name: str) -> Future:
+        future = Future()
         buffered = self.signal_buffer.get(name)
         if buffered:
             index, payload = buffered.popleft()
@@ -414,8 +375,8 @@ class Replay:
         while self.ready:
             self.ready.popleft().step()
 
-    def spawn(self, awaitable: Awaitable[Any]) -> _Future:
-        if isinstance(awaitable, _Future):
+    def spawn(self, awaitable: Awaitable[Any]) -> Future:
+        if isinstance(awaitable, Future):
             return awaitable
 
         async def _wrap() -> Any:
@@ -424,7 +385,7 @@ class Replay:
         return _Task(self, _wrap()).future
 
 
-def _outcome_of(future: _Future, workflow_type: str) -> Outcome:
+def _outcome_of(future: Future, workflow_type: str) -> Outcome:
     try:
         return Completed(check_json(future.result(), f"result of workflow {workflow_type!r}"))
     except Exception as exc:  # noqa: BLE001 - the workflow's own error is its outcome
@@ -439,12 +400,11 @@ class Session:
     to a full replay, which is always correct."""
 
     def __init__(self, definition: WorkflowDefinition, activation: Activation, registry: Registry) -> None:
-        from harvest_celery._core.context import WorkflowContext
-
         self.replay = replay = Replay(definition, activation, registry)
         started = replay.events[0]
         assert isinstance(started, ev.WorkflowStarted)
-        info = WorkflowInfo(activation.execution_id, activation.workflow_type, replay.times[0])
+        info = WorkflowInfo(activation.execution_id, activation.workflow_type, replay.times[0],
+                            dict(started.carried or {}))
         self.main = _Task(replay, definition.fn(WorkflowContext(replay, info), started.input))
         replay.run_ready()
         self.decision = self._drive(range(1, len(replay.events)))

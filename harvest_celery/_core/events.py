@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
 
-from harvest_celery._errors import HarvestError
+from harvest_celery._errors import UnknownEventType
 
 EVENT_VERSION = 1
 
@@ -144,11 +144,6 @@ COMMAND_EVENTS = (ActivityScheduled, MarkerRecorded, TimerStarted)
 RESULT_EVENTS = (ActivityStarted, ActivityCompleted, ActivityFailed, TimerFired)
 TERMINAL_EVENTS = (WorkflowCompleted, WorkflowFailed)
 
-
-class UnknownEventType(HarvestError):
-    def __init__(self, type_name: str) -> None:
-        super().__init__(f"unknown event type {type_name!r} in history (written by a newer build?)")
-        self.type_name = type_name
 
 
 def event_from_data(data: dict[str, Any]) -> Event:

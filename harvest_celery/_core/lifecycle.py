@@ -6,7 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from harvest_celery._core import events as ev
-from harvest_celery._core.commands import Completed, Decision, Failed, RecordMarker, ScheduleActivity, StartTimer
+from harvest_celery._core.commands import (
+    Completed,
+    Decision,
+    Failed,
+    RecordMarker,
+    ScheduleActivity,
+    StartTimer,
+)
 
 RUNNING = "RUNNING"
 COMPLETED = "COMPLETED"

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
-from harvest_celery._errors import DuplicateRegistration, UnknownActivity, UnknownWorkflow
 from harvest_celery._core.retry import DEFAULT_RETRY, RetryPolicy
+from harvest_celery._errors import DuplicateRegistration, UnknownActivity, UnknownWorkflow
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -79,19 +79,14 @@ class Saga:
         if not self._stack:
             return []  # an empty unwind is not a sequence: no number, no marker, no metric
         stack, self._stack = self._stack, []
-        replay = self._ctx._replay
-        seq, counted = replay.saga_unwind_started(self._ctx.info.workflow_type)
         errors: list[BaseException] = []
-        replay.compensating += 1
-        try:
+        with self._ctx.unwinding() as unwind:
             while stack:
                 compensation = stack.pop()
                 try:
                     await _call(compensation)
                 except Exception as err:  # continue-not-abort, NonDeterministic included
                     errors.append(err)
-        finally:
-            replay.compensating -= 1
-        if errors and counted:
-            replay.saga_unwind_failed(seq)
+            if errors:
+                unwind.failed()
         return errors

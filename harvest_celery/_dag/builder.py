@@ -15,11 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from harvest_celery._core.context import WorkflowContext
-from harvest_celery._errors import ActivityError, HarvestError, PayloadTooLarge
-from harvest_celery._payloads.pipeline import check_cap, check_json
 from harvest_celery._core.registry import Registry, WorkflowDefinition, activity_name
 from harvest_celery._core.retry import RetryPolicy
 from harvest_celery._core.saga import Saga
+from harvest_celery._errors import (
+    ActivityError,
+    CompensatorNameCollidesWithNode,
+    DagBuildError,
+    DagTaskFailed,
+    PayloadTooLarge,
+    UnregisteredActivity,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -27,35 +33,6 @@ DAG_FAILED = "one or more DAG tasks failed"
 NOT_AN_ARRAY = "mapped upstream output is not a JSON array"
 ENVELOPE_KEYS = frozenset({"dag_compensate", "input", "output"})
 
-
-class DagBuildError(HarvestError):
-    """A DAG definition misuses the builder; raised at decoration, before any node runs."""
-
-
-class CompensatorNameCollidesWithNode(DagBuildError):
-    def __init__(self, dag: str, task: str, compensator: str) -> None:
-        super().__init__(
-            f"dag {dag!r}: task {task!r} declares compensator {compensator!r}, which is also the "
-            "name of a forward node; a compensation dispatched under a node's name would be read "
-            "back as that node by the run graph and retry-from-node")
-        self.dag, self.task, self.compensator = dag, task, compensator
-
-
-class UnregisteredActivity(HarvestError):
-    """Preflight: a DAG names an activity (or compensator) that is not registered."""
-
-    def __init__(self, dag: str, task: str, name: str, role: str) -> None:
-        if role == "compensator":
-            message = f"dag '{dag}' references unregistered compensator '{name}' for task '{task}'"
-        else:
-            message = f"dag '{dag}' references unregistered activity '{name}' for task '{task}'"
-        super().__init__(message)
-        self.dag, self.task, self.name, self.role = dag, task, name, role
-
-
-class DagTaskFailed(HarvestError):
-    """The DAG's terminal failure: ``one or more DAG tasks failed``, or the precise cause of a
-    pre-dispatch rejection."""
 
 
 class MapPolicy:
@@ -329,10 +306,9 @@ def _resolve_input(node: Node, conf: Any, outcomes: dict[str, _Outcome]) -> Any:
 
 
 async def _run_activity(ctx: WorkflowContext, node: Node, value: Any) -> _Outcome:
-    replay = ctx._replay
     try:
-        future = replay.schedule_activity(node.name, value, node.queue, retry=node.retry,
-                                          start_to_close=node.start_to_close)
+        future = ctx.execute_activity(node.name, value, node.queue, retry=node.retry,
+                                      start_to_close=node.start_to_close)
     except PayloadTooLarge as exc:
         # deterministic pre-dispatch rejection: no id, no command, no event; a node failure
         return _Outcome("failed", input=value, cause=f"dag task {node.name!r}: {exc}")
@@ -347,16 +323,12 @@ async def _run_mapped(ctx: WorkflowContext, node: Node, items: Any) -> _Outcome:
         return _Outcome("failed", input=items, cause=NOT_AN_ARRAY)
     if not items:
         return _Outcome("succeeded", [], items, dispatched=False)  # nothing done: never compensated
-    replay = ctx._replay
-    cap = replay.activation.config.max_activity_input_bytes if not replay.recorded_next(node.name) else None
     try:
-        for i, item in enumerate(items):
-            check_cap(check_json(item, f"input of activity {node.name!r}"),
-                      f"input of activity {node.name!r} (cell {i})", cap)
+        ctx.check_activity_inputs(node.name, items)
     except PayloadTooLarge as exc:
         return _Outcome("failed", input=items, cause=f"dag task {node.name!r}: {exc}")
-    futures = [replay.schedule_activity(node.name, item, node.queue, retry=node.retry,
-                                        start_to_close=node.start_to_close) for item in items]
+    futures = [ctx.execute_activity(node.name, item, node.queue, retry=node.retry,
+                                    start_to_close=node.start_to_close) for item in items]
 
     async def cell(future: Any) -> tuple[bool, Any]:
         try:
@@ -387,10 +359,9 @@ async def _run_node(ctx: WorkflowContext, node: Node, conf: Any, outcomes: dict[
 def make_runner(definition: DagDefinition) -> Callable[[WorkflowContext, Any], Any]:
     async def run_dag(ctx: WorkflowContext, conf: Any) -> dict[str, Any]:
         outcomes: dict[str, _Outcome] = {}
-        started = ctx._replay.events[0]
         # retry-from-node: nodes carried over from the source run succeeded there and their side
         # effects are live, so they count as dispatched (compensable) without running again
-        for name, recorded in (getattr(started, "carried", None) or {}).items():
+        for name, recorded in ctx.info.carried.items():
             outcomes[name] = _Outcome("succeeded", recorded.get("output"), recorded.get("input"),
                                       dispatched=True)
         for level in definition.levels:

@@ -31,8 +31,8 @@ from datetime import datetime
 from typing import Any
 
 from harvest_celery._core import events as ev
-from harvest_celery._dag.builder import ENVELOPE_KEYS, CollectAll, DagDefinition, Node
 from harvest_celery._core.lifecycle import TERMINAL_STATUSES
+from harvest_celery._dag.builder import ENVELOPE_KEYS, CollectAll, DagDefinition, Node
 from harvest_celery._store.store import Execution
 
 ERROR_MAX_CHARS = 200

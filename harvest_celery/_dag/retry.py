@@ -20,32 +20,14 @@ from typing import Any
 
 from harvest_celery._core import events as ev
 from harvest_celery._dag.builder import CollectAll, DagDefinition
-from harvest_celery._errors import HarvestError
 from harvest_celery._dag.graph import forward_dispatches
+from harvest_celery._errors import RetryRefused, UnknownNode
 
 COMPENSATED = (
     "this run already executed its compensation unwind, so its succeeded nodes' side effects were "
     "rolled back; retrying would resume on rolled-back state — start a fresh DAG run instead"
 )
 
-
-class RetryRefused(HarvestError):
-    """The run cannot be retried (HTTP 409). ``reason``: compensated · erased · running ·
-    completed · retried."""
-
-    def __init__(self, execution_id: str, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.execution_id = execution_id
-        self.reason = reason
-
-
-class UnknownNode(HarvestError):
-    """Retry from a node the DAG does not declare (HTTP 400)."""
-
-    def __init__(self, dag: str, node: str) -> None:
-        super().__init__(f"dag {dag!r} has no node {node!r}")
-        self.dag = dag
-        self.node = node
 
 
 def erased_refusal(execution_id: str) -> RetryRefused:

@@ -11,18 +11,10 @@ from __future__ import annotations
 import json
 from typing import Any, Protocol
 
-from harvest_celery._errors import HarvestError
+from harvest_celery._errors import PayloadCodecError
 
 CODEC_KEY = "_harvest_codec"
 
-
-class PayloadCodecError(HarvestError):
-    """An encoded payload cannot be decoded (unknown codec or key, tampered ciphertext)."""
-
-    def __init__(self, message: str, *, codec: str = "", key_id: str = "") -> None:
-        super().__init__(message)
-        self.codec = codec
-        self.key_id = key_id
 
 
 class Codec(Protocol):

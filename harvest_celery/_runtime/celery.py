@@ -16,6 +16,7 @@ from celery import Celery, Task, signals
 from celery.exceptions import SoftTimeLimitExceeded
 
 from harvest_celery._core.registry import ActivityDefinition
+from harvest_celery._errors import StartToCloseTimeout
 from harvest_celery._store.store import DECIDE_TASK, TIME_LIMIT_HEADER, Claim, OutboxMessage
 
 if TYPE_CHECKING:
@@ -72,9 +73,6 @@ def _timeout_as_failure(fn: Any) -> Any:
 
     return run
 
-
-class StartToCloseTimeout(Exception):
-    """The attempt ran past its activity's ``start_to_close``."""
 
 
 def _claim(runtime: Runtime, execution_id: str, activity_id: str, attempt: int) -> Claim | None:

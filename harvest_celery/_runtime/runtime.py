@@ -21,9 +21,9 @@ from functools import partial
 from typing import Any, Protocol
 
 from harvest_celery._core.engine import Activation, EngineConfig, Session
-from harvest_celery._runtime.metrics import METRICS
-from harvest_celery._payloads.pipeline import check_json
+from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.registry import Registry
+from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._store.store import Claim, OutboxMessage, Store, Timings, Tx, utcnow
 
 log = logging.getLogger("harvest_celery")

@@ -13,10 +13,16 @@ import sqlalchemy as sa
 
 from harvest_celery._core import events as ev
 from harvest_celery._core.commands import ScheduleActivity
-from harvest_celery._errors import ExecutionAlreadyExists, InvalidState
 from harvest_celery._core.lifecycle import RUNNING, TERMINAL_STATUSES, TERMINATED
-from harvest_celery._payloads.pipeline import ERASED, EXECUTION_PAYLOAD_COLUMNS, PAYLOAD_FIELDS, is_erased, references
 from harvest_celery._core.registry import Registry
+from harvest_celery._errors import ExecutionAlreadyExists, InvalidState
+from harvest_celery._payloads.pipeline import (
+    ERASED,
+    EXECUTION_PAYLOAD_COLUMNS,
+    PAYLOAD_FIELDS,
+    is_erased,
+    references,
+)
 from harvest_celery._store.schema import activity_tasks, events, executions, outbox, timers
 
 ERASED_TEXT = "[erased]"

@@ -23,9 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from harvest_celery._core import events as ev
-from harvest_celery._store import runs as ops
 from harvest_celery._core.commands import Decision, ScheduleActivity, StartTimer
-from harvest_celery._errors import ExecutionAlreadyExists, ExecutionNotFound, HarvestError, InvalidState
 from harvest_celery._core.lifecycle import (
     RUNNING,
     TERMINAL_STATUSES,
@@ -33,8 +31,10 @@ from harvest_celery._core.lifecycle import (
     status_after_cancel,
     status_for_outcome,
 )
-from harvest_celery._payloads.pipeline import EXECUTION_PAYLOAD_COLUMNS, Payloads
 from harvest_celery._core.registry import Registry
+from harvest_celery._errors import ExecutionAlreadyExists, ExecutionNotFound, HarvestError, InvalidState
+from harvest_celery._payloads.pipeline import EXECUTION_PAYLOAD_COLUMNS, Payloads
+from harvest_celery._store import runs as ops
 from harvest_celery._store.schema import activity_tasks, events, executions, outbox, timers
 
 DECIDE_TASK = "harvest.decide"

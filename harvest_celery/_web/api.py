@@ -29,9 +29,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from harvest_celery._core import events as ev
 from harvest_celery._client import Harvest
-from harvest_celery._payloads.codec import PayloadCodecError
+from harvest_celery._core import events as ev
+from harvest_celery._core.jsonvalues import check_storable
+from harvest_celery._core.jsonvalues import storable_text as _storable_text
+from harvest_celery._dag.graph import build_run_graph
 from harvest_celery._dag.retry import RetryRefused
 from harvest_celery._errors import (
     ExecutionAlreadyExists,
@@ -40,13 +42,11 @@ from harvest_celery._errors import (
     InvalidState,
     RegistrationError,
 )
-from harvest_celery._runtime.metrics import exposition
-from harvest_celery._web.pages import register_pages
-from harvest_celery._payloads.pipeline import check_storable
-from harvest_celery._payloads.pipeline import storable_text as _storable_text
+from harvest_celery._payloads.codec import PayloadCodecError
 from harvest_celery._payloads.stores import PayloadStoreError
-from harvest_celery._dag.graph import build_run_graph
+from harvest_celery._runtime.metrics import exposition
 from harvest_celery._store.store import Execution
+from harvest_celery._web.pages import register_pages
 
 TOKEN_ENV = "HARVEST_API_TOKEN"
 MAX_ID_LENGTH = 200

@@ -27,10 +27,10 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
 from harvest_celery._core import events as ev
-from harvest_celery._errors import ExecutionNotFound, HarvestError, RegistrationError
-from harvest_celery._payloads.pipeline import storable_text
-from harvest_celery._dag.graph import build_run_graph, forward_dispatches, is_compensation_dispatch
+from harvest_celery._core.jsonvalues import storable_text
 from harvest_celery._core.timeline import render_timeline
+from harvest_celery._dag.graph import build_run_graph, forward_dispatches, is_compensation_dispatch
+from harvest_celery._errors import ExecutionNotFound, HarvestError, RegistrationError
 
 COMPENSATED = "compensated"
 COMPENSATION_FAILED = "compensation failed"

@@ -13,12 +13,12 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from harvest_celery import Harvest, WorkflowFailed
-from harvest_celery._web.api import create_app
 from harvest_celery._dag.retry import COMPENSATED
-from harvest_celery._payloads.stores import PostgresPayloadStore
+from harvest_celery._store.blobs import PostgresPayloadStore
 from harvest_celery._store.schema import events as events_table
 from harvest_celery._store.schema import executions
 from harvest_celery._store.store import utcnow
+from harvest_celery._web.api import create_app
 
 from .conftest import DATABASE_URL, effects, wait_for
 

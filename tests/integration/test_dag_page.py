@@ -21,8 +21,8 @@ from urllib.parse import urlparse
 import pytest
 import uvicorn
 
-from harvest_celery._web.api import create_app
 from harvest_celery._errors import WorkflowFailed
+from harvest_celery._web.api import create_app
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,9 @@ from cryptography.fernet import Fernet
 from fastapi.testclient import TestClient
 
 from harvest_celery import DagBuilder, Harvest, RetryPolicy, activity, dag
-from harvest_celery._web.api import create_app
 from harvest_celery._payloads.codec import FernetCodec
 from harvest_celery._store.schema import events as events_table
+from harvest_celery._web.api import create_app
 
 ONCE = RetryPolicy(max_attempts=1)
 SECRET = "pan-4111-1111"

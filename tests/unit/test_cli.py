@@ -13,10 +13,10 @@ import pytest
 import sqlalchemy as sa
 
 from harvest_celery import _cli
-from harvest_celery._core import events as ev
 from harvest_celery._cli import main
-from harvest_celery._store.store import Store
+from harvest_celery._core import events as ev
 from harvest_celery._core.timeline import render_timeline
+from harvest_celery._store.store import Store
 
 APP = "tests.unit.cli_app"
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,6 @@ from datetime import datetime, timezone
 import pytest
 
 from harvest_celery import DagBuilder, activity, dag
-from harvest_celery._dag.retry import UnknownNode, compensation_executed, plan_retry
 from harvest_celery._core.events import (
     ActivityCompleted,
     ActivityFailed,
@@ -19,6 +18,7 @@ from harvest_celery._core.events import (
     WorkflowFailed,
     WorkflowStarted,
 )
+from harvest_celery._dag.retry import UnknownNode, compensation_executed, plan_retry
 
 T = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

@@ -22,7 +22,7 @@ def test_the_exported_list_is_exactly_this():
         "ExecutionNotFound", "FailFast", "FernetCodec", "FileSystemPayloadStore", "Harvest",
         "HarvestError", "InvalidState", "NonDeterministic", "NotInWorkflow", "PayloadCodecError",
         "PayloadNotSerializable", "PayloadStoreError", "PayloadTooLarge", "PostgresPayloadStore",
-        "RegistrationError", "RetryPolicy", "Saga", "SagaCompensationFailed", "UnknownActivity",
+        "RegistrationError", "RetryPolicy", "RetryRefused", "StartToCloseTimeout", "UnknownEventType", "UnknownNode", "Saga", "SagaCompensationFailed", "UnknownActivity",
         "UnknownWorkflow", "UnregisteredActivity", "WorkflowCancelledError", "WorkflowContext",
         "WorkflowFailed", "activity", "configure_celery", "dag", "workflow",
     ])
@@ -33,3 +33,11 @@ def test_every_error_is_a_harvest_error():
         obj = getattr(harvest_celery, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
             assert issubclass(obj, harvest_celery.HarvestError), name
+
+
+def test_every_error_in_the_tree_is_exported():
+    from harvest_celery import _errors
+
+    tree = {name for name, obj in vars(_errors).items()
+            if isinstance(obj, type) and issubclass(obj, _errors.HarvestError)}
+    assert tree <= set(harvest_celery.__all__)

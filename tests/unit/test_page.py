@@ -13,7 +13,11 @@ from fastapi.testclient import TestClient
 
 from harvest_celery import DagBuilder, dag, workflow
 from harvest_celery._core import events as ev
+from harvest_celery._core.registry import Registry, register_into
+from harvest_celery._core.timeline import render_timeline
+from harvest_celery._dag.graph import build_run_graph
 from harvest_celery._errors import ExecutionNotFound
+from harvest_celery._store.store import Execution
 from harvest_celery._web.pages import (
     COMPENSATED,
     COMPENSATING,
@@ -25,10 +29,6 @@ from harvest_celery._web.pages import (
     register_pages,
     render_dag_page,
 )
-from harvest_celery._core.registry import Registry, register_into
-from harvest_celery._dag.graph import build_run_graph
-from harvest_celery._store.store import Execution
-from harvest_celery._core.timeline import render_timeline
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 SECRET = "card-4242-secret"

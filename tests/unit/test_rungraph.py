@@ -273,8 +273,8 @@ def test_run_fields_come_from_the_execution():
 
 
 def test_the_api_models_name_the_same_statuses():
-    from harvest_celery._web import api as _api
     from harvest_celery._core.lifecycle import TERMINAL_STATUSES
+    from harvest_celery._web import api as _api
 
     assert typing.get_args(_api.NodeStatus) == NODE_STATUSES
     assert set(typing.get_args(_api.Status)) == {"RUNNING", *TERMINAL_STATUSES}
