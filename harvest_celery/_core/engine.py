@@ -38,6 +38,7 @@ from harvest_celery._core.commands import (
 from harvest_celery._core.context import WorkflowContext, WorkflowInfo
 from harvest_celery._core.futures import Future
 from harvest_celery._core.jsonvalues import check_cap, check_json
+from harvest_celery._core.names import PATCH, SAGA_COMPENSATED, SAGA_COMPENSATION_FAILED, marker
 from harvest_celery._core.registry import Registry, WorkflowDefinition
 from harvest_celery._core.retry import RetryPolicy
 from harvest_celery._errors import ActivityError, HarvestError, NonDeterministic, NotInWorkflow
@@ -267,7 +268,7 @@ class Replay:
         """``patch:{id}`` marker with an Absent arm: histories recorded before the patch replay
         the old branch. A trailing ``WorkflowCancelled`` is transparent here, as for the saga
         markers, so the answer a post-cancel decision recorded reads back the same."""
-        name = f"patch:{patch_id}"
+        name = marker(PATCH, patch_id)
         rest = self._rest(skip_signals=True)
         if rest and isinstance(self.events[rest[0]], ev.WorkflowCancelled):
             rest = rest[1:]
@@ -297,9 +298,9 @@ class Replay:
         """Number the unwind and decide, once, whether it is counted."""
         self.unwind_seq += 1
         seq = self.unwind_seq
-        name = f"saga_compensated:{seq}"
+        name = marker(SAGA_COMPENSATED, seq)
         rest = self._rest(skip_signals=False)
-        counted = self._observe_marker(name, rest, "saga_compensated")
+        counted = self._observe_marker(name, rest, SAGA_COMPENSATED)
         if counted is None:
             # Drained signal frontier (all remaining are un-awaited signals), or unconsumed
             # events at the cursor (a history recorded before the markers existed): uncounted.
@@ -308,8 +309,8 @@ class Replay:
 
     def saga_unwind_failed(self, seq: int) -> None:
         """Failure marker of a counted unwind: recorded even past a trailing signal."""
-        self._observe_marker(f"saga_compensation_failed:{seq}", self._rest(skip_signals=True),
-                             "saga_compensation_failed")
+        self._observe_marker(marker(SAGA_COMPENSATION_FAILED, seq), self._rest(skip_signals=True),
+                             SAGA_COMPENSATION_FAILED)
 
     def _observe_marker(self, name: str, rest: list[int], metric: str) -> bool | None:
         """Frontier → record (and count); recorded → consume silently; else None (Absent arm).

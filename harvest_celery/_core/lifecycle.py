@@ -14,6 +14,7 @@ from harvest_celery._core.commands import (
     ScheduleActivity,
     StartTimer,
 )
+from harvest_celery._core.names import SAGA_COMPENSATED, is_marker
 
 RUNNING = "RUNNING"
 COMPLETED = "COMPLETED"
@@ -61,7 +62,7 @@ def status_for_outcome(decision: Decision, current: str) -> str:
 def unwind_begun(history: Sequence[ev.Event]) -> bool:
     """An unwind has begun: a saga marker or a compensation dispatch is recorded."""
     for e in history:
-        if isinstance(e, ev.MarkerRecorded) and e.name.startswith("saga_compensated:"):
+        if isinstance(e, ev.MarkerRecorded) and is_marker(e.name, SAGA_COMPENSATED):
             return True
         if isinstance(e, ev.ActivityScheduled) and e.compensation:
             return True

@@ -32,11 +32,12 @@ from typing import Any
 
 from harvest_celery._core import events as ev
 from harvest_celery._core.lifecycle import TERMINAL_STATUSES
+from harvest_celery._core.names import START_TO_CLOSE_TIMEOUT
 from harvest_celery._dag.builder import ENVELOPE_KEYS, CollectAll, DagDefinition, Node
 from harvest_celery._store.store import Execution
 
 ERROR_MAX_CHARS = 200
-TIMEOUT_ERROR_TYPE = "StartToCloseTimeout"
+TIMEOUT_ERROR_TYPE = START_TO_CLOSE_TIMEOUT
 
 NODE_STATUSES = ("succeeded", "failed", "timed_out", "cancelled", "running", "pending", "skipped")
 

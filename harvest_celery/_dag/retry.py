@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harvest_celery._core import events as ev
+from harvest_celery._core.names import is_saga_marker
 from harvest_celery._dag.builder import CollectAll, DagDefinition
 from harvest_celery._dag.graph import forward_dispatches
 from harvest_celery._errors import RetryRefused, UnknownNode
@@ -41,7 +42,7 @@ def compensation_executed(history: Sequence[ev.HistoryEvent]) -> bool:
     events = [h.event for h in history]
     started = {e.activity_id for e in events if isinstance(e, ev.ActivityStarted)}
     for i, event in enumerate(events):
-        if isinstance(event, ev.MarkerRecorded) and event.name.startswith("saga_compensat"):
+        if isinstance(event, ev.MarkerRecorded) and is_saga_marker(event.name):
             if any(isinstance(later, ev.ActivityScheduled) and later.activity_id in started
                    for later in events[i + 1:]):
                 return True

@@ -31,6 +31,7 @@ from harvest_celery._core.lifecycle import (
     status_after_cancel,
     status_for_outcome,
 )
+from harvest_celery._core.names import START_TO_CLOSE_TIMEOUT
 from harvest_celery._core.registry import Registry
 from harvest_celery._errors import ExecutionAlreadyExists, ExecutionNotFound, HarvestError, InvalidState
 from harvest_celery._payloads.pipeline import EXECUTION_PAYLOAD_COLUMNS, Payloads
@@ -656,7 +657,7 @@ class Tx:
             (activity_tasks.c.execution_id == execution_id) & (activity_tasks.c.activity_id == activity_id)
             & (activity_tasks.c.status == "running") & (activity_tasks.c.attempt == attempt))).scalar()
         if lease is not None and _aware(lease) <= now:  # type: ignore[operator]
-            self.fail_activity(execution_id, activity_id, attempt, "StartToCloseTimeout",
+            self.fail_activity(execution_id, activity_id, attempt, START_TO_CLOSE_TIMEOUT,
                                "no result before the lease expired (worker lost or too slow)",
                                now, decision_queue)
 

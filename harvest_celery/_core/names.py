@@ -1,0 +1,39 @@
+"""Names that are recorded in history or read back from it, defined once: marker prefixes, the
+error type of a lost or overrun attempt, task-row statuses (run statuses are in ``lifecycle``). Never repeat these as bare literals."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+# ── observability and versioning markers (``MarkerRecorded.name``) ───────────────────────────
+SAGA_COMPENSATED = "saga_compensated"  # saga_compensated:{seq}: an unwind began (counted once)
+SAGA_COMPENSATION_FAILED = "saga_compensation_failed"  # ...:{seq}: that unwind had errors
+SAGA_MARKERS = (SAGA_COMPENSATED, SAGA_COMPENSATION_FAILED)
+PATCH = "patch"  # patch:{id}: ctx.patched(id) took the new branch
+
+
+def marker(prefix: str, key: object) -> str:
+    """``prefix:key``, the recorded name of a numbered or keyed marker."""
+    return f"{prefix}:{key}"
+
+
+def is_marker(name: str, prefix: str) -> bool:
+    return name.startswith(prefix + ":")
+
+
+def is_saga_marker(name: str) -> bool:
+    return any(is_marker(name, prefix) for prefix in SAGA_MARKERS)
+
+
+# ── error types recorded in ActivityFailed.error_type ──────────────────────────────────────
+START_TO_CLOSE_TIMEOUT = "StartToCloseTimeout"  # the lease expired or start_to_close overran
+
+
+# ── activity task rows (``activity_tasks.status``) ───────────────────────────────────────────
+class TaskStatus(str, Enum):
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    RETRY_WAIT = "retry_wait"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
