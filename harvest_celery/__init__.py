@@ -5,7 +5,8 @@ from harvest_celery._core.context import WorkflowContext
 from harvest_celery._core.registry import activity, workflow
 from harvest_celery._core.retry import RetryPolicy
 from harvest_celery._core.saga import Saga
-from harvest_celery._dag.builder import CollectAll, DagBuilder, FailFast, dag
+from harvest_celery._dag.builder import DagBuilder, dag
+from harvest_celery._dag.model import CollectAll, FailFast
 from harvest_celery._errors import (
     ActivityError,
     Cancelled,

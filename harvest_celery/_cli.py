@@ -24,11 +24,13 @@ import logging
 import os
 import sys
 import tempfile
-from typing import Any
+from typing import Any, Protocol
 
 from harvest_celery._client import Harvest
 from harvest_celery._core.timeline import render_status, render_timeline
+from harvest_celery._demo import run_demo
 from harvest_celery._errors import HarvestError, WorkflowCancelledError, WorkflowFailed
+from harvest_celery._store.migrate import upgrade
 from harvest_celery._store.store import Store
 
 PROG = "harvest"
@@ -75,6 +77,19 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], help=help)
 
+    for add in (_setup_commands, _run_commands, _operator_commands, _read_commands):
+        add(command, common)
+    return p
+
+
+class Command(Protocol):
+    """Adds one subcommand (with the shared -A/--database-url options) and returns its parser."""
+
+    def __call__(self, name: str, help: str) -> argparse.ArgumentParser: ...
+
+
+def _setup_commands(command: Command, common: argparse.ArgumentParser) -> None:
+    """db upgrade, worker."""
     db = command("db", help="database schema")
     db.set_defaults(help_parser=db)
     db_sub = db.add_subparsers(title="db commands", metavar="DB_COMMAND")
@@ -94,6 +109,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="address for --metrics-port (default 127.0.0.1; 0.0.0.0 in a container)")
     w.set_defaults(handler=cmd_worker)
 
+
+def _run_commands(command: Command, common: argparse.ArgumentParser) -> None:
+    """start, show, cancel, signal."""
     s = command("start", help="start a workflow run; prints its id")
     s.add_argument("workflow")
     s.add_argument("input", nargs="?", default=None, metavar="INPUT_JSON")
@@ -117,6 +135,9 @@ def _parser() -> argparse.ArgumentParser:
     sg.add_argument("payload", nargs="?", default=None, metavar="PAYLOAD_JSON")
     sg.set_defaults(handler=cmd_signal)
 
+
+def _operator_commands(command: Command, common: argparse.ArgumentParser) -> None:
+    """terminate, pause, resume, reset, retry, erase, purge."""
     t = command("terminate", help="seal a live run at once, without running workflow code")
     t.add_argument("execution_id", metavar="ID")
     t.add_argument("--reason", default="")
@@ -155,6 +176,9 @@ def _parser() -> argparse.ArgumentParser:
     pg.add_argument("--batch", type=int, default=500, metavar="N", help="runs deleted per transaction")
     pg.set_defaults(handler=cmd_purge)
 
+
+def _read_commands(command: Command, common: argparse.ArgumentParser) -> None:
+    """list, result, api, demo."""
     ls = command("list", help="list runs, newest first")
     ls.add_argument("--status", default=None, type=str.upper)
     ls.add_argument("--workflow", default=None)
@@ -175,7 +199,6 @@ def _parser() -> argparse.ArgumentParser:
     d = command("demo", help="run the example workflows in embedded mode (no Postgres, no Redis)")
     d.add_argument("--keep", action="store_true", help="keep the demo's SQLite database and print its path")
     d.set_defaults(handler=cmd_demo)
-    return p
 
 
 def parse_json(text: str | None, what: str) -> Any:
@@ -251,8 +274,6 @@ def _safe_url(url: str) -> str:
 
 # ── commands ─────────────────────────────────────────────────────────────────────────────────
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from harvest_celery._store.migrate import upgrade
-
     url = _database_url(args)
     upgrade(url, args.revision)
     print(f"database {_safe_url(url)} upgraded to {args.revision}")
@@ -406,8 +427,6 @@ def cmd_api(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from harvest_celery._demo import run_demo
-
     return run_demo(sys.stdout, keep=args.keep)
 
 

@@ -14,17 +14,26 @@ from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.lifecycle import CANCELLED, COMPLETED, RUNNING, TERMINAL_STATUSES
 from harvest_celery._core.registry import ActivityDefinition, Registry, register_into
 from harvest_celery._core.retry import DEFAULT_RETRY, RetryPolicy
+from harvest_celery._dag import retry as dag_retry
+from harvest_celery._dag.builder import preflight, preflight_all
+from harvest_celery._dag.retry import COMPENSATED, compensation_executed, erased_refusal
 from harvest_celery._errors import (
     ExecutionNotFound,
     InvalidState,
+    RetryRefused,
     UnknownWorkflow,
     WorkflowCancelledError,
     WorkflowFailed,
 )
 from harvest_celery._payloads.pipeline import Payloads
-from harvest_celery._runtime.runtime import InlineDispatcher, Runtime, Settings
+from harvest_celery._runtime.adopt import adopt
+from harvest_celery._runtime.celery import CeleryDispatcher, install, register_activity
+from harvest_celery._runtime.inline import InlineDispatcher
+from harvest_celery._runtime.runtime import Runtime, Settings
 from harvest_celery._store import runs as ops
-from harvest_celery._store.store import DECIDE_TASK, Execution, Store, Timings, utcnow
+from harvest_celery._store.migrate import upgrade
+from harvest_celery._store.records import Execution, Timings, utcnow
+from harvest_celery._store.store import Store
 
 log = logging.getLogger("harvest_celery")
 
@@ -57,14 +66,11 @@ class Harvest:
         self.celery_app = celery_app
         self._inline: InlineDispatcher | None = None
         if celery_app is not None:
-            from harvest_celery._runtime.celery import CeleryDispatcher, install
-
             install(celery_app, self.runtime)
             self.runtime.dispatcher = CeleryDispatcher(celery_app)
         else:
             self._inline = InlineDispatcher()
             self.runtime.dispatcher = self._inline
-            self.runtime.batch_outbox_deletes = False  # one process: delete sent rows at once
             log.warning("harvest-celery embedded mode: one process, in-process worker, no row locks "
                         "across processes (%s). For the demo and local development only.",
                         self.database_url)
@@ -91,8 +97,6 @@ class Harvest:
         """Register decorated workflows, DAGs and activities (or whole modules of them)."""
         register_into(self.registry, objects)
         if self.celery_app is not None:
-            from harvest_celery._runtime.celery import register_activity
-
             for definition in self.registry.activities.values():
                 register_activity(self.celery_app, self.runtime, definition)
         return self
@@ -105,14 +109,10 @@ class Harvest:
                                         adopted=True)
         self.registry.add_activity(definition)
         if self.celery_app is not None:
-            from harvest_celery._runtime.adopt import adopt
-
             adopt(self.celery_app, self.runtime, definition)
 
     def migrate(self) -> None:
         """Bring the schema to the latest Alembic revision."""
-        from harvest_celery._store.migrate import upgrade
-
         upgrade(self.database_url)
 
     # ── commands ─────────────────────────────────────────────────────────────────────────────
@@ -122,14 +122,14 @@ class Harvest:
         payload = check_json(input, f"input of workflow {name!r}")
         execution_id = _check_id(execution_id or uuid.uuid4().hex)
         with self.store.begin() as tx:
-            tx.start(execution_id, name, payload, utcnow(), self.runtime.settings.decision_queue)
+            ops.start(tx, execution_id, name, payload, utcnow(), self.runtime.settings.decision_queue)
         self._after(tx)
         return execution_id
 
     def signal(self, execution_id: str, name: str, payload: Any = None) -> None:
         payload = check_json(payload, f"payload of signal {name!r}")
         with self.store.begin() as tx:
-            tx.signal(execution_id, name, payload, utcnow(), self.runtime.settings.decision_queue)
+            ops.signal(tx, execution_id, name, payload, utcnow(), self.runtime.settings.decision_queue)
         self._after(tx)
 
     def signal_with_start(self, workflow: str, input: Any, execution_id: str, signal: str,
@@ -142,8 +142,8 @@ class Harvest:
         now = utcnow()
         q = self.runtime.settings.decision_queue
         with self.store.begin() as tx:
-            tx.start(execution_id, workflow, data, now, q)
-            tx.signal(execution_id, signal, payload, now, q)
+            ops.start(tx, execution_id, workflow, data, now, q)
+            ops.signal(tx, execution_id, signal, payload, now, q)
         self._after(tx)
         return execution_id
 
@@ -152,21 +152,17 @@ class Harvest:
         if an unwind had begun), unstarted activities never run, and the post-cancel decision
         replays the workflow with ``ctx.is_cancelled()`` true. Never compensates by itself."""
         with self.store.begin() as tx:
-            status = tx.cancel(execution_id, reason, utcnow(), self.runtime.settings.decision_queue)
+            status = ops.cancel(tx, execution_id, reason, utcnow(), self.runtime.settings.decision_queue)
         self._after(tx)
         return status
 
     def _preflight(self, name: str) -> None:
         definition = self.registry.workflow(name)
         if definition.kind == "dag":
-            from harvest_celery._dag.builder import preflight
-
             preflight(definition.extra, self.registry)
 
     def preflight(self) -> None:
         """Every DAG's activities and compensators are registered (run at worker boot)."""
-        from harvest_celery._dag.builder import preflight_all
-
         preflight_all(self.registry)
 
     def _after(self, tx: Any) -> None:
@@ -211,14 +207,6 @@ class Harvest:
         compensation unwind, or whose payloads were erased; ``UnknownNode``; and a payload error
         when the history cannot be fully decoded (it fails closed).
         """
-        from harvest_celery._dag.retry import (
-            COMPENSATED,
-            RetryRefused,
-            compensation_executed,
-            erased_refusal,
-            plan_retry,
-        )
-
         definition = self.registry.workflow(dag_name)
         if definition.kind != "dag":
             raise UnknownWorkflow(dag_name)
@@ -237,7 +225,7 @@ class Harvest:
         history = self.store.history(execution_id, strict=True)  # decode before filtering
         if compensation_executed(history):
             raise RetryRefused(execution_id, "compensated", COMPENSATED)
-        plan = plan_retry(definition.extra, history, from_node)
+        plan = dag_retry.plan_retry(definition.extra, history, from_node)
         answer: dict[str, Any] = {"source_run_id": execution_id, "retry_from": plan.retry_from,
                                   "carried": sorted(plan.carried), "rerun": plan.rerun}
         if dry_run:
@@ -297,20 +285,7 @@ class Harvest:
         inline = self._inline
         if inline is None:
             raise InvalidState("-", "not embedded", "drain")
-        while inline.queue:
-            message = inline.queue.popleft()
-            if message.task_name == DECIDE_TASK:
-                self.runtime.run_decision(message.args[0])
-                continue
-            definition = self.registry.activity(message.task_name)
-            if definition.adopted:
-                ref = (message.headers or {})["harvest"]
-                args = (ref["execution_id"], ref["activity_id"], ref["attempt"])
-            else:
-                args = tuple(message.args)
-            claim = self.runtime.claim(*args)
-            if claim is not None and definition.fn is not None:
-                self.runtime.execute(claim, definition.fn)
+        inline.drain(self.runtime, self.registry)
 
 
 def _outcome(row: Execution) -> Any:

@@ -11,6 +11,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -27,7 +28,7 @@ CANCEL_NOTE = (
 
 
 def run_demo(out: TextIO, *, keep: bool = False) -> int:
-    # Imported here: the example workflows are not part of the engine.
+    # the example workflows are not part of the engine
     from workflows import checkout, dag_compensation_example, fulfillment, orders
 
     workdir = Path(tempfile.mkdtemp(prefix="harvest-demo-"))
@@ -38,29 +39,9 @@ def run_demo(out: TextIO, *, keep: bool = False) -> int:
         harvest = Harvest(url)
         harvest.migrate()
         harvest.register(orders, checkout, fulfillment)
-        ledger = checkout.LEDGER
         outcomes: list[tuple[str, str, str, str]] = []
 
-        def run(label: str, title: str, execution_id: str, begin: Callable[[], Any],
-                note: str = "", order_id: int | None = None) -> None:
-            print(f"\n== ({label}) {title} ==", file=out)
-            begin()
-            outcome = _settle(harvest, execution_id)
-            row = harvest.describe(execution_id)
-            for line in render_status(row):
-                print(line, file=out)
-            print("  timeline:", file=out)
-            for line in render_timeline(harvest.history(execution_id)):
-                print("  " + line, file=out)
-            print(f"  outcome   {outcome}", file=out)
-            if order_id is not None:
-                entries = {k: v for k, v in ledger.items() if k.endswith(f"_{order_id}")}
-                print("  ledger    " + (", ".join(f"{k}={v}" for k, v in sorted(entries.items()))
-                                        or "(nothing)"), file=out)
-            if note:
-                print(f"  note: {note}", file=out)
-            error = (row.error or {}).get("type", "") if isinstance(row.error, dict) else ""
-            outcomes.append((label, row.workflow_type, row.status, f"({error})" if error else ""))
+        run = partial(_report, harvest, out, outcomes, checkout.LEDGER)
 
         order = {"order_id": 1, "items": [{"sku": "tea", "qty": 2, "price": 4}, {"sku": "mug", "qty": 1, "price": 9}]}
         run("a", "order_pipeline: validate, price, confirm", "demo-order-1",
@@ -74,20 +55,8 @@ def run_demo(out: TextIO, *, keep: bool = False) -> int:
             lambda: _start(harvest, "checkout", {"order_id": 3, "out_of_stock": True}, "demo-checkout-3"),
             order_id=3)
 
-        def cancel_while_reserving() -> None:
-            # An operator cancels while reserve_inventory's body is running (the in-process
-            # worker runs it on another thread): the body keeps its claim, its result is recorded,
-            # and the post-cancel decision takes the workflow's compensate_all() branch.
-            starter = threading.Thread(target=_start, args=(
-                harvest, "checkout", {"order_id": 4, "reserve_seconds": 1.0}, "demo-checkout-4"))
-            starter.start()
-            _wait_started(harvest, "demo-checkout-4", "2")
-            print("  reserve_inventory is running; an operator cancels the run now", file=out)
-            harvest.cancel_workflow_execution("demo-checkout-4", reason="customer changed their mind")
-            starter.join()
-
         run("d", "checkout cancelled while reserving: the cancel-and-compensate branch",
-            "demo-checkout-4", cancel_while_reserving, note=CANCEL_NOTE, order_id=4)
+            "demo-checkout-4", partial(_cancel_while_reserving, harvest, out), note=CANCEL_NOTE, order_id=4)
 
         run("e", "fulfillment DAG: reserve → capture → print label", "fulfil-5",
             lambda: dag_compensation_example.run(harvest, "5"))
@@ -106,6 +75,44 @@ def run_demo(out: TextIO, *, keep: bool = False) -> int:
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _report(harvest: Harvest, out: TextIO, outcomes: list[tuple[str, str, str, str]],
+            ledger: dict[str, Any], label: str,
+            title: str, execution_id: str, begin: Callable[[], Any], note: str = "",
+            order_id: int | None = None) -> None:
+    """Run one demo scenario and print its status, timeline, outcome and ledger."""
+    print(f"\n== ({label}) {title} ==", file=out)
+    begin()
+    outcome = _settle(harvest, execution_id)
+    row = harvest.describe(execution_id)
+    for line in render_status(row):
+        print(line, file=out)
+    print("  timeline:", file=out)
+    for line in render_timeline(harvest.history(execution_id)):
+        print("  " + line, file=out)
+    print(f"  outcome   {outcome}", file=out)
+    if order_id is not None:
+        entries = {k: v for k, v in ledger.items() if k.endswith(f"_{order_id}")}
+        print("  ledger    " + (", ".join(f"{k}={v}" for k, v in sorted(entries.items()))
+                                or "(nothing)"), file=out)
+    if note:
+        print(f"  note: {note}", file=out)
+    error = (row.error or {}).get("type", "") if isinstance(row.error, dict) else ""
+    outcomes.append((label, row.workflow_type, row.status, f"({error})" if error else ""))
+
+
+def _cancel_while_reserving(harvest: Harvest, out: TextIO) -> None:
+    # An operator cancels while reserve_inventory's body is running (the in-process
+    # worker runs it on another thread): the body keeps its claim, its result is recorded,
+    # and the post-cancel decision takes the workflow's compensate_all() branch.
+    starter = threading.Thread(target=_start, args=(
+        harvest, "checkout", {"order_id": 4, "reserve_seconds": 1.0}, "demo-checkout-4"))
+    starter.start()
+    _wait_started(harvest, "demo-checkout-4", "2")
+    print("  reserve_inventory is running; an operator cancels the run now", file=out)
+    harvest.cancel_workflow_execution("demo-checkout-4", reason="customer changed their mind")
+    starter.join()
 
 
 def _start(harvest: Harvest, workflow: str, data: Any, execution_id: str) -> None:

@@ -142,6 +142,9 @@ class Registry:
             raise DuplicateRegistration("activity", definition.name)
         self.activities[definition.name] = definition
 
+    def has_workflow(self, name: str) -> bool:
+        return name in self.workflows
+
     def workflow(self, name: str) -> WorkflowDefinition:
         try:
             return self.workflows[name]

@@ -1,70 +1,32 @@
-"""DAGs with declarative node compensation.
+"""Declaring a DAG: ``@dag``, the ``DagBuilder`` handed to its function, the build-time guards,
+the level computation and the registration preflight.
 
 ``@dag`` runs its builder function once, at decoration, so every build-time guard fires before a
-single node runs. The DAG then runs as an ordinary workflow execution (its info carries the DAG's
-own name): levels in forward order, each level's nodes dispatched together in ascending
-declaration order and joined (never raced). On terminal failure the succeeded, compensable nodes
-that dispatched something are unwound through ``Saga`` — same LIFO order, same markers, same
-counters — with the compensation envelope ``{"dag_compensate", "input", "output"}``.
+single node runs; the built ``DagDefinition`` (see ``model``) is registered as an ordinary workflow
+whose function is ``runner.make_runner(definition)`` (its info carries the DAG's own name).
+Levels are longest-path depths over the upstreams (``depths``, shared with the run page's layout),
+ascending declaration order within a level, a signal gate a level of its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
-from harvest_celery._core.context import WorkflowContext
 from harvest_celery._core.registry import Registry, WorkflowDefinition, activity_name
 from harvest_celery._core.retry import RetryPolicy
-from harvest_celery._core.saga import Saga
+from harvest_celery._dag.model import DagDefinition, FailFast, MapPolicy, Node
+from harvest_celery._dag.runner import make_runner
 from harvest_celery._errors import (
-    ActivityError,
     CompensatorNameCollidesWithNode,
     DagBuildError,
-    DagTaskFailed,
-    PayloadTooLarge,
     UnregisteredActivity,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-DAG_FAILED = "one or more DAG tasks failed"
-NOT_AN_ARRAY = "mapped upstream output is not a JSON array"
-ENVELOPE_KEYS = frozenset({"dag_compensate", "input", "output"})
 
-
-
-class MapPolicy:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-FailFast = MapPolicy("FailFast")
-"""A mapped node fails if any cell fails (every cell is still awaited); not compensated then."""
-CollectAll = MapPolicy("CollectAll")
-"""A mapped node always succeeds; its output lists each cell as succeeded/failed."""
-
-
-@dataclass
-class Node:
-    index: int
-    name: str
-    kind: str  # "activity", "mapped" or "gate"
-    upstreams: list[str] = field(default_factory=list)
-    queue: str = ""
-    retry: RetryPolicy | None = None
-    start_to_close: float | None = None
-    compensator: str | None = None
-    binding: tuple[str, Any] | None = None  # ("from", name) · ("all", [names]) · ("aliased", [(alias, name)])
-    over: str | None = None
-    policy: MapPolicy = FailFast
-    level: int = 0
-
-
+# ── declaring nodes ───────────────────────────────────────────────────────────────────────────
 class NodeRef:
     """What ``dag.activity(...)`` returns: chain the node's settings."""
 
@@ -182,16 +144,7 @@ class DagBuilder:
         return self._add(signal, "gate")
 
 
-@dataclass(frozen=True)
-class DagDefinition:
-    name: str
-    nodes: tuple[Node, ...]
-    levels: tuple[tuple[Node, ...], ...]
-
-    def node(self, name: str) -> Node:
-        return next(n for n in self.nodes if n.name == name)
-
-
+# ── building and checking ─────────────────────────────────────────────────────────────────────
 def build(name: str, fn: Callable[[DagBuilder], Any]) -> DagDefinition:
     builder = DagBuilder(name)
     fn(builder)
@@ -237,26 +190,41 @@ def _check_node(dag: str, node: Node, forward: set[str]) -> None:
         raise DagBuildError(f"dag {dag!r} contains a dependency cycle (task {task!r} depends on itself)")
 
 
-def _levels(dag: str, nodes: list[Node]) -> tuple[tuple[Node, ...], ...]:
-    """Longest-path levels; ascending declaration index within a level; a signal gate is a level
-    of its own (after the level's other nodes)."""
-    by_name = {n.name: n for n in nodes}
+def depths(upstreams: Mapping[str, Sequence[str]], on_cycle: Callable[[str], int]) -> dict[str, int]:
+    """Longest-path depth of each name over its upstreams (roots are 0), in ``upstreams``' order.
+
+    An upstream that is not a key is ignored. When a cycle is met at a name still being visited,
+    ``on_cycle(name)`` either raises or returns the depth to assume for it there.
+    """
     depth: dict[str, int] = {}
     visiting: set[str] = set()
 
-    def level_of(node: Node) -> int:
-        if node.name in depth:
-            return depth[node.name]
-        if node.name in visiting:
-            raise DagBuildError(f"dag {dag!r} contains a dependency cycle (through task {node.name!r})")
-        visiting.add(node.name)
-        level = 1 + max((level_of(by_name[u]) for u in node.upstreams), default=-1)
-        visiting.discard(node.name)
-        depth[node.name] = level
-        return level
+    def depth_of(name: str) -> int:
+        if name in depth:
+            return depth[name]
+        if name in visiting:
+            return on_cycle(name)
+        visiting.add(name)
+        value = 1 + max((depth_of(u) for u in upstreams[name] if u in upstreams), default=-1)
+        visiting.discard(name)
+        depth[name] = value
+        return value
 
+    for name in upstreams:
+        depth_of(name)
+    return depth
+
+
+def _levels(dag: str, nodes: list[Node]) -> tuple[tuple[Node, ...], ...]:
+    """Longest-path levels; ascending declaration index within a level; a signal gate is a level
+    of its own (after the level's other nodes)."""
+
+    def cycle(name: str) -> int:
+        raise DagBuildError(f"dag {dag!r} contains a dependency cycle (through task {name!r})")
+
+    depth = depths({n.name: n.upstreams for n in nodes}, cycle)
     for node in nodes:
-        node.level = level_of(node)
+        node.level = depth[node.name]
     out: list[tuple[Node, ...]] = []
     for level in sorted(set(depth.values())):
         members = sorted((n for n in nodes if n.level == level), key=lambda n: n.index)
@@ -283,127 +251,7 @@ def preflight_all(registry: Registry) -> None:
             preflight(definition.extra, registry)
 
 
-# ── running a DAG ──────────────────────────────────────────────────────────────────────────────
-@dataclass
-class _Outcome:
-    status: str  # "succeeded" · "failed" · "skipped"
-    output: Any = None
-    input: Any = None
-    dispatched: bool = False
-    cause: str | None = None  # a pre-dispatch rejection's precise message
-    error: str | None = None
-
-
-def _resolve_input(node: Node, conf: Any, outcomes: dict[str, _Outcome]) -> Any:
-    if node.binding is None:
-        return {"conf": conf, "dag_task": node.name}
-    kind, spec = node.binding
-    if kind == "from":
-        return outcomes[spec].output
-    if kind == "all":
-        return {name: outcomes[name].output for name in spec}
-    return {alias: outcomes[name].output for alias, name in spec}
-
-
-async def _run_activity(ctx: WorkflowContext, node: Node, value: Any) -> _Outcome:
-    try:
-        future = ctx.execute_activity(node.name, value, node.queue, retry=node.retry,
-                                      start_to_close=node.start_to_close)
-    except PayloadTooLarge as exc:
-        # deterministic pre-dispatch rejection: no id, no command, no event; a node failure
-        return _Outcome("failed", input=value, cause=f"dag task {node.name!r}: {exc}")
-    try:
-        return _Outcome("succeeded", await future, value, dispatched=True)
-    except ActivityError as exc:
-        return _Outcome("failed", input=value, dispatched=True, error=str(exc))
-
-
-async def _run_mapped(ctx: WorkflowContext, node: Node, items: Any) -> _Outcome:
-    if not isinstance(items, list):
-        return _Outcome("failed", input=items, cause=NOT_AN_ARRAY)
-    if not items:
-        return _Outcome("succeeded", [], items, dispatched=False)  # nothing done: never compensated
-    try:
-        ctx.check_activity_inputs(node.name, items)
-    except PayloadTooLarge as exc:
-        return _Outcome("failed", input=items, cause=f"dag task {node.name!r}: {exc}")
-    futures = [ctx.execute_activity(node.name, item, node.queue, retry=node.retry,
-                                    start_to_close=node.start_to_close) for item in items]
-
-    async def cell(future: Any) -> tuple[bool, Any]:
-        try:
-            return True, await future
-        except ActivityError as exc:
-            return False, exc.error_message
-
-    cells = await ctx.gather(*(cell(f) for f in futures))
-    if node.policy is CollectAll:
-        output = [{"status": "succeeded", "value": v} if ok else {"status": "failed", "error": v}
-                  for ok, v in cells]
-        return _Outcome("succeeded", output, items, dispatched=True)
-    errors = [v for ok, v in cells if not ok]
-    if not errors:
-        return _Outcome("succeeded", [v for _, v in cells], items, dispatched=True)
-    return _Outcome("failed", input=items, dispatched=True, error=errors[0])
-
-
-async def _run_node(ctx: WorkflowContext, node: Node, conf: Any, outcomes: dict[str, _Outcome]) -> _Outcome:
-    if node.kind == "gate":
-        return _Outcome("succeeded", await ctx.wait_signal(node.name))
-    if node.kind == "mapped":
-        assert node.over is not None
-        return await _run_mapped(ctx, node, outcomes[node.over].output)
-    return await _run_activity(ctx, node, _resolve_input(node, conf, outcomes))
-
-
-def make_runner(definition: DagDefinition) -> Callable[[WorkflowContext, Any], Any]:
-    async def run_dag(ctx: WorkflowContext, conf: Any) -> dict[str, Any]:
-        outcomes: dict[str, _Outcome] = {}
-        # retry-from-node: nodes carried over from the source run succeeded there and their side
-        # effects are live, so they count as dispatched (compensable) without running again
-        for name, recorded in ctx.info.carried.items():
-            outcomes[name] = _Outcome("succeeded", recorded.get("output"), recorded.get("input"),
-                                      dispatched=True)
-        for level in definition.levels:
-            runnable = []
-            for node in level:
-                if node.name in outcomes:
-                    continue
-                if all(outcomes[u].status == "succeeded" for u in node.upstreams):
-                    runnable.append(node)
-                else:
-                    outcomes[node.name] = _Outcome("skipped")
-            results = await ctx.gather(*(_run_node(ctx, n, conf, outcomes) for n in runnable))
-            for node, outcome in zip(runnable, results, strict=True):
-                outcomes[node.name] = outcome
-        failed = [n for n in definition.nodes if outcomes[n.name].status == "failed"]
-        if not failed:
-            return {n.name: outcomes[n.name].output for n in definition.nodes
-                    if outcomes[n.name].status == "succeeded"}
-        causes = [c for c in (outcomes[n.name].cause for n in failed) if c]
-        error = DagTaskFailed(causes[0] if causes else DAG_FAILED)
-        if ctx.is_cancelled():
-            raise error  # a cancelled run never unwinds
-        saga = Saga(ctx)
-        for level in definition.levels:  # pushed in forward order, unwound LIFO
-            for node in level:
-                outcome = outcomes[node.name]
-                if outcome.status == "succeeded" and outcome.dispatched and node.compensator:
-                    saga.push_compensation(_compensation(ctx, node, outcome))
-        await saga.compensate_all_after(error)
-        raise error  # unreachable: compensate_all_after always raises
-
-    return run_dag
-
-
-def _compensation(ctx: WorkflowContext, node: Node, outcome: _Outcome) -> Callable[[], Any]:
-    envelope = {"dag_compensate": node.name, "input": outcome.input, "output": outcome.output}
-    compensator = node.compensator
-    # On the node's queue string: empty → the compensator's own default queue → "default". The
-    # node's retry/start_to_close overrides are deliberately not applied to its undo.
-    return lambda: ctx.execute_activity(compensator, envelope, queue=node.queue)
-
-
+# ── the decorator ─────────────────────────────────────────────────────────────────────────────
 @overload
 def dag(fn: F) -> F: ...
 @overload

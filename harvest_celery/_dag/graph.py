@@ -11,8 +11,9 @@ an ordinary ``ActivityScheduled`` under the compensator's name. Within one defin
 ``CompensatorNameCollidesWithNode`` keeps the names apart, but a later version may declare a forward
 node named like an older version's compensator; reading the old dispatch as that node would show a
 node that never ran as succeeded/failed with the compensation's timings. Both readers —
-``node_outcome`` (status) and ``latest_scheduled`` (timings, attempts, error) — skip a dispatch
-whose input is a compensation envelope naming a node dispatched earlier in the same run. That
+``node_outcome`` (status) and ``latest_scheduled`` (timings, attempts, error) — and the graph
+itself read the forward dispatches of ``folds.fold_dispatches``, which sets aside a dispatch whose
+input is a compensation envelope naming a node dispatched earlier in the same run. That
 corroboration reads history only, never the definition, so it cannot drift across versions.
 
 **The readers must decode before they filter.** The corroboration reads
@@ -21,124 +22,45 @@ corroboration reads history only, never the definition, so it cannot drift acros
 field is opaque. The run graph is a read-only surface and reads with ``strict=False`` (a payload
 that cannot be decoded is logged and left raw; the page still renders); the retry guard reads
 strictly and fails closed.
+
+The run row is read through ``RunRow`` (id, status, created_at, closed_at): any object with those
+fields will do, so this package needs nothing from the store.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from harvest_celery._core import events as ev
 from harvest_celery._core.lifecycle import TERMINAL_STATUSES
-from harvest_celery._core.names import START_TO_CLOSE_TIMEOUT
-from harvest_celery._dag.builder import ENVELOPE_KEYS, CollectAll, DagDefinition, Node
-from harvest_celery._store.store import Execution
+from harvest_celery._dag.folds import Dispatch, fold_dispatches
+from harvest_celery._dag.model import CollectAll, DagDefinition, Node
 
 ERROR_MAX_CHARS = 200
-TIMEOUT_ERROR_TYPE = START_TO_CLOSE_TIMEOUT
 
 NODE_STATUSES = ("succeeded", "failed", "timed_out", "cancelled", "running", "pending", "skipped")
 
 
-# ── compensation dispatches ──────────────────────────────────────────────────────────────────
-def is_envelope(value: Any) -> bool:
-    """``value`` has the shape of a DAG compensation envelope ``{dag_compensate, input, output}``."""
-    return (isinstance(value, dict) and ENVELOPE_KEYS <= value.keys()
-            and isinstance(value["dag_compensate"], str))
+class RunRow(Protocol):
+    """The fields of a run the graph reads (the store's ``Execution`` is one)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def created_at(self) -> datetime: ...
+    @property
+    def closed_at(self) -> datetime | None: ...
 
 
-def is_compensation_dispatch(event: ev.Event, dispatched_names: Iterable[str]) -> bool:
-    """A compensation dispatch: an ``ActivityScheduled`` whose input is a compensation envelope
-    naming an activity that was dispatched as a forward (non-compensation) node in the same run.
-
-    A forward input that merely has the envelope's keys but names nothing dispatched is a forward
-    dispatch. History-only: the definition is never consulted.
-    """
-    return (isinstance(event, ev.ActivityScheduled) and is_envelope(event.input)
-            and event.input["dag_compensate"] in dispatched_names)
-
-
-def forward_dispatches(history: Sequence[ev.HistoryEvent]) -> list[ev.HistoryEvent]:
-    """Every ``ActivityScheduled`` that is not a compensation dispatch, in history order.
-
-    Classified in order: a compensation always follows the dispatch of the node it undoes, so the
-    forward names seen so far are the corroborating set.
-    """
-    seen: set[str] = set(carried_nodes(history))  # dispatched by the run this one forked from
-    out: list[ev.HistoryEvent] = []
-    for item in history:
-        event = item.event
-        if not isinstance(event, ev.ActivityScheduled) or is_compensation_dispatch(event, seen):
-            continue
-        seen.add(event.activity_name)
-        out.append(item)
-    return out
-
-
-def carried_nodes(history: Sequence[ev.HistoryEvent]) -> list[str]:
-    """Nodes a retry-from-node fork carried over from its source run (they succeeded there)."""
-    started = history[0].event if history else None
-    carried = getattr(started, "carried", None) or {}
-    return list(carried) if isinstance(carried, dict) else []
-
-
-# ── one dispatch, as history recorded it ─────────────────────────────────────────────────────
-@dataclass(frozen=True)
-class Dispatch:
-    """One forward dispatch of an activity (all its attempts share its activity id)."""
-
-    activity_id: str
-    scheduled_at: datetime
-    started_at: datetime | None  # the latest attempt's ActivityStarted
-    finished_at: datetime | None
-    attempts: int
-    outcome: str  # "succeeded" · "failed" · "timed_out" · "open"
-    error_type: str | None = None
-    error: str | None = None  # raw; truncated only when rendered
-
-
-def _dispatches(history: Sequence[ev.HistoryEvent]) -> dict[str, list[Dispatch]]:
-    """Forward dispatches by activity name, in dispatch order."""
-    started: dict[str, tuple[datetime, int]] = {}
-    attempts: dict[str, int] = {}
-    done: dict[str, ev.HistoryEvent] = {}
-    for item in history:
-        event = item.event
-        if isinstance(event, ev.ActivityStarted):
-            started[event.activity_id] = (item.recorded_at, event.attempt)
-            attempts[event.activity_id] = max(attempts.get(event.activity_id, 0), event.attempt)
-        elif isinstance(event, (ev.ActivityCompleted, ev.ActivityFailed)):
-            attempts[event.activity_id] = max(attempts.get(event.activity_id, 0), event.attempt)
-            # a completion is authoritative; otherwise the last failure recorded
-            prev = done.get(event.activity_id)
-            if prev is None or not isinstance(prev.event, ev.ActivityCompleted):
-                done[event.activity_id] = item
-    out: dict[str, list[Dispatch]] = {}
-    for item in forward_dispatches(history):
-        scheduled = item.event
-        assert isinstance(scheduled, ev.ActivityScheduled)
-        aid = scheduled.activity_id
-        end = done.get(aid)
-        outcome, error_type, error = "open", None, None
-        if end is not None and isinstance(end.event, ev.ActivityCompleted):
-            outcome = "succeeded"
-        elif end is not None and isinstance(end.event, ev.ActivityFailed):
-            error_type, error = end.event.error_type, end.event.message
-            outcome = "timed_out" if error_type == TIMEOUT_ERROR_TYPE else "failed"
-        out.setdefault(scheduled.activity_name, []).append(Dispatch(
-            activity_id=aid, scheduled_at=item.recorded_at,
-            started_at=started[aid][0] if aid in started else None,
-            finished_at=end.recorded_at if end is not None else None,
-            attempts=attempts.get(aid, 0), outcome=outcome, error_type=error_type, error=error))
-    return out
-
-
+# ── a node's forward dispatches, by name ──────────────────────────────────────────────────────
 def latest_scheduled(history: Sequence[ev.HistoryEvent], node_name: str) -> Dispatch | None:
     """The node's latest forward dispatch (timings, attempts, error); compensation dispatches
     under the same name are skipped. ``None`` if the node was never dispatched."""
-    found = _dispatches(history).get(node_name)
+    found = fold_dispatches(history).forward_by_name().get(node_name)
     return found[-1] if found else None
 
 
@@ -150,7 +72,7 @@ def node_outcome(history: Sequence[ev.HistoryEvent], node_name: str) -> str:
     return "not_attempted" if latest is None else latest.outcome
 
 
-# ── rendering ────────────────────────────────────────────────────────────────────────────────
+# ── rendering ─────────────────────────────────────────────────────────────────────────────────
 def first_line(message: str | None, limit: int = ERROR_MAX_CHARS) -> str | None:
     """The first line of ``message``, cut at ``limit`` characters (``None`` when empty)."""
     if not message:
@@ -206,7 +128,7 @@ def _mapped_node(node: Node, cells: list[Dispatch], live: bool) -> dict[str, Any
     return _node(node, status, started, finished, max(c.attempts for c in cells), failure)
 
 
-def build_run_graph(definition: DagDefinition, execution: Execution,
+def build_run_graph(definition: DagDefinition, execution: RunRow,
                     history: Sequence[ev.HistoryEvent]) -> dict[str, Any]:
     """``{run_id, dag_name, state, started_at, finished_at, nodes: [...]}`` for one DAG run, from
     its decoded history.
@@ -220,12 +142,13 @@ def build_run_graph(definition: DagDefinition, execution: Execution,
     the same way); a signal gate is ``succeeded`` once its signal has been delivered.
     """
     live = execution.status not in TERMINAL_STATUSES
-    by_name = _dispatches(history)
+    fold = fold_dispatches(history)
+    by_name = fold.forward_by_name()
     signals: dict[str, datetime] = {}
     for item in history:
         if isinstance(item.event, ev.SignalReceived):
             signals.setdefault(item.event.name, item.recorded_at)
-    carried = set(carried_nodes(history))
+    carried = set(fold.carried)
     nodes = []
     for node in definition.nodes:
         dispatches = by_name.get(node.name)

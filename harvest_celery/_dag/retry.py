@@ -6,10 +6,16 @@ refused (its succeeded nodes' side effects were rolled back), detected by two si
 
 1. a ``saga_compensat*`` marker followed by a *started* activity dispatch (positional, so it
    survives erasure; a bare marker whose compensator was rejected pre-dispatch stays retryable);
-2. a *started* dispatch whose input is a compensation envelope naming a node dispatched in the
-   same run (catches a marker-less unwind at a drained signal frontier).
+2. a *started* compensation dispatch — by ``folds.fold_dispatches``' rule, an input that is a
+   compensation envelope naming a node dispatched earlier in the same run or carried into it
+   (catches a marker-less unwind at a drained signal frontier).
 
 "Started" means an ``ActivityStarted`` exists: its absence proves the body never ran.
+
+The plan carries over what succeeded in the source run as the same fold reads it: an activity
+node's latest forward dispatch completed; every cell of a mapped node finished (and, unless it is
+``CollectAll``, completed); a gate's signal was delivered. Refusals are ``RetryRefused`` and
+``UnknownNode`` from ``harvest_celery._errors``; nothing here touches the store.
 """
 
 from __future__ import annotations
@@ -20,15 +26,14 @@ from typing import Any
 
 from harvest_celery._core import events as ev
 from harvest_celery._core.names import is_saga_marker
-from harvest_celery._dag.builder import CollectAll, DagDefinition
-from harvest_celery._dag.graph import forward_dispatches
+from harvest_celery._dag.folds import Dispatch, fold_dispatches
+from harvest_celery._dag.model import CollectAll, DagDefinition, Node
 from harvest_celery._errors import RetryRefused, UnknownNode
 
 COMPENSATED = (
     "this run already executed its compensation unwind, so its succeeded nodes' side effects were "
     "rolled back; retrying would resume on rolled-back state — start a fresh DAG run instead"
 )
-
 
 
 def erased_refusal(execution_id: str) -> RetryRefused:
@@ -39,16 +44,12 @@ def erased_refusal(execution_id: str) -> RetryRefused:
 
 def compensation_executed(history: Sequence[ev.HistoryEvent]) -> bool:
     """Either signal holds (see the module docstring)."""
-    events = [h.event for h in history]
-    started = {e.activity_id for e in events if isinstance(e, ev.ActivityStarted)}
-    for i, event in enumerate(events):
-        if isinstance(event, ev.MarkerRecorded) and is_saga_marker(event.name):
-            if any(isinstance(later, ev.ActivityScheduled) and later.activity_id in started
-                   for later in events[i + 1:]):
-                return True
-    forward = {id(h) for h in forward_dispatches(history)}
-    return any(isinstance(h.event, ev.ActivityScheduled) and id(h) not in forward
-               and h.event.activity_id in started for h in history)
+    dispatches = fold_dispatches(history)
+    marker = next((h.seq for h in history
+                   if isinstance(h.event, ev.MarkerRecorded) and is_saga_marker(h.event.name)), None)
+    if marker is not None and any(d.seq > marker and d.started for d in dispatches.dispatches):
+        return True
+    return any(d.started for d in dispatches.compensations())
 
 
 @dataclass(frozen=True)
@@ -58,59 +59,48 @@ class RetryPlan:
     rerun: list[str] = field(default_factory=list)
 
 
-def _recorded(history: Sequence[ev.HistoryEvent]) -> dict[str, list[tuple[Any, ev.Event | None]]]:
-    """Forward dispatches by node name: (scheduled input, final result event or None)."""
-    results: dict[str, ev.Event] = {}
-    for h in history:
-        if isinstance(h.event, ev.ActivityCompleted) or (
-                isinstance(h.event, ev.ActivityFailed) and h.event.activity_id not in results):
-            results[h.event.activity_id] = h.event
-    out: dict[str, list[tuple[Any, ev.Event | None]]] = {}
-    for h in forward_dispatches(history):
-        scheduled = h.event
-        assert isinstance(scheduled, ev.ActivityScheduled)
-        out.setdefault(scheduled.activity_name, []).append(
-            (scheduled.input, results.get(scheduled.activity_id)))
-    return out
-
-
 def _succeeded(definition: DagDefinition, history: Sequence[ev.HistoryEvent],
                started: ev.WorkflowStarted) -> dict[str, dict[str, Any]]:
     """Nodes that succeeded in the source run, with their recorded input and output."""
     carried_before = dict(started.carried or {})
-    recorded = _recorded(history)
+    recorded = fold_dispatches(history).forward_by_name()
     signals = [h.event for h in history if isinstance(h.event, ev.SignalReceived)]
     out: dict[str, dict[str, Any]] = {}
     for node in definition.nodes:
         if node.name in carried_before:
             out[node.name] = carried_before[node.name]
-            continue
-        if node.kind == "gate":
+        elif node.kind == "gate":
             payloads = [s.payload for s in signals if s.name == node.name]
             if payloads:
                 out[node.name] = {"input": None, "output": payloads[0]}
-            continue
-        dispatches = recorded.get(node.name, [])
-        if not dispatches:
-            continue
-        if node.kind == "activity":
-            value, result = dispatches[-1]
-            if isinstance(result, ev.ActivityCompleted):
-                out[node.name] = {"input": value, "output": result.output}
-            continue
-        if not all(result is not None for _v, result in dispatches):
-            continue  # a mapped node with cells still open
-        cells = [r for _v, r in dispatches]
-        output: list[Any]
-        if node.policy is CollectAll:
-            output = [{"status": "succeeded", "value": r.output} if isinstance(r, ev.ActivityCompleted)
-                      else {"status": "failed", "error": getattr(r, "message", "")} for r in cells]
-        elif all(isinstance(r, ev.ActivityCompleted) for r in cells):
-            output = [getattr(r, "output", None) for r in cells]
         else:
-            continue
-        out[node.name] = {"input": [v for v, _r in dispatches], "output": output}
+            found = _node_succeeded(node, recorded.get(node.name, []))
+            if found is not None:
+                out[node.name] = found
     return out
+
+
+def _node_succeeded(node: Node, dispatches: list[Dispatch]) -> dict[str, Any] | None:
+    """``{input, output}`` of an activity or mapped node that succeeded, else ``None``."""
+    if not dispatches:
+        return None
+    if node.kind == "activity":
+        last = dispatches[-1]
+        if isinstance(last.result, ev.ActivityCompleted):
+            return {"input": last.input, "output": last.result.output}
+        return None
+    cells = [d.result for d in dispatches]
+    if any(r is None for r in cells):
+        return None  # a mapped node with cells still open
+    output: list[Any]
+    if node.policy is CollectAll:
+        output = [{"status": "succeeded", "value": r.output} if isinstance(r, ev.ActivityCompleted)
+                  else {"status": "failed", "error": getattr(r, "message", "")} for r in cells]
+    elif all(isinstance(r, ev.ActivityCompleted) for r in cells):
+        output = [getattr(r, "output", None) for r in cells]
+    else:
+        return None
+    return {"input": [d.input for d in dispatches], "output": output}
 
 
 def descendants(definition: DagDefinition, name: str) -> set[str]:

@@ -7,22 +7,11 @@ import json
 from typing import Any
 
 from harvest_celery._core.jsonvalues import dumps
-
-# ── payload-bearing fields: the one definition every encode/decode/erase pass uses ─────────────
-PAYLOAD_FIELDS: dict[str, tuple[str, ...]] = {
-    "WorkflowStarted": ("input", "carried"),
-    "ActivityScheduled": ("input",),
-    "ActivityCompleted": ("output",),
-    "MarkerRecorded": ("details",),
-    "SignalReceived": ("payload",),
-    "WorkflowCompleted": ("result",),
-}
-EXECUTION_PAYLOAD_COLUMNS = ("input", "result")
-ERASED: dict[str, Any] = {"_harvest_erased": True}
-
-
-def is_erased(value: Any) -> bool:
-    return isinstance(value, dict) and value.get("_harvest_erased") is True
+from harvest_celery._errors import PayloadStoreError
+from harvest_celery._payloads.codec import CodecChain
+from harvest_celery._payloads.erasure import is_erased
+from harvest_celery._payloads.fields import PAYLOAD_FIELDS
+from harvest_celery._payloads.stores import OFFLOAD_KEY, is_reference
 
 
 class Payloads:
@@ -33,8 +22,6 @@ class Payloads:
     """
 
     def __init__(self, codec: Any = None, store: Any = None, offload_threshold: int | None = None) -> None:
-        from harvest_celery._payloads.codec import CodecChain
-
         self.codec = codec if isinstance(codec, CodecChain) else CodecChain([codec] if codec else [])
         self.store = store
         self.offload_threshold = offload_threshold if store is not None else None
@@ -46,15 +33,11 @@ class Payloads:
         if self.offload_threshold is not None:
             text = dumps(encoded, key)
             if len(text.encode()) > self.offload_threshold:
-                from harvest_celery._payloads.stores import OFFLOAD_KEY
-
                 self.store.put(key, text.encode())
                 return {OFFLOAD_KEY: 1, "store_id": self.store.store_id, "key": key}
         return encoded
 
     def decode_value(self, value: Any) -> Any:
-        from harvest_celery._payloads.stores import PayloadStoreError, is_reference
-
         if is_reference(value):
             key, store_id = str(value.get("key")), str(value.get("store_id"))
             if self.store is None:
@@ -94,9 +77,3 @@ def _opaque(value: Any) -> bool:
 def needs_decode(data: dict[str, Any]) -> bool:
     """The cheap structural scan: is any payload field of this event opaque?"""
     return any(_opaque(data.get(name)) for name in PAYLOAD_FIELDS.get(data.get("type", ""), ()))
-
-
-def references(value: Any) -> list[tuple[str, str]]:
-    if isinstance(value, dict) and value.get("_harvest_offload_envelope") == 1:
-        return [(str(value.get("store_id")), str(value.get("key")))]
-    return []

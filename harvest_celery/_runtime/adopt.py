@@ -10,24 +10,24 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import Celery, signals
 
 from harvest_celery._core.registry import ActivityDefinition
-
-if TYPE_CHECKING:
-    from harvest_celery._runtime.runtime import Runtime
+from harvest_celery._runtime import claim as claims
+from harvest_celery._runtime.messages import REF_HEADER
+from harvest_celery._runtime.runtime import Runtime
 
 log = logging.getLogger("harvest_celery")
 
 
 def _ref(task: Any) -> dict[str, Any] | None:
     request = task.request
-    ref = getattr(request, "harvest", None)
+    ref = getattr(request, REF_HEADER, None)
     if ref is None:
         headers = getattr(request, "headers", None) or {}
-        ref = headers.get("harvest")
+        ref = headers.get(REF_HEADER)
     return ref if isinstance(ref, dict) else None
 
 
@@ -44,11 +44,8 @@ def adopt(app: Celery, runtime: Runtime, definition: ActivityDefinition) -> None
             ref = _ref(task)
             if ref is None:
                 return original(*args, **kwargs)  # an ordinary call, not dispatched by harvest
-            claim = runtime.claim(ref["execution_id"], ref["activity_id"], int(ref["attempt"]))
-            if claim is None:
-                log.info("adopted task %s: claim refused, body skipped", definition.name)
-                return None
-            runtime.execute(claim, lambda value: original(value))
+            claims.claim_and_run(runtime, str(ref["execution_id"]), str(ref["activity_id"]),
+                                 int(ref["attempt"]), original)
             return None
 
         task.run = guarded

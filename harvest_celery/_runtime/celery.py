@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import Celery, Task, signals
 from celery.exceptions import SoftTimeLimitExceeded
 
 from harvest_celery._core.registry import ActivityDefinition
+from harvest_celery._dag.builder import preflight_all
 from harvest_celery._errors import StartToCloseTimeout
-from harvest_celery._store.store import DECIDE_TASK, TIME_LIMIT_HEADER, Claim, OutboxMessage
-
-if TYPE_CHECKING:
-    from harvest_celery._runtime.runtime import Runtime, Sweeper
+from harvest_celery._runtime import claim as claims
+from harvest_celery._runtime.messages import DECIDE_TASK, Message
+from harvest_celery._runtime.metrics import serve
+from harvest_celery._runtime.runtime import Runtime
+from harvest_celery._store.records import Claim
 
 log = logging.getLogger("harvest_celery")
 
@@ -31,13 +33,10 @@ class CeleryDispatcher:
     def __init__(self, app: Celery) -> None:
         self.app = app
 
-    def send(self, message: OutboxMessage) -> None:
-        limits: dict[str, float] = {}
-        deadline = (message.headers or {}).get(TIME_LIMIT_HEADER)
-        if deadline:  # honoured by prefork pools; the lease sweep covers the others
-            limits = {"soft_time_limit": float(deadline), "time_limit": float(deadline) + 5}
+    def send(self, message: Message) -> None:
         self.app.send_task(message.task_name, args=message.args, queue=message.queue,
-                           task_id=message.task_id, headers=message.headers or None, **limits)
+                           task_id=message.task_id, headers=message.headers or None,
+                           ignore_result=True, **message.time_limits)
 
 
 class ActivityTask(Task):  # type: ignore[misc]
@@ -54,13 +53,11 @@ class ActivityTask(Task):  # type: ignore[misc]
         claim = getattr(self.request, "harvest_claim", _NOT_CLAIMED)
         if claim is _NOT_CLAIMED:
             # Called without the pre-run hook (e.g. .apply()): claim here, same rules.
-            claim = _claim(self.harvest_runtime, execution_id, activity_id, attempt)
-        if claim is None:
-            return None  # refused or the append failed: the body must not run
-        assert isinstance(claim, Claim)
+            claim = claims.claim(self.harvest_runtime, execution_id, activity_id, attempt)
+        assert claim is None or isinstance(claim, Claim)
         fn = self.harvest_definition.fn
         assert fn is not None
-        self.harvest_runtime.execute(claim, _timeout_as_failure(fn))
+        claims.run_claimed(self.harvest_runtime, claim, _timeout_as_failure(fn))
         return None
 
 
@@ -75,24 +72,11 @@ def _timeout_as_failure(fn: Any) -> Any:
 
 
 
-def _claim(runtime: Runtime, execution_id: str, activity_id: str, attempt: int) -> Claim | None:
-    try:
-        claim = runtime.claim(execution_id, activity_id, attempt)
-    except Exception:  # noqa: BLE001 - the sweeper re-dispatches the still-scheduled row
-        log.exception("claim of %s/%s attempt %s failed: the body will not run; "
-                      "the sweeper re-dispatches it", execution_id, activity_id, attempt)
-        return None
-    if claim is None:
-        log.info("claim of %s/%s attempt %s refused (duplicate, stale or cancelled)",
-                 execution_id, activity_id, attempt)
-    return claim
-
-
 def _on_prerun(sender: Any = None, task: Any = None, args: Any = None, **_kw: Any) -> None:
     runtime = getattr(task, "harvest_runtime", None)
     if runtime is None or not isinstance(task, ActivityTask) or not args or len(args) != 3:
         return
-    task.request.harvest_claim = _claim(runtime, *args)
+    task.request.harvest_claim = claims.claim(runtime, *args)
 
 
 def install(app: Celery, runtime: Runtime) -> None:
@@ -109,23 +93,16 @@ def install(app: Celery, runtime: Runtime) -> None:
         runtime.run_decision(execution_id)
 
     signals.task_prerun.connect(_on_prerun, weak=False)
-    sweeper_holder: list[Sweeper] = []
-
     def _start_sweeper(sender: Any = None, **_kw: Any) -> None:
-        from harvest_celery._runtime.runtime import Sweeper
-
         consumer = getattr(sender, "app", None)
         if consumer is not app:
             return
         queues = set(app.amqp.queues.consume_from or {})  # type: ignore[union-attr]
-        if runtime.settings.decision_queue in queues and not sweeper_holder:
-            sweeper_holder.append(Sweeper(runtime))
-            sweeper_holder[0].start()
+        if runtime.settings.decision_queue in queues:
+            runtime.sweeper.start()
             log.info("harvest sweeper started (decision queue %r)", runtime.settings.decision_queue)
         port = os.environ.get("HARVEST_METRICS_PORT")
         if port:
-            from harvest_celery._runtime.metrics import serve
-
             try:
                 serve(int(port), os.environ.get("HARVEST_METRICS_ADDR", "127.0.0.1"))
             except OSError as exc:  # the worker works without its metrics endpoint; say so loudly
@@ -134,8 +111,6 @@ def install(app: Celery, runtime: Runtime) -> None:
     signals.worker_ready.connect(_start_sweeper, weak=False)
 
     def _preflight(sender: Any = None, **_kw: Any) -> None:
-        from harvest_celery._dag.builder import preflight_all
-
         if getattr(sender, "app", None) is not app:
             return
         try:

@@ -11,14 +11,23 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest, multiprocess
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    generate_latest,
+    multiprocess,
+    start_http_server,
+)
 
 _SPECS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "saga_compensated": ("harvest_saga_compensated", "Saga/DAG unwinds begun (counted once per unwind).", ("workflow",)),
     "saga_compensation_failed": ("harvest_saga_compensation_failed", "Unwinds that ended with compensation errors.", ("workflow",)),
     "workflow_terminal": ("harvest_workflow_terminal", "Runs that reached a terminal outcome.", ("workflow", "outcome")),
     "nd_blocked": ("harvest_nd_blocked", "Decisions that diverged from history (run nd-blocked).", ("workflow",)),
-    "activity_attempt_failed": ("harvest_activity_attempt_failed", "Activity attempts that raised.", ("workflow", "queue")),
+    "activity_attempt_failed": ("harvest_activity_attempt_failed", "Activity attempts that failed (raised, or lost their lease).", ("workflow", "queue")),
+    "decisions": ("harvest_decisions", "Decisions taken, by path: inline (in the worker that recorded the completion) or task (the decision task).", ("workflow", "path")),
 }
 
 
@@ -47,8 +56,6 @@ METRICS = Metrics()
 
 def exposition() -> tuple[bytes, str]:
     """The text exposition: aggregated over processes when PROMETHEUS_MULTIPROC_DIR is set."""
-    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY
-
     registry: Any = REGISTRY
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
@@ -59,8 +66,6 @@ def exposition() -> tuple[bytes, str]:
 def serve(port: int, addr: str = "127.0.0.1") -> None:
     """Serve ``/metrics`` from this process (aggregating pool children under
     PROMETHEUS_MULTIPROC_DIR)."""
-    from prometheus_client import REGISTRY, start_http_server
-
     registry: Any = REGISTRY
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()

@@ -1,1 +1,11 @@
-"""TODO"""
+"""The store: the one seam to the database. Schema and Alembic migrations, the engine and
+transactions (``store``, ``tx``), typed rows out (``records``: never a SQLAlchemy row), the one
+dialect seam (SQLite for embedded mode, Postgres), the activity side (``tasks``: claim,
+completion, retries, leases), what the sweeper finds due (``sweeps``), every run mutation in
+one module (``runs``: start, signal, cancel, terminate, pause, resume, reset, fork, erase,
+purge) and the Postgres payload store (``blobs``).
+
+Owns: all SQL. What a transaction asks to send is a neutral ``Dispatch`` record.
+May not import: Celery, kombu, redis, FastAPI, pydantic, ``_runtime``, ``_web``, ``_client``,
+``_cli``.
+"""

@@ -29,7 +29,9 @@ from fastapi.responses import HTMLResponse
 from harvest_celery._core import events as ev
 from harvest_celery._core.jsonvalues import storable_text
 from harvest_celery._core.timeline import render_timeline
-from harvest_celery._dag.graph import build_run_graph, forward_dispatches, is_compensation_dispatch
+from harvest_celery._dag.builder import depths
+from harvest_celery._dag.folds import OPEN, SUCCEEDED, fold_dispatches
+from harvest_celery._dag.graph import build_run_graph
 from harvest_celery._errors import ExecutionNotFound, HarvestError, RegistrationError
 
 COMPENSATED = "compensated"
@@ -69,37 +71,14 @@ def compensation_states(history: Sequence[ev.HistoryEvent]) -> dict[str, str]:
     """``{node: "compensated" | "compensation failed" | "compensating"}`` for every forward node
     whose compensation was dispatched in this run (its latest compensation dispatch decides).
 
-    A compensation dispatch is an ``ActivityScheduled`` that ``forward_dispatches`` does not count
-    as forward — its input is an envelope ``{dag_compensate, input, output}`` naming a node
-    dispatched earlier in the same run (``is_compensation_dispatch``). History only: the definition
-    is never consulted. Outcome by activity id: an ``ActivityCompleted`` is authoritative, else an
-    ``ActivityFailed`` (the last attempt failed), else it is still open.
+    The compensation dispatches are those of ``fold_dispatches`` (history only, the definition is
+    never consulted): an input that is an envelope ``{dag_compensate, input, output}`` naming a
+    node dispatched earlier in the same run, or carried into it. Outcome by activity id: a
+    completion wins, else a failure (the last attempt failed or timed out), else it is still open.
     """
-    forward = forward_dispatches(history)
-    forward_seqs = {item.seq for item in forward}
-    forward_names = {item.event.activity_name for item in forward
-                     if isinstance(item.event, ev.ActivityScheduled)}
-    completed: set[str] = set()
-    failed: set[str] = set()
-    for item in history:
-        if isinstance(item.event, ev.ActivityCompleted):
-            completed.add(item.event.activity_id)
-        elif isinstance(item.event, ev.ActivityFailed):
-            failed.add(item.event.activity_id)
-    states: dict[str, str] = {}
-    for item in history:
-        event = item.event
-        if (item.seq in forward_seqs or not isinstance(event, ev.ActivityScheduled)
-                or not is_compensation_dispatch(event, forward_names)):
-            continue
-        node = event.input["dag_compensate"]
-        if event.activity_id in completed:
-            states[node] = COMPENSATED
-        elif event.activity_id in failed:
-            states[node] = COMPENSATION_FAILED
-        else:
-            states[node] = COMPENSATING
-    return states
+    badge = {SUCCEEDED: COMPENSATED, OPEN: COMPENSATING}  # failed or timed out: COMPENSATION_FAILED
+    return {d.compensates: badge.get(d.outcome, COMPENSATION_FAILED)
+            for d in fold_dispatches(history).compensations() if d.compensates is not None}
 
 
 def compensated_nodes(history: Sequence[ev.HistoryEvent]) -> set[str]:
@@ -110,27 +89,10 @@ def compensated_nodes(history: Sequence[ev.HistoryEvent]) -> set[str]:
 
 # ── layout ───────────────────────────────────────────────────────────────────────────────────
 def node_levels(nodes: Sequence[dict[str, Any]]) -> dict[str, int]:
-    """Longest-path level of each node over ``depends_on`` (roots are 0). An upstream that is not
-    a node of the graph is ignored; a cycle (never built by ``@dag``) is cut where it is met."""
-    by_name = {n["node_name"]: n for n in nodes}
-    level: dict[str, int] = {}
-    visiting: set[str] = set()
-
-    def level_of(name: str) -> int:
-        if name in level:
-            return level[name]
-        if name in visiting:
-            return 0
-        visiting.add(name)
-        ups = [u for u in by_name[name]["depends_on"] if u in by_name]
-        value = 1 + max((level_of(u) for u in ups), default=-1)
-        visiting.discard(name)
-        level[name] = value
-        return value
-
-    for n in nodes:
-        level_of(n["node_name"])
-    return level
+    """Longest-path level of each node over ``depends_on`` (roots are 0), by the builder's own
+    ``depths``. An upstream that is not a node of the graph is ignored; a cycle (never built by
+    ``@dag``) is cut where it is met."""
+    return depths({n["node_name"]: n["depends_on"] for n in nodes}, lambda _name: 0)
 
 
 def layout(nodes: Sequence[dict[str, Any]]) -> tuple[dict[str, tuple[int, int]], int, int]:

@@ -153,6 +153,12 @@ def wait_for(predicate: Any, timeout: float = 30, interval: float = 0.1, what: s
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def scrape_all(metric: str, **labels: str) -> float:
+    """A counter summed over every worker process, as Prometheus sums its targets: a decision
+    may be taken by the decision worker or inline by the activity worker that completed a step."""
+    return sum(scrape(worker, metric, **labels) for worker in METRICS_PORTS)
+
+
 def scrape(worker: str, metric: str, **labels: str) -> float:
     """A counter's value as the worker process serves it on /metrics (0 if absent)."""
     import urllib.request

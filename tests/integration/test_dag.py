@@ -6,7 +6,7 @@ import pytest
 
 from harvest_celery import WorkflowCancelledError, WorkflowFailed
 
-from .conftest import effects, scrape, wait_for
+from .conftest import ROOT, effects, scrape_all, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +24,7 @@ def names(harvest, run_id):
 
 
 def test_diamond_failure_dispatches_comp_c_comp_b_comp_a_in_that_order(harvest, workers, redis_client, tag):
-    before = scrape("w1", "harvest_saga_compensated_total", workflow="diamond")
+    before = scrape_all("harvest_saga_compensated_total", workflow="diamond")
     run_id = harvest.start_workflow("diamond", {"tag": tag, "fail": ["dia_d"]})
     with pytest.raises(WorkflowFailed, match="one or more DAG tasks failed"):
         harvest.result(run_id, timeout=30)
@@ -33,7 +33,7 @@ def test_diamond_failure_dispatches_comp_c_comp_b_comp_a_in_that_order(harvest, 
     queues = {e["name"]: e["queue"] for e in undos(redis_client, tag)}
     assert queues == {"undo:dia_c": "inventory", "undo:dia_b": "beta", "undo:dia_a": "alpha"}
     assert names(harvest, run_id).count("MarkerRecorded(saga_compensated:1)") == 1
-    assert scrape("w1", "harvest_saga_compensated_total", workflow="diamond") == before + 1
+    assert scrape_all("harvest_saga_compensated_total", workflow="diamond") == before + 1
 
 
 def test_each_envelope_input_shape(harvest, workers, redis_client, tag):
@@ -125,7 +125,7 @@ def test_a_worker_refuses_to_boot_when_a_dag_names_an_unregistered_compensator(h
     import subprocess
     import sys
 
-    from .conftest import ROOT
+
 
     proc = subprocess.run(
         [sys.executable, "-m", "celery", "-A", "tests.integration.bad_app", "worker", "-Q", "nobody",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from harvest_celery import WorkflowFailed
-from harvest_celery._dag.retry import COMPENSATED, RetryRefused
+from harvest_celery._dag.retry import COMPENSATED
+from harvest_celery._errors import RetryRefused, UnknownNode
 
 from .conftest import effects, wait_for
 
@@ -108,8 +109,6 @@ def test_erasure_landing_between_the_preflight_and_the_forks_lock_is_refused(har
 
 
 def test_retry_refuses_running_and_completed_runs_and_unknown_nodes(harvest, workers, redis_client, tag):
-    from harvest_celery._dag.retry import UnknownNode
-
     run_id = harvest.start_workflow("cancellable", {"tag": tag, "slow": "cx_slow"})
     wait_for(lambda: "cx_slow" in ran(redis_client, tag), what="the slow node")
     with pytest.raises(RetryRefused, match="still running"):

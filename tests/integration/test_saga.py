@@ -8,7 +8,7 @@ import pytest
 
 from harvest_celery import WorkflowFailed
 
-from .conftest import effects, scrape, wait_for
+from .conftest import effects, scrape_all, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -25,12 +25,12 @@ def ran(redis_client, tag):
 
 
 def test_saga_success_does_not_run_compensations(harvest, workers, redis_client, tag):
-    before = scrape("w1", COMPENSATED, workflow="saga_steps")
+    before = scrape_all(COMPENSATED, workflow="saga_steps")
     run_id = harvest.start_workflow("saga_steps", {"tag": tag, "n": 3})
     assert harvest.result(run_id, timeout=30) == "ok"
     assert ran(redis_client, tag) == ["forward:1", "forward:2", "forward:3"]
     assert not any("Marker" in n for n in names(harvest, run_id))
-    assert scrape("w1", COMPENSATED, workflow="saga_steps") == before
+    assert scrape_all(COMPENSATED, workflow="saga_steps") == before
 
 
 def test_saga_runs_compensations_in_reverse_order_when_later_step_fails(harvest, workers, redis_client, tag):
@@ -48,7 +48,7 @@ def test_saga_runs_compensations_in_reverse_order_when_later_step_fails(harvest,
 
 
 def test_continue_not_abort_with_three_compensations_of_which_the_middle_fails(harvest, workers, redis_client, tag):
-    before = (scrape("w1", COMPENSATED, workflow="saga_steps"), scrape("w1", FAILED, workflow="saga_steps"))
+    before = (scrape_all(COMPENSATED, workflow="saga_steps"), scrape_all(FAILED, workflow="saga_steps"))
     run_id = harvest.start_workflow("saga_steps", {"tag": tag, "n": 4, "fail_at": 4, "undo_fails": [2]})
     with pytest.raises(WorkflowFailed) as info:
         harvest.result(run_id, timeout=30)
@@ -59,12 +59,12 @@ def test_continue_not_abort_with_three_compensations_of_which_the_middle_fails(h
     hist = names(harvest, run_id)
     assert hist.count("MarkerRecorded(saga_compensated:1)") == 1
     assert hist.count("MarkerRecorded(saga_compensation_failed:1)") == 1
-    after = (scrape("w1", COMPENSATED, workflow="saga_steps"), scrape("w1", FAILED, workflow="saga_steps"))
+    after = (scrape_all(COMPENSATED, workflow="saga_steps"), scrape_all(FAILED, workflow="saga_steps"))
     assert after == (before[0] + 1, before[1] + 1)
 
 
 def test_counters_equal_the_number_of_unwinds_after_replays(harvest, workers, redis_client, tag):
-    before = scrape("w1", COMPENSATED, workflow="saga_steps")
+    before = scrape_all(COMPENSATED, workflow="saga_steps")
     runs = [harvest.start_workflow("saga_steps", {"tag": f"{tag}{i}", "n": 2, "fail_at": 2}) for i in range(3)]
     for run_id in runs:
         with pytest.raises(WorkflowFailed):
@@ -75,13 +75,13 @@ def test_counters_equal_the_number_of_unwinds_after_replays(harvest, workers, re
         for _ in range(3):
             harvest.celery_app.send_task("harvest.decide", args=[run_id], queue="harvest")
     time.sleep(1.5)
-    assert scrape("w1", COMPENSATED, workflow="saga_steps") == before + 3
+    assert scrape_all(COMPENSATED, workflow="saga_steps") == before + 3
     for run_id in runs:
         assert names(harvest, run_id).count("MarkerRecorded(saga_compensated:1)") == 1
 
 
 def test_saga_compensate_all_on_cancel_pattern(harvest, workers, redis_client, tag):
-    before = scrape("w1", COMPENSATED, workflow="cancel_and_compensate")
+    before = scrape_all(COMPENSATED, workflow="cancel_and_compensate")
     run_id = harvest.start_workflow("cancel_and_compensate", {"tag": tag, "slow": 2})
     wait_for(lambda: "forward:2" in ran(redis_client, tag), what="the second step's body")
     assert harvest.cancel_workflow_execution(run_id, reason="customer asked") == "CANCELLED"
@@ -94,11 +94,11 @@ def test_saga_compensate_all_on_cancel_pattern(harvest, workers, redis_client, t
         "WorkflowCancelled", "ActivityCompleted(2)", "MarkerRecorded(saga_compensated:1)", "WorkflowCompleted"]
     done = [h.event for h in harvest.history(run_id) if h.event.type == "WorkflowCompleted"][0]
     assert done.result == "compensated ['fwd-1']"  # the in-memory compensation ran after the cancel
-    assert scrape("w1", COMPENSATED, workflow="cancel_and_compensate") == before + 1
+    assert scrape_all(COMPENSATED, workflow="cancel_and_compensate") == before + 1
 
 
 def test_saga_cancellation_does_not_auto_compensate(harvest, workers, redis_client, tag):
-    before = scrape("w1", COMPENSATED, workflow="saga_steps")
+    before = scrape_all(COMPENSATED, workflow="saga_steps")
     run_id = harvest.start_workflow("saga_steps", {"tag": tag, "n": 2, "slow_at": 2, "slow": 2,
                                                    "check_cancel": False})
     wait_for(lambda: "forward:2" in ran(redis_client, tag), what="the second step's body")
@@ -110,7 +110,7 @@ def test_saga_cancellation_does_not_auto_compensate(harvest, workers, redis_clie
     assert not any(n.startswith("ActivityScheduled(undo)") or "Marker" in n for n in hist)
     assert not any(e.startswith("undo") for e in ran(redis_client, tag))
     assert harvest.describe(run_id).status == "CANCELLED"
-    assert scrape("w1", COMPENSATED, workflow="saga_steps") == before
+    assert scrape_all(COMPENSATED, workflow="saga_steps") == before
 
 
 def test_a_cancel_while_a_step_runs_dispatches_and_runs_nothing_more(harvest, workers, redis_client, tag):
@@ -126,7 +126,7 @@ def test_a_cancel_while_a_step_runs_dispatches_and_runs_nothing_more(harvest, wo
 
 
 def test_known_limitation_durable_compensation_after_recorded_cancel_fails_and_is_counted(harvest, workers, redis_client, tag):
-    before = (scrape("w1", COMPENSATED, workflow="saga_steps"), scrape("w1", FAILED, workflow="saga_steps"))
+    before = (scrape_all(COMPENSATED, workflow="saga_steps"), scrape_all(FAILED, workflow="saga_steps"))
     run_id = harvest.start_workflow("saga_steps", {"tag": tag, "n": 2, "slow_at": 2, "slow": 2})
     wait_for(lambda: "forward:2" in ran(redis_client, tag), what="the second step's body")
     harvest.cancel_workflow_execution(run_id, reason="customer asked")
@@ -141,7 +141,7 @@ def test_known_limitation_durable_compensation_after_recorded_cancel_fails_and_i
     row = harvest.describe(run_id)
     assert row.status == "CANCELLED" and not row.nd_blocked
     assert not any(e.startswith("undo") for e in ran(redis_client, tag))
-    after = (scrape("w1", COMPENSATED, workflow="saga_steps"), scrape("w1", FAILED, workflow="saga_steps"))
+    after = (scrape_all(COMPENSATED, workflow="saga_steps"), scrape_all(FAILED, workflow="saga_steps"))
     assert after == (before[0] + 1, before[1] + 1)
 
 

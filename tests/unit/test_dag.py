@@ -26,7 +26,8 @@ from harvest_celery._core import events as ev
 from harvest_celery._core.commands import RecordMarker, ScheduleActivity
 from harvest_celery._core.engine import EngineConfig, Replay
 from harvest_celery._core.registry import Registry, register_into
-from harvest_celery._dag.builder import DAG_FAILED, ENVELOPE_KEYS, NOT_AN_ARRAY, preflight
+from harvest_celery._dag.builder import preflight
+from harvest_celery._dag.model import DAG_FAILED, ENVELOPE_KEYS, NOT_AN_ARRAY
 from harvest_celery.testing import Simulator
 
 COMPENSATED, FAILED_METRIC = "saga_compensated", "saga_compensation_failed"

@@ -18,7 +18,8 @@ from harvest_celery._core.events import (
     WorkflowFailed,
     WorkflowStarted,
 )
-from harvest_celery._dag.retry import UnknownNode, compensation_executed, plan_retry
+from harvest_celery._dag.retry import compensation_executed, plan_retry
+from harvest_celery._errors import UnknownNode
 
 T = datetime(2026, 1, 1, tzinfo=timezone.utc)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from celery import Celery
 
 from harvest_celery._runtime.celery import CeleryDispatcher
-from harvest_celery._store.store import TIME_LIMIT_HEADER, OutboxMessage
+from harvest_celery._runtime.messages import TIME_LIMIT_HEADER, Message
 
 
 class RecordingApp(Celery):  # a real Celery app whose broker call is recorded, not made
@@ -20,16 +20,16 @@ class RecordingApp(Celery):  # a real Celery app whose broker call is recorded, 
 
 def test_a_deadline_becomes_soft_and_hard_time_limits():
     app = RecordingApp()
-    CeleryDispatcher(app).send(OutboxMessage(1, "charge", "payments", ["r", "1", 1], "r:1:1",
+    CeleryDispatcher(app).send(Message("charge", "payments", ["r", "1", 1], "r:1:1",
                                              {TIME_LIMIT_HEADER: 10.0}))
-    CeleryDispatcher(app).send(OutboxMessage(2, "charge", "payments", ["r", "2", 1], "r:2:1", None))
+    CeleryDispatcher(app).send(Message("charge", "payments", ["r", "2", 1], "r:2:1", None))
     assert app.sent[0]["soft_time_limit"] == 10.0 and app.sent[0]["time_limit"] == 15.0
     assert "soft_time_limit" not in app.sent[1] and app.sent[1]["queue"] == "payments"
 
 
 def test_a_dag_nodes_start_to_close_override_reaches_the_message(tmp_path):
     from harvest_celery import DagBuilder, Harvest, activity, dag
-    from harvest_celery._runtime.runtime import InlineDispatcher
+    from harvest_celery._runtime.inline import InlineDispatcher
 
     @activity(name="no_deadline")
     def no_deadline(x):

@@ -8,16 +8,16 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from harvest_celery._core import events as ev
-from harvest_celery._dag.builder import CollectAll, DagBuilder, FailFast, build
+from harvest_celery._dag.builder import DagBuilder, build
+from harvest_celery._dag.folds import forward_dispatches, is_compensation_dispatch
 from harvest_celery._dag.graph import (
     NODE_STATUSES,
     build_run_graph,
     first_line,
-    forward_dispatches,
-    is_compensation_dispatch,
     latest_scheduled,
     node_outcome,
 )
+from harvest_celery._dag.model import CollectAll, FailFast
 from harvest_celery._store.store import Execution
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -274,7 +274,7 @@ def test_run_fields_come_from_the_execution():
 
 def test_the_api_models_name_the_same_statuses():
     from harvest_celery._core.lifecycle import TERMINAL_STATUSES
-    from harvest_celery._web import api as _api
+    from harvest_celery._web import models as _api
 
     assert typing.get_args(_api.NodeStatus) == NODE_STATUSES
     assert set(typing.get_args(_api.Status)) == {"RUNNING", *TERMINAL_STATUSES}

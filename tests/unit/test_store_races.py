@@ -8,7 +8,8 @@ from datetime import timedelta
 import pytest
 
 from harvest_celery import Harvest, InvalidState, RetryPolicy, Saga, WorkflowContext, activity, workflow
-from harvest_celery._runtime.runtime import InlineDispatcher
+from harvest_celery._runtime.inline import InlineDispatcher
+from harvest_celery._store import sweeps, tasks
 from harvest_celery._store.store import utcnow
 
 SEEN: list = []
@@ -102,12 +103,12 @@ def test_a_stale_sweeper_pass_never_fails_a_row_the_cancel_already_failed(h):
     claim = h.runtime.claim(run_id, "1", 1)
     later = utcnow() + timedelta(seconds=60)
     with h.store.begin() as tx:
-        expired = tx.expired_leases(later)  # the sweeper reads the expired lease...
+        expired = sweeps.expired_leases(tx, later)  # the sweeper reads the expired lease...
     assert h.runtime.fail(claim, "ConnectionError", "flaky") == "retry"
     h.cancel_workflow_execution(run_id, "customer asked")
     for execution_id, activity_id, attempt in expired:  # ...and processes its stale list
         with h.store.begin() as tx:
-            tx.expire_lease(execution_id, activity_id, attempt, later, "harvest")
+            tasks.expire_lease(tx, execution_id, activity_id, attempt, later, "harvest")
     assert h.store.activity_rows(run_id)[0]["status"] == "cancelled"
     assert "ActivityFailed" not in types(h, run_id)
     pump(h)
@@ -138,15 +139,15 @@ def test_cancel_clears_a_pause_and_an_erased_run_takes_no_decision(h):
     assert types(h, run_id) == before  # nothing is appended to an erased run
 
 
-def test_a_forked_child_starts_with_a_free_outbox_lock_and_no_warm_sessions(h):
+def test_a_forked_child_starts_with_a_free_lease_lock_and_no_warm_sessions(h):
     import os
 
-    h.runtime._sent_lock.acquire()  # another thread holds it at the moment of the fork
+    h.runtime.leases._lock.acquire()  # another thread holds it at the moment of the fork
     pid = os.fork()
     if pid == 0:  # the child: the lock must be free and the cache empty
-        ok = h.runtime._sent_lock.acquire(timeout=2) and len(h.runtime.sessions) == 0
+        ok = h.runtime.leases._lock.acquire(timeout=2) and len(h.runtime.sessions) == 0
         os._exit(0 if ok else 1)
-    h.runtime._sent_lock.release()
+    h.runtime.leases._lock.release()
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0
 

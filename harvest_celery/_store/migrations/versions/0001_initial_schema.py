@@ -15,6 +15,14 @@ depends_on = None
 
 
 def upgrade() -> None:
+    _executions()
+    _outbox()
+    _activity_tasks()
+    _events()
+    _timers()
+
+
+def _executions() -> None:
     op.create_table('harvest_executions',
     sa.Column('id', sa.String(length=200), nullable=False),
     sa.Column('workflow_type', sa.String(length=200), nullable=False),
@@ -40,6 +48,9 @@ def upgrade() -> None:
     op.create_index('ix_harvest_executions_nd_retry_at', 'harvest_executions', ['nd_retry_at'], unique=False)
     op.create_index('ix_harvest_executions_status', 'harvest_executions', ['status'], unique=False)
     op.create_index('ix_harvest_executions_workflow_type', 'harvest_executions', ['workflow_type'], unique=False)
+
+
+def _outbox() -> None:
     op.create_table('harvest_outbox',
     sa.Column('id', sa.Integer(), autoincrement=True, nullable=False),
     sa.Column('task_name', sa.String(length=200), nullable=False),
@@ -51,6 +62,9 @@ def upgrade() -> None:
     sa.PrimaryKeyConstraint('id')
     )
     op.create_index('ix_harvest_outbox_created_at', 'harvest_outbox', ['created_at'], unique=False)
+
+
+def _activity_tasks() -> None:
     op.create_table('harvest_activity_tasks',
     sa.Column('execution_id', sa.String(length=200), nullable=False),
     sa.Column('activity_id', sa.String(length=40), nullable=False),
@@ -74,6 +88,9 @@ def upgrade() -> None:
     sa.PrimaryKeyConstraint('execution_id', 'activity_id')
     )
     op.create_index('ix_harvest_activity_tasks_status', 'harvest_activity_tasks', ['status'], unique=False)
+
+
+def _events() -> None:
     op.create_table('harvest_events',
     sa.Column('execution_id', sa.String(length=200), nullable=False),
     sa.Column('seq', sa.Integer(), nullable=False),
@@ -83,6 +100,9 @@ def upgrade() -> None:
     sa.ForeignKeyConstraint(['execution_id'], ['harvest_executions.id'], ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('execution_id', 'seq')
     )
+
+
+def _timers() -> None:
     op.create_table('harvest_timers',
     sa.Column('execution_id', sa.String(length=200), nullable=False),
     sa.Column('timer_id', sa.String(length=40), nullable=False),

@@ -1,0 +1,165 @@
+"""Running a built DAG as an ordinary workflow execution, and its declarative unwind.
+
+Levels run in forward order, each level's runnable nodes dispatched together in ascending
+declaration order and joined (never raced); a node whose upstream did not succeed is skipped. A
+node's input comes from its binding (``_resolve_input``); a mapped node runs one activity per item
+of its upstream's array and folds the cells by its ``MapPolicy``.
+
+**DAG unwind order.** On terminal failure (and unless the run was cancelled) the succeeded nodes
+that dispatched something and declare a compensator are pushed onto a ``Saga`` in forward level
+order — ascending declaration index within a level, a signal gate a level of its own — and
+unwound LIFO, with the saga's markers and counters. Each compensator receives the envelope
+``{"dag_compensate", "input", "output"}`` on the node's queue. Nodes carried over by a
+retry-from-node fork count as dispatched: their side effects are live.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from harvest_celery._core.context import WorkflowContext
+from harvest_celery._core.saga import Saga
+from harvest_celery._dag.model import (
+    DAG_FAILED,
+    NOT_AN_ARRAY,
+    CollectAll,
+    DagDefinition,
+    Node,
+    compensation_envelope,
+)
+from harvest_celery._errors import ActivityError, DagTaskFailed, PayloadTooLarge
+
+
+@dataclass
+class _Outcome:
+    status: str  # "succeeded" · "failed" · "skipped"
+    output: Any = None
+    input: Any = None
+    dispatched: bool = False
+    cause: str | None = None  # a pre-dispatch rejection's precise message
+    error: str | None = None
+
+
+# ── one node ──────────────────────────────────────────────────────────────────────────────────
+def _resolve_input(node: Node, conf: Any, outcomes: dict[str, _Outcome]) -> Any:
+    if node.binding is None:
+        return {"conf": conf, "dag_task": node.name}
+    kind, spec = node.binding
+    if kind == "from":
+        return outcomes[spec].output
+    if kind == "all":
+        return {name: outcomes[name].output for name in spec}
+    return {alias: outcomes[name].output for alias, name in spec}
+
+
+async def _run_activity(ctx: WorkflowContext, node: Node, value: Any) -> _Outcome:
+    try:
+        future = ctx.execute_activity(node.name, value, node.queue, retry=node.retry,
+                                      start_to_close=node.start_to_close)
+    except PayloadTooLarge as exc:
+        # deterministic pre-dispatch rejection: no id, no command, no event; a node failure
+        return _Outcome("failed", input=value, cause=f"dag task {node.name!r}: {exc}")
+    try:
+        return _Outcome("succeeded", await future, value, dispatched=True)
+    except ActivityError as exc:
+        return _Outcome("failed", input=value, dispatched=True, error=str(exc))
+
+
+async def _run_mapped(ctx: WorkflowContext, node: Node, items: Any) -> _Outcome:
+    if not isinstance(items, list):
+        return _Outcome("failed", input=items, cause=NOT_AN_ARRAY)
+    if not items:
+        return _Outcome("succeeded", [], items, dispatched=False)  # nothing done: never compensated
+    try:
+        ctx.check_activity_inputs(node.name, items)
+    except PayloadTooLarge as exc:
+        return _Outcome("failed", input=items, cause=f"dag task {node.name!r}: {exc}")
+    futures = [ctx.execute_activity(node.name, item, node.queue, retry=node.retry,
+                                    start_to_close=node.start_to_close) for item in items]
+
+    async def cell(future: Any) -> tuple[bool, Any]:
+        try:
+            return True, await future
+        except ActivityError as exc:
+            return False, exc.error_message
+
+    cells = await ctx.gather(*(cell(f) for f in futures))
+    if node.policy is CollectAll:
+        output = [{"status": "succeeded", "value": v} if ok else {"status": "failed", "error": v}
+                  for ok, v in cells]
+        return _Outcome("succeeded", output, items, dispatched=True)
+    errors = [v for ok, v in cells if not ok]
+    if not errors:
+        return _Outcome("succeeded", [v for _, v in cells], items, dispatched=True)
+    return _Outcome("failed", input=items, dispatched=True, error=errors[0])
+
+
+async def _run_node(ctx: WorkflowContext, node: Node, conf: Any, outcomes: dict[str, _Outcome]) -> _Outcome:
+    if node.kind == "gate":
+        return _Outcome("succeeded", await ctx.wait_signal(node.name))
+    if node.kind == "mapped":
+        assert node.over is not None
+        return await _run_mapped(ctx, node, outcomes[node.over].output)
+    return await _run_activity(ctx, node, _resolve_input(node, conf, outcomes))
+
+
+# ── the run ───────────────────────────────────────────────────────────────────────────────────
+def make_runner(definition: DagDefinition) -> Callable[[WorkflowContext, Any], Any]:
+    """The workflow function that runs ``definition``: returns ``{node: output}`` of the
+    succeeded nodes, or unwinds and raises ``DagTaskFailed``."""
+
+    async def run_dag(ctx: WorkflowContext, conf: Any) -> dict[str, Any]:
+        outcomes: dict[str, _Outcome] = {}
+        # retry-from-node: nodes carried over from the source run succeeded there and their side
+        # effects are live, so they count as dispatched (compensable) without running again
+        for name, recorded in ctx.info.carried.items():
+            outcomes[name] = _Outcome("succeeded", recorded.get("output"), recorded.get("input"),
+                                      dispatched=True)
+        for level in definition.levels:
+            runnable = []
+            for node in level:
+                if node.name in outcomes:
+                    continue
+                if all(outcomes[u].status == "succeeded" for u in node.upstreams):
+                    runnable.append(node)
+                else:
+                    outcomes[node.name] = _Outcome("skipped")
+            results = await ctx.gather(*(_run_node(ctx, n, conf, outcomes) for n in runnable))
+            for node, outcome in zip(runnable, results, strict=True):
+                outcomes[node.name] = outcome
+        failed = [n for n in definition.nodes if outcomes[n.name].status == "failed"]
+        if not failed:
+            return {n.name: outcomes[n.name].output for n in definition.nodes
+                    if outcomes[n.name].status == "succeeded"}
+        causes = [c for c in (outcomes[n.name].cause for n in failed) if c]
+        error = DagTaskFailed(causes[0] if causes else DAG_FAILED)
+        if ctx.is_cancelled():
+            raise error  # a cancelled run never unwinds
+        await _unwind(ctx, definition, outcomes, error)
+        raise error  # unreachable: the unwind always raises
+
+    return run_dag
+
+
+# ── DAG unwind order ──────────────────────────────────────────────────────────────────────────
+async def _unwind(ctx: WorkflowContext, definition: DagDefinition, outcomes: dict[str, _Outcome],
+                  error: DagTaskFailed) -> None:
+    """DAG unwind order: compensations pushed in forward level order (ascending declaration
+    index within a level), popped LIFO by the saga, which raises once the unwind is done."""
+    saga = Saga(ctx)
+    for level in definition.levels:
+        for node in level:
+            outcome = outcomes[node.name]
+            if outcome.status == "succeeded" and outcome.dispatched and node.compensator:
+                saga.push_compensation(_compensation(ctx, node, outcome))
+    await saga.compensate_all_after(error)
+
+
+def _compensation(ctx: WorkflowContext, node: Node, outcome: _Outcome) -> Callable[[], Any]:
+    envelope = compensation_envelope(node.name, outcome.input, outcome.output)
+    compensator = node.compensator
+    # On the node's queue string: empty → the compensator's own default queue → "default". The
+    # node's retry/start_to_close overrides are deliberately not applied to its undo.
+    return lambda: ctx.execute_activity(compensator, envelope, queue=node.queue)

@@ -1,0 +1,45 @@
+"""The pre-run claim, in one place. Every way a body can run — an engine-native Celery task (the
+``task_prerun`` hook, or ``__call__`` when called without it), an adopted existing task, an eager
+local run, embedded mode's drain — goes through ``claim`` with one failure policy: an error while
+claiming is logged and means the body does not run (the task row stays scheduled and the sweeper
+re-dispatches it); a refusal (re-sent, redelivered, stale or cancelled) is logged at INFO. Then
+``run_claimed`` runs the body under the claim and records its outcome."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from harvest_celery._runtime.runtime import Runtime
+from harvest_celery._store.records import Claim
+
+log = logging.getLogger("harvest_celery")
+
+
+def claim(runtime: Runtime, execution_id: str, activity_id: str, attempt: int) -> Claim | None:
+    """Claim the attempt (append ``ActivityStarted``) or refuse; never raises."""
+    try:
+        claimed = runtime.claim(execution_id, activity_id, attempt)
+    except Exception:  # noqa: BLE001 - the sweeper re-dispatches the still-scheduled row
+        log.exception("claim of %s/%s attempt %s failed: the body will not run; "
+                      "the sweeper re-dispatches it", execution_id, activity_id, attempt)
+        return None
+    if claimed is None:
+        log.info("claim of %s/%s attempt %s refused (duplicate, stale or cancelled)",
+                 execution_id, activity_id, attempt)
+    return claimed
+
+
+def run_claimed(runtime: Runtime, claimed: Claim | None, body: Callable[[Any], Any]) -> bool:
+    """Run ``body(input)`` under a claim and record its outcome; False (nothing run) without
+    one."""
+    if claimed is None:
+        return False
+    runtime.execute(claimed, body)
+    return True
+
+
+def claim_and_run(runtime: Runtime, execution_id: str, activity_id: str, attempt: int,
+                  body: Callable[[Any], Any]) -> bool:
+    return run_claimed(runtime, claim(runtime, execution_id, activity_id, attempt), body)

@@ -1,0 +1,102 @@
+"""The sweeper: time lives in Postgres, not in Celery ETAs. Every ``sweep_interval`` seconds it
+fires what is due — retry backoffs, expired leases (a vanished worker, an overrun
+start_to_close), durable timers, lost messages (a task row still scheduled, a decision request
+never taken), nd-block retries — and relays outbox rows an older build left unsent. It runs on
+the decision worker (a daemon thread), or in-process in embedded mode."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Protocol
+
+from harvest_celery._runtime.messages import Message, relayed
+from harvest_celery._store import sweeps, tasks
+from harvest_celery._store.records import Timings, utcnow
+from harvest_celery._store.store import Store
+from harvest_celery._store.tx import Tx
+
+log = logging.getLogger("harvest_celery")
+
+
+class SweepSettings(Protocol):
+    decision_queue: str
+    timings: Timings
+    sweep_interval: float
+    relay_after: float
+
+
+class Sweeper:
+    def __init__(self, store: Store, settings: SweepSettings, after_commit: Callable[[Tx], None],
+                 send_message: Callable[[Message], bool]) -> None:
+        self.store = store
+        self.settings = settings
+        self._after_commit = after_commit
+        self._send_message = send_message
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="harvest-sweeper", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.settings.sweep_interval):
+            try:
+                self.sweep_once()
+            except Exception:  # noqa: BLE001 - keep sweeping; the next pass retries
+                log.exception("sweep failed")
+
+    def sweep_once(self) -> None:
+        """One pass. Each row is its own transaction, and one row that fails is logged and
+        skipped: it must never stop the sweep for every other run."""
+        s = self.settings
+        now = utcnow()
+        with self.store.begin() as tx:
+            due = sweeps.due_retries(tx, now)
+            expired = sweeps.expired_leases(tx, now)
+            timers = sweeps.due_timers(tx, now)
+        for execution_id, activity_id in due:
+            self._row("retry", execution_id, partial(
+                tasks.redispatch_next_attempt, execution_id=execution_id, activity_id=activity_id))
+        for execution_id, activity_id, attempt in expired:
+            # The worker vanished or overran start_to_close: a failed attempt, retried per policy.
+            self._row("lease", execution_id, partial(
+                tasks.expire_lease, execution_id=execution_id, activity_id=activity_id,
+                attempt=attempt, decision_queue=s.decision_queue))
+        for execution_id, timer_id in timers:
+            self._row("timer", execution_id, partial(
+                sweeps.fire_timer, execution_id=execution_id, timer_id=timer_id,
+                decision_queue=s.decision_queue))
+        self._row("lost messages", "*", partial(sweeps.stale_scheduled, timings=s.timings))
+        self._row("lost decisions", "*", partial(
+            sweeps.stale_decisions, timings=s.timings, decision_queue=s.decision_queue))
+        self._relay_outbox()
+
+    def _row(self, what: str, execution_id: str, work: Callable[..., Any]) -> None:
+        """``work(tx, now=...)`` in its own transaction."""
+        try:
+            with self.store.begin() as tx:
+                work(tx, now=utcnow())
+        except Exception:  # noqa: BLE001 - logged; the next pass retries this row
+            log.exception("sweeper: %s of %s failed", what, execution_id)
+            return
+        self._after_commit(tx)
+
+    def _relay_outbox(self) -> None:
+        with self.store.begin() as tx:
+            stale = sweeps.stale_outbox(tx, utcnow(), self.settings.relay_after)
+        sent = [m.id for m in stale if self._send_message(relayed(m))]
+        if sent:
+            with self.store.begin() as tx:
+                sweeps.delete_outbox(tx, sent)

@@ -1,0 +1,50 @@
+"""The one place SQLite (embedded mode) and Postgres differ: how an engine is made and whether
+rows can be locked. Everything else in the store is written once for both."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+
+class Dialect:
+    """Postgres: row locks (``FOR UPDATE``, ``SKIP LOCKED`` for the sweeper), a pooled engine."""
+
+    name = "postgresql"
+    row_locks = True
+
+    def create_engine(self, url: str, echo: bool) -> Engine:
+        # No pool ping: a connection that died while idle fails its first statement, and the
+        # transaction is retried once (``Store.begin``) when that happened before COMMIT was sent.
+        return sa.create_engine(url, echo=echo, pool_pre_ping=False, pool_size=5, max_overflow=10,
+                                hide_parameters=True)
+
+    def lock(self, query: Any, *, skip_locked: bool = False) -> Any:
+        return query.with_for_update(skip_locked=skip_locked)
+
+
+class SqliteDialect(Dialect):
+    """Embedded mode: one process, one writer at a time; no row locks (SQLite locks the file)."""
+
+    name = "sqlite"
+    row_locks = False
+
+    def create_engine(self, url: str, echo: bool) -> Engine:
+        engine = sa.create_engine(url, echo=echo, hide_parameters=True,
+                                  connect_args={"check_same_thread": False, "timeout": 30})
+
+        @sa.event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _record: Any) -> None:
+            dbapi_conn.execute("PRAGMA foreign_keys=ON")
+            dbapi_conn.execute("PRAGMA journal_mode=WAL")
+
+        return engine
+
+    def lock(self, query: Any, *, skip_locked: bool = False) -> Any:
+        return query
+
+
+def dialect_for(url: str) -> Dialect:
+    return SqliteDialect() if url.startswith("sqlite") else Dialect()

@@ -1,0 +1,196 @@
+"""Typed rows out of the store: what callers above the seam see instead of SQLAlchemy rows, and
+the dispatch records a transaction asks to send once it commits (neutral: the message protocol
+that turns them into Celery messages lives in ``_runtime.messages``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from harvest_celery._core.lifecycle import RUNNING
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def aware(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; everything here is UTC."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """The execution row as a locked transaction sees it (payload columns still encoded)."""
+
+    id: str
+    workflow_type: str
+    status: str
+    next_seq: int
+    input: Any
+    result: Any
+    error: Any
+    decision_requested_at: datetime | None
+    cancelled_at: datetime | None
+    paused_at: datetime | None
+    erased_at: datetime | None
+    nd_blocked_at: datetime | None
+    nd_retry_at: datetime | None
+    nd_block_count: int
+    forked_to: str | None
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any] | Any) -> RunRow:
+        return cls(m["id"], m["workflow_type"], m["status"], int(m["next_seq"]), m["input"],
+                   m["result"], m["error"], m["decision_requested_at"], m["cancelled_at"], m["paused_at"],
+                   m["erased_at"], m["nd_blocked_at"], m["nd_retry_at"], m["nd_block_count"] or 0,
+                   m["forked_to"])
+
+    @property
+    def accepts_results(self) -> bool:
+        """A live run records results; so does a cancelled one (a body that was running when the
+        cancel landed did its side effect, and the history must say so). An erased run never."""
+        return self.erased_at is None and (self.status == RUNNING or self.cancelled_at is not None)
+
+    @property
+    def decidable(self) -> bool:
+        """A decision may run: live (or sealed with a cancel to follow up), not paused or erased."""
+        return ((self.status == RUNNING or self.cancelled_at is not None)
+                and self.paused_at is None and self.erased_at is None)
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    """One activity task row: the durable record of a dispatch and its current attempt."""
+
+    execution_id: str
+    activity_id: str
+    activity_name: str
+    queue: str
+    status: str
+    attempt: int
+    retry: Any
+    start_to_close: float | None
+    event_seq: int
+    adopted: bool
+    dispatched_at: datetime | None
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any] | Any) -> TaskRow:
+        return cls(m["execution_id"], m["activity_id"], m["activity_name"], m["queue"], m["status"],
+                   int(m["attempt"]), m["retry"], m["start_to_close"], int(m["event_seq"]),
+                   bool(m["adopted"]), aware(m["dispatched_at"]))
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """Work a committed transaction asks to send: a decision request, or an activity attempt.
+
+    ``input`` is set only for adopted tasks (an existing Celery task receives its input as its
+    argument); engine-native activities carry ids only. ``deadline`` is the attempt's
+    start_to_close (a DAG node's override included)."""
+
+    kind: str  # "decide" | "activity"
+    execution_id: str
+    queue: str
+    activity_id: str = ""
+    activity_name: str = ""
+    attempt: int = 0
+    adopted: bool = False
+    input: Any = None
+    deadline: float | None = None
+    requested_at: float = 0.0  # a decision request's time, part of its message id
+
+    DECIDE = "decide"
+    ACTIVITY = "activity"
+
+
+@dataclass(frozen=True)
+class RelayedMessage:
+    """An outbox row written by an older build: relayed as stored."""
+
+    id: int
+    task_name: str
+    queue: str
+    args: list[Any]
+    task_id: str
+    headers: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Execution:
+    id: str
+    workflow_type: str
+    status: str
+    input: Any
+    result: Any
+    error: Any
+    created_at: datetime
+    updated_at: datetime
+    closed_at: datetime | None
+    cancelled_at: datetime | None
+    cancel_reason: str | None
+    nd_blocked_at: datetime | None
+    nd_block_reason: str | None
+    nd_block_count: int
+    nd_details: dict[str, Any] | None
+    history_length: int
+    erased_at: datetime | None = None
+    paused_at: datetime | None = None
+    forked_from: str | None = None
+    forked_to: str | None = None
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, Any] | Any) -> Execution:
+        return cls(
+            id=m["id"], workflow_type=m["workflow_type"], status=m["status"], input=m["input"],
+            result=m["result"], error=m["error"], created_at=aware(m["created_at"]),  # type: ignore[arg-type]
+            updated_at=aware(m["updated_at"]), closed_at=aware(m["closed_at"]),  # type: ignore[arg-type]
+            cancelled_at=aware(m["cancelled_at"]), cancel_reason=m["cancel_reason"],
+            nd_blocked_at=aware(m["nd_blocked_at"]), nd_block_reason=m["nd_block_reason"],
+            nd_block_count=m["nd_block_count"] or 0, nd_details=m["nd_details"],
+            history_length=m["next_seq"], erased_at=aware(m["erased_at"]),
+            paused_at=aware(m["paused_at"]), forked_from=m["forked_from"], forked_to=m["forked_to"],
+        )
+
+    @property
+    def nd_blocked(self) -> bool:
+        return self.nd_blocked_at is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            out[name] = value.isoformat() if isinstance(value, datetime) else value
+        out["nd_blocked"] = self.nd_blocked
+        return out
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a successful pre-run claim hands the worker."""
+
+    execution_id: str
+    activity_id: str
+    activity_name: str
+    attempt: int
+    input: Any
+    start_to_close: float | None
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Sweeper and lease settings."""
+
+    # seconds a claim holds without start_to_close; renewed every third of it while the body
+    # runs, so it bounds how long a vanished worker's activity waits to be retried
+    default_lease: float = 60.0
+    # re-send a scheduled row / decision request whose message seems lost after this (the task
+    # row and the run row's decision request are the durable records of every message)
+    redispatch_after: float = 30.0
+    nd_retry_initial: float = 1.0
+    nd_retry_max: float = 300.0

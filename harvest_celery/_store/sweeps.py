@@ -1,0 +1,93 @@
+"""What the sweeper finds due, in SQL: retries, expired leases, timers, lost messages (a task row
+still ``scheduled`` long after its message went out, a decision request never taken), nd-block
+backoff, and outbox rows an older build left unsent."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+import sqlalchemy as sa
+
+from harvest_celery._core import events as ev
+from harvest_celery._core.lifecycle import RUNNING
+from harvest_celery._core.names import TaskStatus
+from harvest_celery._store.records import RelayedMessage, TaskRow, Timings
+from harvest_celery._store.schema import activity_tasks, executions, outbox, timers
+from harvest_celery._store.tx import Tx
+
+
+def due_retries(tx: Tx, now: datetime, limit: int = 100) -> list[tuple[str, str]]:
+    q = sa.select(activity_tasks.c.execution_id, activity_tasks.c.activity_id).where(
+        (activity_tasks.c.status == TaskStatus.RETRY_WAIT.value) & (activity_tasks.c.due_at <= now)).limit(limit)
+    return [(r[0], r[1]) for r in tx.conn.execute(q)]
+
+
+def expired_leases(tx: Tx, now: datetime, limit: int = 100) -> list[tuple[str, str, int]]:
+    q = sa.select(activity_tasks.c.execution_id, activity_tasks.c.activity_id,
+                  activity_tasks.c.attempt).where(
+        (activity_tasks.c.status == TaskStatus.RUNNING.value) & (activity_tasks.c.lease_expires_at <= now)).limit(limit)
+    return [(r[0], r[1], r[2]) for r in tx.conn.execute(q)]
+
+
+def due_timers(tx: Tx, now: datetime, limit: int = 100) -> list[tuple[str, str]]:
+    q = sa.select(timers.c.execution_id, timers.c.timer_id).where(
+        (timers.c.fired.is_(False)) & (timers.c.fire_at <= now)).limit(limit)
+    return [(r[0], r[1]) for r in tx.conn.execute(q)]
+
+
+def fire_timer(tx: Tx, execution_id: str, timer_id: str, now: datetime, decision_queue: str) -> None:
+    row = tx.lock(execution_id)
+    if row is None:
+        return
+    updated = tx.conn.execute(timers.update().where(
+        (timers.c.execution_id == execution_id) & (timers.c.timer_id == timer_id)
+        & (timers.c.fired.is_(False))).values(fired=True))
+    if updated.rowcount and row.status == RUNNING:
+        tx.append(row, [ev.TimerFired(timer_id)], now, decide_on=decision_queue)
+
+
+def stale_scheduled(tx: Tx, now: datetime, timings: Timings, limit: int = 100) -> None:
+    """Re-send scheduled rows whose message seems lost (a crash between commit and send, a Redis
+    restart, a refused claim). Duplicates are harmless: the claim lets one through."""
+    cutoff = now - timedelta(seconds=timings.redispatch_after)
+    q = tx.dialect.lock(sa.select(activity_tasks).where(
+        (activity_tasks.c.status == TaskStatus.SCHEDULED.value) & (activity_tasks.c.dispatched_at < cutoff))
+        .limit(limit), skip_locked=True)
+    for found in tx.conn.execute(q).fetchall():
+        t = TaskRow.from_mapping(found._mapping)
+        # back off: the next re-send waits as long again as this row has waited so far (a
+        # backed-up queue must not be flooded with duplicates), at most an hour
+        waited = min(now - t.dispatched_at, timedelta(hours=1))  # type: ignore[operator]
+        tx.conn.execute(activity_tasks.update().where(
+            (activity_tasks.c.execution_id == t.execution_id)
+            & (activity_tasks.c.activity_id == t.activity_id)).values(dispatched_at=now + waited))
+        tx.dispatch_activity(t.execution_id, t.activity_id, t.activity_name, t.queue, t.attempt,
+                             t.adopted, t.start_to_close)
+
+
+def stale_decisions(tx: Tx, now: datetime, timings: Timings, decision_queue: str, limit: int = 100) -> None:
+    """Re-request decisions whose message seems lost, and retry nd-blocked runs whose backoff
+    is due."""
+    cutoff = now - timedelta(seconds=timings.redispatch_after)
+    q = tx.dialect.lock(sa.select(executions.c.id).where(
+        (executions.c.decision_requested_at < cutoff)
+        | ((executions.c.nd_retry_at <= now) & (executions.c.status == RUNNING))).limit(limit),
+        skip_locked=True)
+    for (execution_id,) in tx.conn.execute(q).fetchall():
+        tx.update_run(execution_id, nd_retry_at=None)
+        tx.request_decision(execution_id, now, decision_queue, force=True)
+
+
+def stale_outbox(tx: Tx, now: datetime, older_than: float, limit: int = 500) -> list[RelayedMessage]:
+    """Outbox rows an older build wrote and did not delete: relayed as stored."""
+    cutoff = now - timedelta(seconds=older_than)
+    q = tx.dialect.lock(sa.select(outbox).where(outbox.c.created_at < cutoff)
+                        .order_by(outbox.c.id).limit(limit), skip_locked=True)
+    return [RelayedMessage(r.id, r.task_name, r.queue, r.args, r.task_id, r.headers)
+            for r in tx.conn.execute(q).fetchall()]
+
+
+def delete_outbox(tx: Tx, ids: Sequence[int]) -> None:
+    if ids:
+        tx.conn.execute(outbox.delete().where(outbox.c.id.in_(list(ids))))

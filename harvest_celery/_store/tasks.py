@@ -1,0 +1,157 @@
+"""The activity side of a run, in SQL: the pre-run claim, completions, failed attempts, retries
+and leases. Every function works inside one ``Tx`` and locks the run row first."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+
+from harvest_celery._core import events as ev
+from harvest_celery._core.names import START_TO_CLOSE_TIMEOUT, TaskStatus
+from harvest_celery._core.retry import RetryPolicy
+from harvest_celery._store.records import Claim, RunRow, TaskRow, Timings, aware
+from harvest_celery._store.schema import activity_tasks
+from harvest_celery._store.tx import Tx
+
+FINISHED = (TaskStatus.COMPLETED.value, TaskStatus.FAILED.value)
+RETRY = "retry"
+FAILED = "failed"
+IGNORED = "ignored"
+
+
+def _where(execution_id: str, activity_id: str) -> Any:
+    return (activity_tasks.c.execution_id == execution_id) & (activity_tasks.c.activity_id == activity_id)
+
+
+def lock_task(tx: Tx, execution_id: str, activity_id: str) -> TaskRow | None:
+    row = tx.conn.execute(tx.dialect.lock(sa.select(activity_tasks).where(
+        _where(execution_id, activity_id)))).first()
+    return TaskRow.from_mapping(row._mapping) if row is not None else None
+
+
+def _update(tx: Tx, execution_id: str, activity_id: str, **values: Any) -> None:
+    tx.conn.execute(activity_tasks.update().where(_where(execution_id, activity_id)).values(**values))
+
+
+def claim(tx: Tx, execution_id: str, activity_id: str, attempt: int, worker_id: str,
+          now: datetime, timings: Timings) -> Claim | None:
+    """The pre-run claim: mark the row running and append ActivityStarted, or refuse.
+
+    Refused for a re-sent or redelivered message (row not ``scheduled`` or another attempt),
+    a row a cancel failed, a finished or erased run, or an unknown row. A refused claim means
+    the body must not run."""
+    row = tx.lock(execution_id)
+    if row is None or not row.accepts_results:
+        return None
+    task = lock_task(tx, execution_id, activity_id)
+    if task is None or task.status != TaskStatus.SCHEDULED.value or task.attempt != attempt:
+        return None
+    lease = task.start_to_close or timings.default_lease
+    _update(tx, execution_id, activity_id, status=TaskStatus.RUNNING.value, worker_id=worker_id,
+            started_at=now, lease_expires_at=now + timedelta(seconds=lease + 5))
+    tx.append(row, [ev.ActivityStarted(activity_id, attempt, worker_id)], now)
+    return Claim(execution_id, activity_id, task.activity_name, attempt,
+                 tx.scheduled_input(execution_id, activity_id), task.start_to_close)
+
+
+def running_task(tx: Tx, execution_id: str, activity_id: str) -> tuple[RunRow, TaskRow] | None:
+    """The run and the task row of an attempt that may record its outcome, both locked; None for
+    a duplicate completion (already recorded once) or an unknown run."""
+    row = tx.lock(execution_id)
+    if row is None:
+        return None
+    task = lock_task(tx, execution_id, activity_id)
+    if task is None or task.status in FINISHED:
+        return None
+    return row, task
+
+
+def complete(tx: Tx, execution_id: str, activity_id: str, attempt: int, output: Any,
+             now: datetime, decide_on: str | None) -> RunRow | None:
+    """Record a completion. Returns the run row as it stands after the append (None for a
+    duplicate). ``decide_on`` None: the caller decides in this transaction itself."""
+    found = running_task(tx, execution_id, activity_id)
+    if found is None:
+        return None
+    row, _task = found
+    _finish(tx, execution_id, activity_id, TaskStatus.COMPLETED.value, now, None)
+    if not row.accepts_results:
+        return row
+    first = tx.append(row, [ev.ActivityCompleted(activity_id, output, attempt)], now,
+                      decide_on=decide_on)
+    return _advanced(row, first + 1, now if decide_on and row.decision_requested_at is None else
+                     row.decision_requested_at)
+
+
+def _advanced(row: RunRow, next_seq: int, requested: datetime | None) -> RunRow:
+    return replace(row, next_seq=next_seq, decision_requested_at=requested)
+
+
+def fail(tx: Tx, execution_id: str, activity_id: str, attempt: int, error_type: str,
+         message: str, now: datetime, decision_queue: str) -> str:
+    """Record a failed attempt: schedule a retry (no event) or fail for good. Returns
+    ``"retry"``, ``"failed"`` or ``"ignored"``."""
+    found = running_task(tx, execution_id, activity_id)
+    if found is None:
+        return IGNORED
+    row, task = found
+    if task.attempt != attempt or task.status != TaskStatus.RUNNING.value:
+        # a stale attempt (a newer one owns the row), or a row a cancel already failed: a
+        # cancel never fails an await, so nothing may be recorded for it
+        return IGNORED
+    tx.metrics.append(("activity_attempt_failed", {"workflow": row.workflow_type, "queue": task.queue}))
+    policy = RetryPolicy.from_data(task.retry)
+    if policy.should_retry(attempt, error_type) and row.status == "RUNNING":
+        _update(tx, execution_id, activity_id, status=TaskStatus.RETRY_WAIT.value,
+                due_at=now + timedelta(seconds=policy.delay_after(attempt)),
+                last_error=f"{error_type}: {message}", worker_id=None, lease_expires_at=None)
+        return RETRY
+    _finish(tx, execution_id, activity_id, TaskStatus.FAILED.value, now, f"{error_type}: {message}")
+    if row.accepts_results:
+        tx.append(row, [ev.ActivityFailed(activity_id, error_type, message, attempt)], now,
+                  decide_on=decision_queue)
+    return FAILED
+
+
+def _finish(tx: Tx, execution_id: str, activity_id: str, status: str, now: datetime,
+            error: str | None) -> None:
+    values: dict[str, Any] = {"status": status, "finished_at": now, "lease_expires_at": None}
+    if error is not None:
+        values["last_error"] = error
+    _update(tx, execution_id, activity_id, **values)
+
+
+# ── leases and retries (the sweeper's side) ──────────────────────────────────────────────────
+def renew_lease(tx: Tx, execution_id: str, activity_id: str, attempt: int, until: datetime) -> None:
+    tx.conn.execute(activity_tasks.update().where(
+        _where(execution_id, activity_id) & (activity_tasks.c.attempt == attempt)
+        & (activity_tasks.c.status == TaskStatus.RUNNING.value)).values(lease_expires_at=until))
+
+
+def expire_lease(tx: Tx, execution_id: str, activity_id: str, attempt: int, now: datetime,
+                 decision_queue: str) -> None:
+    """A lease found expired: rechecked under the lock (the attempt may have finished or
+    renewed meanwhile), then recorded as a failed attempt, retried per policy."""
+    tx.lock(execution_id)
+    lease = tx.conn.execute(sa.select(activity_tasks.c.lease_expires_at).where(
+        _where(execution_id, activity_id) & (activity_tasks.c.status == TaskStatus.RUNNING.value)
+        & (activity_tasks.c.attempt == attempt))).scalar()
+    if lease is not None and aware(lease) <= now:  # type: ignore[operator]
+        fail(tx, execution_id, activity_id, attempt, START_TO_CLOSE_TIMEOUT,
+             "no result before the lease expired (worker lost or too slow)", now, decision_queue)
+
+
+def redispatch_next_attempt(tx: Tx, execution_id: str, activity_id: str, now: datetime) -> None:
+    """A due retry: the next attempt, with a fresh message."""
+    tx.lock(execution_id)
+    task = lock_task(tx, execution_id, activity_id)
+    if task is None or task.status != TaskStatus.RETRY_WAIT.value:
+        return
+    attempt = task.attempt + 1
+    _update(tx, execution_id, activity_id, status=TaskStatus.SCHEDULED.value, attempt=attempt,
+            due_at=None, dispatched_at=now)
+    tx.dispatch_activity(execution_id, activity_id, task.activity_name, task.queue, attempt,
+                         task.adopted, task.start_to_close)

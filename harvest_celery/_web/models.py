@@ -1,0 +1,193 @@
+"""The pydantic request and response models of the operator API, and the run/node status literals.
+
+Every model here is part of the published OpenAPI document: a field, a default or a description
+changed here changes the API. Request models forbid unknown fields.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# the run statuses of _lifecycle and the node statuses of _rungraph (a unit test pins both)
+Status = Literal["RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED"]
+NodeStatus = Literal["succeeded", "failed", "timed_out", "cancelled", "running", "pending", "skipped"]
+# every reason a RetryRefused carries (a unit test pins them against the raisers)
+RetryRefusalReason = Literal["compensated", "erased", "running", "completed", "retried"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="the error's class name, e.g. ExecutionNotFound")
+    detail: Any = Field(description="a message, or pydantic's error list for a ValidationError")
+
+
+class RetryRefusedBody(ErrorBody):
+    reason: RetryRefusalReason | None = Field(
+        default=None, description="why a DAG retry was refused (RetryRefused only)")
+
+
+class StartWorkflowRequest(_Model):
+    workflow: str = Field(description="a registered workflow or DAG name")
+    input: Any = Field(default=None, description="the run's JSON input")
+    execution_id: str | None = Field(default=None, description="idempotency key; a fresh id if omitted")
+
+
+class StartWorkflowResponse(BaseModel):
+    execution_id: str
+
+
+class SignalRequest(_Model):
+    payload: Any = None
+
+
+class CancelRequest(_Model):
+    reason: str = Field(default="", max_length=1000)
+
+
+class CancelResponse(BaseModel):
+    execution_id: str
+    status: Status
+
+
+class TerminateRequest(_Model):
+    reason: str = Field(default="", max_length=1000)
+
+
+class TerminateResponse(BaseModel):
+    execution_id: str
+    status: Status
+
+
+class PauseResponse(BaseModel):
+    execution_id: str
+    status: Status
+    paused_at: datetime | None = Field(description="set while the run's decisions are held")
+
+
+class ResetRequest(_Model):
+    to_seq: int = Field(ge=1, le=2**31 - 1, description="how many leading events of the source to keep")
+    new_execution_id: str | None = Field(default=None, description="the new run's id; a fresh id if omitted")
+
+
+class ForkResponse(BaseModel):
+    run_id: str = Field(description="the new run")
+    forked_from: str = Field(description="the source run")
+
+
+class RetryRequest(_Model):
+    from_node: str | None = Field(default=None, description="the node to re-run from; default: the first failed node")
+    new_execution_id: str | None = Field(default=None, description="the new run's id; a fresh id if omitted")
+
+
+class RetryResponse(BaseModel):
+    run_id: str | None = Field(description="the new run; null for a dry run")
+    source_run_id: str
+    retry_from: str
+    carried: list[str] = Field(description="succeeded nodes carried over, not re-run")
+    rerun: list[str] = Field(description="nodes the new run runs, in level order")
+    dry_run: bool
+
+
+class EraseResponse(BaseModel):
+    execution_id: str
+    events: int = Field(description="events whose payload fields were tombstoned by this call")
+    fields: int = Field(description="payload fields tombstoned by this call")
+    blobs: int = Field(description="offloaded blobs deleted")
+
+
+class PurgeRequest(_Model):
+    older_than_days: float = Field(ge=0, le=36500, allow_inf_nan=False,
+                                   description="delete terminal runs closed more than this many days ago")
+    batch: int = Field(default=500, ge=1, le=10000, description="runs deleted per transaction")
+
+
+class PurgeResponse(BaseModel):
+    runs: int
+    events: int
+    blobs: int
+
+
+class SignalResponse(BaseModel):
+    execution_id: str
+    signal: str
+
+
+class NdDetails(BaseModel):
+    expected: str | None = None
+    actual: str | None = None
+    event_index: int | None = None
+    workflow_type: str | None = None
+
+
+class WorkflowSummary(BaseModel):
+    execution_id: str
+    workflow_type: str
+    status: Status
+    created_at: datetime
+    updated_at: datetime
+    closed_at: datetime | None
+    cancelled_at: datetime | None
+    history_length: int
+    nd_blocked: bool
+    nd_blocked_at: datetime | None
+    nd_block_reason: str | None
+    nd_block_count: int
+    paused_at: datetime | None = Field(description="set while an operator holds the run's decisions")
+    erased_at: datetime | None = Field(description="when the run's payloads were erased")
+    forked_from: str | None = Field(description="the run this one was forked from (retry or reset)")
+    forked_to: str | None = Field(description="the run forked from this one (retry or reset)")
+
+
+class WorkflowDescription(WorkflowSummary):
+    cancel_reason: str | None
+    nd_details: NdDetails | None
+    result: Any = None
+    error: Any = None
+
+
+class WorkflowList(BaseModel):
+    workflows: list[WorkflowSummary]
+    limit: int
+    offset: int
+
+
+class HistoryItem(BaseModel):
+    seq: int
+    type: str
+    recorded_at: datetime
+    data: dict[str, Any]
+
+
+class HistoryResponse(BaseModel):
+    execution_id: str
+    events: list[HistoryItem]
+
+
+class RunGraphNode(BaseModel):
+    node_name: str
+    status: NodeStatus
+    depends_on: list[str]
+    started_at: datetime | None
+    finished_at: datetime | None
+    attempts: int
+    error_type: str | None
+    error: str | None
+
+
+class RunGraph(BaseModel):
+    run_id: str
+    dag_name: str
+    state: Status
+    started_at: datetime
+    finished_at: datetime | None
+    nodes: list[RunGraphNode]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
