@@ -6,6 +6,7 @@ import logging
 import os
 import time
 import uuid
+from contextlib import nullcontext
 from typing import Any
 
 from harvest_celery._core import events as ev
@@ -263,21 +264,32 @@ class Harvest:
         return self.store.list(status=status, workflow_type=workflow, nd_blocked=nd_blocked,
                                limit=limit, offset=offset)
 
-    def result(self, execution_id: str, timeout: float | None = 30.0, poll: float = 0.05) -> Any:
+    def result(self, execution_id: str, timeout: float | None = 30.0, poll: float = 1.0) -> Any:
         """Wait for the run to finish; return its result or raise ``WorkflowFailed`` /
-        ``WorkflowCancelledError`` (``TimeoutError`` after ``timeout`` seconds)."""
+        ``WorkflowCancelledError`` (``TimeoutError`` after ``timeout`` seconds).
+
+        Waits on Postgres ``LISTEN``/``NOTIFY`` (one listening connection per process, shared
+        by every waiter), re-reading the run's status every ``poll`` seconds as a fallback. In
+        embedded mode (SQLite) it drains the in-process queue and polls."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if self._inline is not None:
-                self.drain()
-            row = self.store.get(execution_id)
-            if row.status in TERMINAL_STATUSES:
-                return _outcome(row)
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"execution {execution_id} still {row.status} after {timeout}s")
-            time.sleep(poll)
-            if self._inline is not None:
-                self.runtime.sweep_once()
+        listener = self.store.listener if self._inline is None else None
+        with listener.watch(execution_id) if listener else nullcontext() as woken:
+            while True:
+                if self._inline is not None:
+                    self.drain()
+                status = self.store.status(execution_id)
+                if status in TERMINAL_STATUSES:
+                    return _outcome(self.store.get(execution_id))
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TimeoutError(f"execution {execution_id} still {status} after {timeout}s")
+                wait = poll if left is None else min(poll, left)
+                if woken is not None:
+                    woken.wait(wait)
+                    woken.clear()
+                else:
+                    time.sleep(min(wait, 0.05))
+                    self.runtime.sweep_once()
 
     # ── embedded mode ────────────────────────────────────────────────────────────────────────
     def drain(self) -> None:

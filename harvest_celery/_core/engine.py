@@ -16,6 +16,7 @@ deterministic event loop and replays it against the recorded history:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random as _random
 from collections import deque
@@ -468,6 +469,21 @@ class Session:
         replay.commands = []
         self.decision = self._drive(indices)
         return self.decision
+
+    def committed(self, written: list[ev.HistoryEvent]) -> bool:
+        """This session's last decision was written as ``written`` (its commands' events, in
+        order, with their seqs and times): absorb them now, so the next ``advance`` needs only
+        what came after. False (nothing absorbed) if they are not exactly its commands."""
+        replay = self.replay
+        ours = self.decision.commands
+        if (len(written) != len(ours) or (written and written[0].seq != len(replay.events))
+                or not all(_same(c, h.event) for c, h in zip(ours, written, strict=True))):
+            return False
+        for item in written:
+            replay.events.append(item.event)
+            replay.times.append(item.recorded_at)
+        self.decision = dataclasses.replace(self.decision, commands=[])
+        return True
 
     def close(self) -> None:
         self.replay.close()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from harvest_celery._core import events as ev
+from harvest_celery._core.commands import Decision
 from harvest_celery._core.engine import Activation, EngineConfig, Session
 from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.registry import Registry
@@ -91,8 +92,10 @@ class SessionCache:
 class _Decided:
     """What a decision taken inside a transaction leaves for after its commit."""
 
-    def __init__(self, session: Session | None = None) -> None:
+    def __init__(self, session: Session | None = None,
+                 written: list[ev.HistoryEvent] | None = None) -> None:
         self.session = session
+        self.written = written or []
         self.reraise: BaseException | None = None
 
 
@@ -157,44 +160,59 @@ class Runtime:
             row = tx.take_decision_request(execution_id)
             if row is None:
                 return _Decided()
-            return _Decided(self._decide(tx, row, "task"))
+            return self._decide(tx, row, "task")
 
         decided, tx = self.store.transaction(work)
         self._after_decision(tx, decided)
 
-    def _decide(self, tx: Tx, row: RunRow, path: str, new: list[ev.HistoryEvent] | None = None) -> Session:
-        """Replay and apply one decision on a locked, decidable run. A warm execution (its last
-        decision was taken by this process) is advanced from its cached ``Session`` with only the
-        events appended since, so the cost stays flat in history length; anything unexpected
-        falls back to a full replay. ``new``: the events appended since, when the caller knows
-        them (the completion it just appended)."""
-        definition = self.registry.workflow(row.workflow_type)
-        session = self.sessions.take(row.id)
-        decision = None
-        if session is not None:
-            if new is None or not new or new[0].seq != len(session.events):
-                new = tx.history(row.id, since=len(session.events))
-            decision = session.advance(new, self.settings.engine)
-            if decision is None:
-                session.close()
-        if session is None or decision is None:
-            activation = Activation(row.id, row.workflow_type, tx.history(row.id), self.settings.engine)
-            session = Session(definition, activation, self.registry)
-            decision = session.decision
-        tx.apply_decision(row, session.events, decision, self.registry, utcnow(),
-                          self.settings.timings, row.workflow_type)
+    def _decide(self, tx: Tx, row: RunRow, path: str, pending: Sequence[ev.HistoryEvent] = (),
+                known: Sequence[ev.HistoryEvent] = ()) -> _Decided:
+        """Replay and write one decision on a locked, decidable run. ``pending``: events not
+        yet written that the decision sees and writes first, in the same statement (the
+        completion a worker decides on). ``known``: the last events already written, when the
+        caller knows them (the claim's ActivityStarted), so a warm replay need not read them."""
+        session, decision = self._replay(tx, row, list(pending), list(known))
+        written = tx.apply_decision(row, session.events, decision, self.registry, utcnow(),
+                                    self.settings.timings, row.workflow_type,
+                                    leading=[h.event for h in pending])
+
         tx.metrics.append(("decisions", {"workflow": row.workflow_type, "path": path}))
         if decision.nd is not None:
             log.warning("execution %s is nd-blocked: expected %s, got %s", row.id,
                         decision.nd["expected"], decision.nd["actual"])
-        return session
+        return _Decided(session, written)
+
+    def _replay(self, tx: Tx, row: RunRow, pending: list[ev.HistoryEvent],
+                known: list[ev.HistoryEvent] | None = None) -> tuple[Session, Decision]:
+        """A warm execution (its last decision was taken by this process) is advanced from its
+        cached ``Session`` with only the events appended since, so the cost stays flat in
+        history length; anything unexpected falls back to a full replay."""
+        definition = self.registry.workflow(row.workflow_type)
+        session = self.sessions.take(row.id)
+        if session is not None:
+            since = len(session.events)
+            if since == row.next_seq:
+                new = pending
+            elif known and known[0].seq == since and since + len(known) == row.next_seq:
+                new = known + pending
+            else:
+                new = tx.history(row.id, since=since) + pending
+            decision = session.advance(new, self.settings.engine)
+            if decision is not None:
+                return session, decision
+            session.close()
+        history = tx.history(row.id) + pending
+        session = Session(definition, Activation(row.id, row.workflow_type, history,
+                                                 self.settings.engine), self.registry)
+        return session, session.decision
 
     def _after_decision(self, tx: Tx, decided: _Decided) -> None:
         self._after_commit(tx)
         session = decided.session
         if session is not None:
             if session.reusable and self.settings.sticky_sessions:
-                self.sessions.put(session.replay.activation.execution_id, session)  # once committed
+                session.committed(decided.written)  # what its decision wrote, now committed
+                self.sessions.put(session.replay.activation.execution_id, session)
             else:
                 session.close()
         if decided.reraise is not None:
@@ -215,53 +233,54 @@ class Runtime:
             return tasks.claim(tx, execution_id, activity_id, attempt, worker_id(), utcnow(),
                                self.settings.timings)
 
-        claim, _tx = self.store.transaction(work)
+        claim, _tx = self.store.transaction(work, one_statement=True)
         return claim
 
     def complete(self, claim: Claim, output: Any) -> None:
+        """Record a completion, and take the next decision in the same transaction when this
+        process should (``_decides_inline``). If that transaction fails, the completion is
+        recorded alone with a decision request: a decision bug never loses a completion."""
         try:
             output = check_json(output, f"output of activity {claim.activity_name!r}")
         except Exception as exc:  # noqa: BLE001 - a non-JSON result is the activity's failure
             self.fail(claim, type(exc).__name__, str(exc))
             return
-        decided, tx = self.store.transaction(lambda tx: self._record_completion(tx, claim, output))
+        try:
+            decided, tx = self.store.transaction(
+                lambda tx: self._record_completion(tx, claim, output, inline=True))
+        except Exception:  # noqa: BLE001 - e.g. the decision's write failed: record it alone
+            log.warning("recording the completion of %s/%s with its decision failed; recording "
+                        "it alone", claim.execution_id, claim.activity_id, exc_info=True)
+            decided, tx = self.store.transaction(
+                lambda tx: self._record_completion(tx, claim, output, inline=False))
         self._after_decision(tx, decided)
 
-    def _record_completion(self, tx: Tx, claim: Claim, output: Any) -> _Decided:
+    def _record_completion(self, tx: Tx, claim: Claim, output: Any, *, inline: bool) -> _Decided:
         now = utcnow()
-        queue = self.settings.decision_queue
-        row = tx.lock(claim.execution_id)
-        inline = row is not None and self._decides_inline(row)
-        row = tasks.complete(tx, claim.execution_id, claim.activity_id, claim.attempt, output, now,
-                             None if inline else queue)
-        if row is None or not inline or not row.accepts_results:
-            return _Decided()
-        appended = [ev.HistoryEvent(row.next_seq - 1,
-                                    ev.ActivityCompleted(claim.activity_id, output, claim.attempt), now)]
-        return self._decide_in_savepoint(tx, row, appended)
-
-    def _decide_in_savepoint(self, tx: Tx, row: RunRow, appended: list[ev.HistoryEvent]) -> _Decided:
-        """Decide inline; on any exception (``BaseException`` included) roll back to the savepoint
-        and leave the completion committed with a decision request for the decision task."""
-        savepoint = tx.conn.begin_nested()
-        marks = len(tx.dispatches), len(tx.metrics)
-        try:
-            if self.before_inline_decision is not None:
-                self.before_inline_decision(row.id)
-            session = self._decide(tx, row, "inline", appended)
-        except BaseException as exc:  # noqa: BLE001 - a decision bug never loses a completion
-            savepoint.rollback()
-            del tx.dispatches[marks[0]:], tx.metrics[marks[1]:]
-            self.sessions.take(row.id)  # its state may have advanced past what rolled back
-            tx.request_decision(row.id, utcnow(), self.settings.decision_queue)
-            log.warning("inline decision of %s failed (%s: %s); the decision task takes over",
-                        row.id, type(exc).__name__, exc)
-            decided = _Decided()
-            if not isinstance(exc, Exception):
-                decided.reraise = exc  # a shutdown signal: commit the completion, then stop
-            return decided
-        savepoint.commit()
-        return _Decided(session)
+        row = tasks.finish_completed(tx, claim.execution_id, claim.activity_id, now)
+        if row is None or not row.accepts_results:
+            return _Decided()  # a duplicate; or a finished run (the task row is closed, no event)
+        completion = ev.ActivityCompleted(claim.activity_id, output, claim.attempt)
+        decided = _Decided()
+        if inline and self._decides_inline(row):
+            pending = [ev.HistoryEvent(row.next_seq, completion, now)]
+            known = []
+            if claim.started_seq is not None and claim.started_at is not None:
+                known = [ev.HistoryEvent(claim.started_seq, ev.ActivityStarted(
+                    claim.activity_id, claim.attempt, claim.worker_id), claim.started_at)]
+            try:
+                if self.before_inline_decision is not None:
+                    self.before_inline_decision(row.id)
+                return self._decide(tx, row, "inline", pending, known)
+            except BaseException as exc:  # noqa: BLE001 - a decision bug never loses a completion
+                # Nothing of the decision is written until its one statement: what failed here
+                # left no trace in the transaction, so the completion is recorded alone.
+                log.warning("inline decision of %s failed (%s: %s); the decision task takes over",
+                            row.id, type(exc).__name__, exc)
+                if not isinstance(exc, Exception):
+                    decided.reraise = exc  # a shutdown signal: commit the completion, then stop
+        tx.append(row, [completion], now, decide_on=self.settings.decision_queue)
+        return decided
 
     def fail(self, claim: Claim, error_type: str, message: str) -> str:
         verdict, tx = self.store.transaction(lambda tx: tasks.fail(

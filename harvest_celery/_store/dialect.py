@@ -14,6 +14,7 @@ class Dialect:
 
     name = "postgresql"
     row_locks = True
+    dml_ctes = True  # INSERT … inside an UPDATE's WITH: one round trip for a whole run write
 
     def create_engine(self, url: str, echo: bool) -> Engine:
         # No pool ping: a connection that died while idle fails its first statement, and the
@@ -24,12 +25,18 @@ class Dialect:
     def lock(self, query: Any, *, skip_locked: bool = False) -> Any:
         return query.with_for_update(skip_locked=skip_locked)
 
+    def notify(self, conn: Any, execution_id: str) -> None:
+        """Wake waiters of the run once this transaction commits (``_store.listener``)."""
+        conn.execute(sa.text("SELECT pg_notify('harvest_runs', :execution_id)"),
+                     {"execution_id": execution_id})
+
 
 class SqliteDialect(Dialect):
     """Embedded mode: one process, one writer at a time; no row locks (SQLite locks the file)."""
 
     name = "sqlite"
     row_locks = False
+    dml_ctes = False
 
     def create_engine(self, url: str, echo: bool) -> Engine:
         engine = sa.create_engine(url, echo=echo, hide_parameters=True,
@@ -44,6 +51,9 @@ class SqliteDialect(Dialect):
 
     def lock(self, query: Any, *, skip_locked: bool = False) -> Any:
         return query
+
+    def notify(self, conn: Any, execution_id: str) -> None:
+        """One process: its waiters poll (embedded mode drains before it reads)."""
 
 
 def dialect_for(url: str) -> Dialect:

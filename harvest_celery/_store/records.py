@@ -180,6 +180,11 @@ class Claim:
     attempt: int
     input: Any
     start_to_close: float | None
+    # the ActivityStarted this claim appended (the completing worker's warm replay reads it back
+    # from here instead of from the database)
+    worker_id: str = ""
+    started_seq: int | None = None
+    started_at: datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from harvest_celery._core import events as ev
 from harvest_celery._errors import ExecutionNotFound, HarvestError
@@ -23,6 +23,7 @@ from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._store import runs
 from harvest_celery._store.dialect import Dialect, dialect_for
+from harvest_celery._store.listener import Listener
 from harvest_celery._store.records import Execution, Timings, utcnow
 from harvest_celery._store.schema import activity_tasks, executions
 from harvest_celery._store.tx import RawEvent, Tx
@@ -47,6 +48,8 @@ class Store:
         self._engine: Engine | None = None
         self._pid = -1
         self._lock = threading.Lock()
+        # one LISTEN connection per process, shared by every waiter (None: SQLite, poll)
+        self.listener = Listener(database_url) if self.dialect.row_locks else None
 
     @property
     def engine(self) -> Engine:
@@ -74,17 +77,21 @@ class Store:
         with self.engine.begin() as conn:
             yield Tx(conn, self.dialect, self.payloads)
 
-    def transaction(self, work: Callable[[Tx], T]) -> tuple[T, Tx]:
+    def transaction(self, work: Callable[[Tx], T], *, one_statement: bool = False) -> tuple[T, Tx]:
         """``work(tx)`` in one transaction, committed; returns its result and the committed
         ``Tx`` (its dispatches and metrics are the caller's to act on).
+
+        ``one_statement``: ``work`` issues a single statement on Postgres (the claim), which is
+        atomic by itself, so it runs in autocommit: one round trip, no BEGIN, no COMMIT.
 
         There is no pool ping per checkout: a pooled connection that died while idle fails the
         first statement, and the whole transaction is run once more on a fresh connection — only
         when the failure came before COMMIT was sent, so nothing can be applied twice."""
+        autocommit = one_statement and self.dialect.dml_ctes
         for attempt in (1, 2):
             committing = False
             try:
-                with self.engine.connect() as conn:
+                with self._connect(autocommit) as conn:
                     trans = conn.begin()
                     tx = Tx(conn, self.dialect, self.payloads)
                     try:
@@ -92,7 +99,7 @@ class Store:
                     except BaseException:
                         trans.rollback()
                         raise
-                    committing = True
+                    committing = not autocommit
                     trans.commit()
                 return result, tx
             except sa.exc.DBAPIError as exc:
@@ -100,6 +107,11 @@ class Store:
                     raise
                 log.warning("database connection was lost before commit; retrying the transaction once")
         raise AssertionError("unreachable")
+
+    def _connect(self, autocommit: bool) -> Connection:
+        if autocommit:
+            return self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        return self.engine.connect()
 
     def ping(self) -> None:
         """A trivial query: raises if the database does not answer."""

@@ -3,7 +3,7 @@ and leases. Every function works inside one ``Tx`` and locks the run row first."
 
 from __future__ import annotations
 
-from dataclasses import replace
+import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -36,13 +36,56 @@ def _update(tx: Tx, execution_id: str, activity_id: str, **values: Any) -> None:
     tx.conn.execute(activity_tasks.update().where(_where(execution_id, activity_id)).values(**values))
 
 
+# The claim in ONE statement (Postgres): lock the run, take the task row only if it is scheduled
+# at this attempt, append ActivityStarted at the run's next seq, bump next_seq, and return the
+# input from the row's ActivityScheduled event. No row back means refused.
+_CLAIM = sa.text("""
+WITH run AS (
+    SELECT id, next_seq FROM harvest_executions
+    WHERE id = :execution_id AND erased_at IS NULL
+      AND (status = 'RUNNING' OR cancelled_at IS NOT NULL)
+    FOR UPDATE
+), task AS (
+    UPDATE harvest_activity_tasks AS t
+    SET status = 'running', worker_id = :worker_id, started_at = :now,
+        lease_expires_at = :now + make_interval(secs => COALESCE(t.start_to_close, :lease) + 5)
+    FROM run
+    WHERE t.execution_id = run.id AND t.activity_id = :activity_id
+      AND t.status = 'scheduled' AND t.attempt = :attempt
+    RETURNING t.activity_name, t.start_to_close, t.event_seq
+), started AS (
+    INSERT INTO harvest_events (execution_id, seq, type, data, recorded_at)
+    SELECT run.id, run.next_seq, 'ActivityStarted', CAST(:data AS JSONB), :now FROM run, task
+    RETURNING seq
+), bumped AS (
+    UPDATE harvest_executions AS e SET next_seq = started.seq + 1, updated_at = :now
+    FROM started WHERE e.id = :execution_id
+)
+SELECT task.activity_name, task.start_to_close, started.seq AS started_seq,
+       (SELECT data FROM harvest_events AS s
+        WHERE s.execution_id = :execution_id AND s.seq = task.event_seq) AS scheduled
+FROM task, started
+""")
+
+
 def claim(tx: Tx, execution_id: str, activity_id: str, attempt: int, worker_id: str,
           now: datetime, timings: Timings) -> Claim | None:
     """The pre-run claim: mark the row running and append ActivityStarted, or refuse.
 
     Refused for a re-sent or redelivered message (row not ``scheduled`` or another attempt),
     a row a cancel failed, a finished or erased run, or an unknown row. A refused claim means
-    the body must not run."""
+    the body must not run. Postgres: one statement; SQLite: the same steps one by one."""
+    if tx.dialect.dml_ctes:
+        data = ev.ActivityStarted(activity_id, attempt, worker_id).to_data()
+        found = tx.conn.execute(_CLAIM, {
+            "execution_id": execution_id, "activity_id": activity_id, "attempt": attempt,
+            "worker_id": worker_id, "now": now, "lease": timings.default_lease,
+            "data": json.dumps(tx.payloads.encode_event(data, f"{execution_id}/started"))}).first()
+        if found is None:
+            return None
+        return Claim(execution_id, activity_id, found.activity_name, attempt,
+                     tx.payloads.decode_event(found.scheduled).get("input"), found.start_to_close,
+                     worker_id, found.started_seq, now)
     row = tx.lock(execution_id)
     if row is None or not row.accepts_results:
         return None
@@ -52,9 +95,10 @@ def claim(tx: Tx, execution_id: str, activity_id: str, attempt: int, worker_id: 
     lease = task.start_to_close or timings.default_lease
     _update(tx, execution_id, activity_id, status=TaskStatus.RUNNING.value, worker_id=worker_id,
             started_at=now, lease_expires_at=now + timedelta(seconds=lease + 5))
-    tx.append(row, [ev.ActivityStarted(activity_id, attempt, worker_id)], now)
+    seq = tx.append(row, [ev.ActivityStarted(activity_id, attempt, worker_id)], now)
     return Claim(execution_id, activity_id, task.activity_name, attempt,
-                 tx.scheduled_input(execution_id, activity_id), task.start_to_close)
+                 tx.scheduled_input(execution_id, activity_id), task.start_to_close,
+                 worker_id, seq, now)
 
 
 def running_task(tx: Tx, execution_id: str, activity_id: str) -> tuple[RunRow, TaskRow] | None:
@@ -69,25 +113,48 @@ def running_task(tx: Tx, execution_id: str, activity_id: str) -> tuple[RunRow, T
     return row, task
 
 
-def complete(tx: Tx, execution_id: str, activity_id: str, attempt: int, output: Any,
-             now: datetime, decide_on: str | None) -> RunRow | None:
-    """Record a completion. Returns the run row as it stands after the append (None for a
-    duplicate). ``decide_on`` None: the caller decides in this transaction itself."""
-    found = running_task(tx, execution_id, activity_id)
-    if found is None:
+# Lock the run and mark its task row completed in ONE statement (Postgres); the run row comes
+# back with whether the task row was still open (False: a duplicate completion).
+_FINISH = sa.text("""
+WITH run AS (
+    SELECT * FROM harvest_executions WHERE id = :execution_id FOR UPDATE
+), task AS (
+    UPDATE harvest_activity_tasks AS t
+    SET status = 'completed', finished_at = :now, lease_expires_at = NULL
+    FROM run
+    WHERE t.execution_id = run.id AND t.activity_id = :activity_id
+      AND t.status NOT IN ('completed', 'failed')
+    RETURNING t.activity_id
+)
+SELECT run.*, EXISTS (SELECT 1 FROM task) AS finished FROM run
+""")
+
+
+def finish_completed(tx: Tx, execution_id: str, activity_id: str, now: datetime) -> RunRow | None:
+    """Lock the run and mark the task row completed: the run row (locked), or None for a
+    duplicate completion (already recorded once) or an unknown run."""
+    if tx.dialect.dml_ctes:
+        found = tx.conn.execute(_FINISH, {"execution_id": execution_id, "activity_id": activity_id,
+                                          "now": now}).first()
+        if found is None or not found.finished:
+            return None
+        return RunRow.from_mapping(found._mapping)
+    located = running_task(tx, execution_id, activity_id)
+    if located is None:
         return None
-    row, _task = found
     _finish(tx, execution_id, activity_id, TaskStatus.COMPLETED.value, now, None)
-    if not row.accepts_results:
-        return row
-    first = tx.append(row, [ev.ActivityCompleted(activity_id, output, attempt)], now,
-                      decide_on=decide_on)
-    return _advanced(row, first + 1, now if decide_on and row.decision_requested_at is None else
-                     row.decision_requested_at)
+    return located[0]
 
 
-def _advanced(row: RunRow, next_seq: int, requested: datetime | None) -> RunRow:
-    return replace(row, next_seq=next_seq, decision_requested_at=requested)
+def complete(tx: Tx, execution_id: str, activity_id: str, attempt: int, output: Any,
+             now: datetime, decide_on: str) -> bool:
+    """Record a completion and request the next decision. False for a duplicate."""
+    row = finish_completed(tx, execution_id, activity_id, now)
+    if row is None:
+        return False
+    if row.accepts_results:
+        tx.append(row, [ev.ActivityCompleted(activity_id, output, attempt)], now, decide_on=decide_on)
+    return True
 
 
 def fail(tx: Tx, execution_id: str, activity_id: str, attempt: int, error_type: str,

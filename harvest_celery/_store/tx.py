@@ -9,6 +9,7 @@ forked history impossible even if a caller forgot the lock. What the transaction
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -27,6 +28,26 @@ from harvest_celery._store.records import Dispatch, RunRow, Timings, aware
 from harvest_celery._store.schema import activity_tasks, events, executions, timers
 
 RawEvent = tuple[int, dict[str, Any], datetime]
+UNKNOWN: Any = object()
+_SETTLING = ("closed_at", "result", "error")  # run columns whose change a waiter wants to see  # an adopted dispatch whose input must be read back from its event
+
+
+@dataclass
+class RunWrite:
+    """What one operation writes to one run, gathered so Postgres gets it in one statement."""
+
+    execution_id: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+    values: dict[str, Any] = field(default_factory=dict)
+    tasks: list[dict[str, Any]] = field(default_factory=list)
+    timers: list[dict[str, Any]] = field(default_factory=list)
+    # the run closes: its unstarted task rows are abandoned (after the inserts) with this reason
+    abandon: tuple[datetime, str] | None = None
+
+
+def timer_row(execution_id: str, timer_id: str, fire_at: str) -> dict[str, Any]:
+    return {"execution_id": execution_id, "timer_id": timer_id,
+            "fire_at": datetime.fromisoformat(fire_at), "fired": False}
 
 
 class Tx:
@@ -53,8 +74,15 @@ class Tx:
         return row
 
     def update_run(self, execution_id: str, **values: Any) -> int:
-        return int(self.conn.execute(executions.update().where(executions.c.id == execution_id)
-                                     .values(**values)).rowcount)
+        updated = int(self.conn.execute(executions.update().where(executions.c.id == execution_id)
+                                        .values(**values)).rowcount)
+        self._notify_if_closed(execution_id, values)
+        return updated
+
+    def _notify_if_closed(self, execution_id: str, values: dict[str, Any]) -> None:
+        """A run that closes (or whose post-cancel branch settles) wakes its waiters on commit."""
+        if values.get("status") in TERMINAL_STATUSES or any(k in values for k in _SETTLING):
+            self.dialect.notify(self.conn, execution_id)
 
     def raw_history(self, execution_id: str, since: int = 0) -> list[RawEvent]:
         """Stored events, payload fields as written (possibly encoded or offloaded)."""
@@ -71,24 +99,51 @@ class Tx:
 
     def append(self, row: RunRow, new_events: Sequence[ev.Event], now: datetime, *,
                decide_on: str | None = None, **values: Any) -> int:
-        """Append events at the run's next positions (the row must be locked) in one multi-row
-        INSERT, and update the row with ``values`` in one statement. ``decide_on``: also request a
-        decision on that queue unless one is pending. Returns the seq of the first event."""
-        first = row.next_seq
-        if new_events:
-            self.conn.execute(events.insert(), [
-                {"execution_id": row.id, "seq": first + i, "type": e.type,
-                 "data": self.payloads.encode_event(e.to_data(), f"{row.id}/{first + i}"),
-                 "recorded_at": now}
-                for i, e in enumerate(new_events)
-            ])
-            values.update(next_seq=first + len(new_events), updated_at=now)
+        """Append events at the run's next positions (the row must be locked) and update the row
+        with ``values`` — one statement on Postgres. ``decide_on``: also request a decision on
+        that queue unless one is pending. Returns the seq of the first event."""
+        write = RunWrite(row.id)
+        first = self.stage_events(write, row, new_events, now)
+        write.values.update(values)
         if decide_on is not None and row.decision_requested_at is None:
-            values["decision_requested_at"] = now
+            write.values["decision_requested_at"] = now
             self._decide(row.id, decide_on, now)
-        if values:
-            self.update_run(row.id, **values)
+        self.write(write)
         return first
+
+    def stage_events(self, write: RunWrite, row: RunRow, new_events: Sequence[ev.Event],
+                     now: datetime) -> int:
+        """Add ``new_events`` to ``write`` after what it already holds; returns the first seq."""
+        first = row.next_seq + len(write.events)
+        for i, e in enumerate(new_events):
+            write.events.append({"execution_id": row.id, "seq": first + i, "type": e.type,
+                                 "data": self.payloads.encode_event(e.to_data(), f"{row.id}/{first + i}"),
+                                 "recorded_at": now})
+        if write.events:
+            write.values.update(next_seq=row.next_seq + len(write.events), updated_at=now)
+        return first
+
+    def write(self, w: RunWrite) -> None:
+        """Everything one operation writes to a run: its new events, task rows and timers and the
+        run-row update. Postgres: ONE statement (the inserts are data-modifying CTEs of the
+        UPDATE). SQLite: one statement each."""
+        inserts = [(events, w.events), (activity_tasks, w.tasks), (timers, w.timers)]
+        inserts = [(table, rows) for table, rows in inserts if rows]
+        if not inserts and not w.values:
+            return
+        update = executions.update().where(executions.c.id == w.execution_id).values(
+            **(w.values or {"next_seq": executions.c.next_seq}))
+        if self.dialect.dml_ctes:
+            ctes = [table.insert().values(rows).cte(f"new_{table.name}") for table, rows in inserts]
+            self.conn.execute(update.add_cte(*ctes) if ctes else update)
+        else:
+            for table, rows in inserts:
+                self.conn.execute(table.insert(), rows)
+            if w.values:
+                self.conn.execute(update)
+        if w.abandon is not None:
+            self.abandon_open_tasks(w.execution_id, *w.abandon)
+        self._notify_if_closed(w.execution_id, w.values)
 
     def _decide(self, execution_id: str, queue: str, now: datetime) -> None:
         self.dispatches.append(Dispatch(Dispatch.DECIDE, execution_id, queue,
@@ -128,31 +183,42 @@ class Tx:
         return row  # apply_decision clears the request flag in its own update
 
     def apply_decision(self, row: RunRow, history: Sequence[ev.Event], decision: Decision,
-                       registry: Registry, now: datetime, timings: Timings, workflow_label: str) -> None:
+                       registry: Registry, now: datetime, timings: Timings, workflow_label: str, *,
+                       leading: Sequence[ev.Event] = ()) -> list[ev.HistoryEvent]:
+        """Write one decision. ``leading``: events recorded just before it in the same write
+        (the completion a worker decides on), so completion and decision are one statement.
+        Returns the events its commands wrote (a warm replay absorbs them once committed)."""
+        write = RunWrite(row.id)
+        self.stage_events(write, row, leading, now)
         if decision.nd is not None:
-            self._nd_block(row, decision.nd, now, timings, workflow_label)
-            return
+            self._nd_block(write, row, decision.nd, now, timings, workflow_label)
+            self.write(write)
+            return []
         new_events = decision_events(decision, history)
         status = status_for_outcome(decision, row.status)
-        values = self._decision_values(row, status, new_events, now)
-        first = self.append(row, new_events, now, **values)
+        first = self.stage_events(write, row, new_events, now)
+        write.values.update(self._decision_values(row, status, new_events, now))
+        if status != row.status and status in TERMINAL_STATUSES:
+            write.abandon = (now, "the workflow finished without awaiting it")
         for i, command in enumerate(decision.commands):
             if isinstance(command, ScheduleActivity):
-                self.insert_task(row.id, command, first + i, registry, now)
+                write.tasks.append(self.task_row(row.id, command, first + i, registry, now))
             elif isinstance(command, StartTimer):
-                self.insert_timer(row.id, command.timer_id, command.fire_at)
+                write.timers.append(timer_row(row.id, command.timer_id, command.fire_at))
+        self.write(write)
         for metric in decision.metrics:
             self.metrics.append((metric, {"workflow": workflow_label}))
         if status != row.status and status in TERMINAL_STATUSES:
             outcome = "completed" if status == "COMPLETED" else "failed"
             self.metrics.append(("workflow_terminal", {"workflow": workflow_label, "outcome": outcome}))
+        return [ev.HistoryEvent(first + i, e, now) for i, e in enumerate(new_events)]
 
-    def _nd_block(self, row: RunRow, nd: dict[str, Any], now: datetime, timings: Timings,
-                  workflow_label: str) -> None:
-        """nd-blocked: still RUNNING, nothing appended, retried with backoff."""
+    def _nd_block(self, write: RunWrite, row: RunRow, nd: dict[str, Any], now: datetime,
+                  timings: Timings, workflow_label: str) -> None:
+        """nd-blocked: still RUNNING, nothing of the decision appended, retried with backoff."""
         count = row.nd_block_count + 1
         delay = min(timings.nd_retry_initial * 2 ** min(count - 1, 16), timings.nd_retry_max)
-        self.update_run(row.id, nd_blocked_at=row.nd_blocked_at or now,
+        write.values.update(nd_blocked_at=row.nd_blocked_at or now,
                         nd_block_reason=f"expected {nd['expected']}, got {nd['actual']}",
                         nd_block_count=count, nd_details=nd, nd_retry_at=now + timedelta(seconds=delay),
                         updated_at=now, decision_requested_at=None)
@@ -176,34 +242,35 @@ class Tx:
                 values["error"] = {"type": done.error_type, "message": done.message}
         if status != row.status and status in TERMINAL_STATUSES:
             values["closed_at"] = now
-            self.abandon_open_tasks(row.id, now, "the workflow finished without awaiting it")
         return values
 
     def insert_timer(self, execution_id: str, timer_id: str, fire_at: str) -> None:
-        self.conn.execute(timers.insert().values(
-            execution_id=execution_id, timer_id=timer_id, fire_at=datetime.fromisoformat(fire_at),
-            fired=False))
+        self.conn.execute(timers.insert().values(**timer_row(execution_id, timer_id, fire_at)))
 
     def insert_task(self, execution_id: str, command: ScheduleActivity, event_seq: int,
                     registry: Registry, now: datetime) -> None:
-        """The task row is the durable record of the dispatch (the sweeper re-sends it if its
-        message is lost); its first message goes out after commit."""
+        self.conn.execute(activity_tasks.insert().values(
+            **self.task_row(execution_id, command, event_seq, registry, now)))
+
+    def task_row(self, execution_id: str, command: ScheduleActivity, event_seq: int,
+                 registry: Registry, now: datetime) -> dict[str, Any]:
+        """The task row of a new dispatch — the durable record of it (the sweeper re-sends it if
+        its message is lost) — and its first message, sent after commit."""
         definition = registry.activity(command.activity_name)
         deadline = command.start_to_close or definition.start_to_close
-        self.conn.execute(activity_tasks.insert().values(
-            execution_id=execution_id, activity_id=command.activity_id,
-            activity_name=command.activity_name, queue=command.queue,
-            status=TaskStatus.SCHEDULED.value, attempt=1,
-            retry=(command.retry or definition.retry).to_data(), start_to_close=deadline,
-            event_seq=event_seq, dispatched_at=now, compensation=command.compensation,
-            adopted=definition.adopted))
         self.dispatch_activity(execution_id, command.activity_id, command.activity_name,
                                command.queue, 1, definition.adopted, deadline, command.input)
+        return {"execution_id": execution_id, "activity_id": command.activity_id,
+                "activity_name": command.activity_name, "queue": command.queue,
+                "status": TaskStatus.SCHEDULED.value, "attempt": 1,
+                "retry": (command.retry or definition.retry).to_data(), "start_to_close": deadline,
+                "event_seq": event_seq, "dispatched_at": now, "compensation": command.compensation,
+                "adopted": definition.adopted}
 
     def dispatch_activity(self, execution_id: str, activity_id: str, name: str, queue: str,
                           attempt: int, adopted: bool, deadline: float | None,
-                          input: Any = None) -> None:
-        if adopted and input is None:
+                          input: Any = UNKNOWN) -> None:
+        if adopted and input is UNKNOWN:
             # an existing task keeps its signature: its input is its argument
             input = self.scheduled_input(execution_id, activity_id)
         self.dispatches.append(Dispatch(Dispatch.ACTIVITY, execution_id, queue, activity_id, name,

@@ -1,0 +1,240 @@
+"""The hot path on real Postgres, in process (the engine's in-process dispatcher drives claims,
+bodies and completions through the same code a Celery worker runs): the next decision is taken
+inline in the completion's transaction, a decision that fails there never loses a completion or
+runs a body twice, the budget of statements and commits per step, and the optimised path writes
+the same histories as the plain one."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from harvest_celery import Harvest, RetryPolicy, Saga, WorkflowContext, activity, workflow
+from harvest_celery._runtime.metrics import METRICS
+from harvest_celery._store.tx import Tx
+
+from .conftest import DATABASE_URL
+
+BODIES: list[str] = []
+
+
+@activity(name="hp_step", retry=RetryPolicy(max_attempts=1))
+def hp_step(x: Any) -> Any:
+    BODIES.append(f"step:{x}")
+    return x
+
+
+@activity(name="hp_fails", retry=RetryPolicy(max_attempts=1))
+def hp_fails(x: Any) -> Any:
+    BODIES.append(f"fails:{x}")
+    raise RuntimeError("no")
+
+
+@activity(name="hp_undo", retry=RetryPolicy(max_attempts=1))
+def hp_undo(x: Any) -> Any:
+    BODIES.append(f"undo:{x}")
+    return None
+
+
+@workflow(name="hp_steps")
+async def hp_steps(ctx: WorkflowContext, n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += await ctx.execute_activity(hp_step, i)
+    return total
+
+
+@workflow(name="hp_saga")
+async def hp_saga(ctx: WorkflowContext, data: dict[str, Any]) -> Any:
+    saga = Saga(ctx)
+    for i in range(data["n"]):
+        await saga.step(lambda i=i: ctx.execute_activity(hp_step, i),
+                        lambda v: ctx.execute_activity(hp_undo, v))
+    pair = await ctx.gather(ctx.execute_activity(hp_step, "a"), ctx.execute_activity(hp_step, "b"))
+    if data.get("fail"):
+        await saga.step(lambda: ctx.execute_activity(hp_fails, "x"))
+    return pair
+
+
+def make(inline: bool = True) -> Harvest:
+    h = Harvest(DATABASE_URL).register(hp_step, hp_fails, hp_undo, hp_steps, hp_saga)
+    h.runtime.settings.inline_decisions = inline
+    return h
+
+
+def run_id() -> str:
+    return f"hp-{uuid.uuid4().hex[:10]}"
+
+
+def shape(h: Harvest, execution_id: str) -> list[tuple[str, Any]]:
+    """The history without times and worker ids: what must be identical path to path."""
+    out = []
+    for item in h.history(execution_id):
+        data = item.event.to_data()
+        data.pop("worker_id", None)
+        out.append((item.seq, data))
+    return out
+
+
+def decisions(path: str, workflow: str) -> float:
+    return METRICS.value("decisions", {"workflow": workflow, "path": path})
+
+
+def test_the_next_decision_is_taken_inline_by_the_completing_worker(harvest):
+    h = make()
+    before = (decisions("inline", "hp_steps"), decisions("task", "hp_steps"))
+    rid = h.start_workflow("hp_steps", 5, execution_id=run_id())
+    assert h.result(rid, timeout=10) == 10
+    # the start's decision goes through the decision task; each of the 5 completions decides inline
+    assert decisions("inline", "hp_steps") - before[0] == 5
+    assert decisions("task", "hp_steps") - before[1] == 1
+
+
+def _completions(h: Harvest, execution_id: str) -> list[str]:
+    return [e.event.activity_id for e in h.history(execution_id)
+            if e.event.type == "ActivityCompleted"]
+
+
+@pytest.mark.parametrize("raised", [RuntimeError("decision bug"), KeyboardInterrupt()],
+                         ids=["Exception", "BaseException"])
+def test_an_inline_decision_that_fails_records_the_completion_once_and_runs_no_body_twice(harvest, raised):
+    h = make()
+    failures = [raised]
+
+    def seam(_execution_id: str) -> None:
+        if failures:
+            raise failures.pop()
+
+    h.runtime.before_inline_decision = seam
+    BODIES.clear()
+    rid = run_id()
+    try:
+        h.start_workflow("hp_steps", 3, execution_id=rid)
+    except KeyboardInterrupt:
+        h.drain()  # the shutdown signal stopped the drain after the completion committed
+    assert h.result(rid, timeout=10) == 3
+    assert _completions(h, rid) == ["1", "2", "3"]  # exactly one completion each
+    assert BODIES == ["step:0", "step:1", "step:2"]  # no body ran twice
+    assert failures == []
+
+
+def test_a_decision_write_that_fails_in_the_database_falls_back_to_the_completion_alone(harvest, monkeypatch):
+    h = make()
+    real = Tx.apply_decision
+    broken = [True]
+
+    def apply_then_fail(self: Tx, *args: Any, **kwargs: Any) -> None:
+        if broken and kwargs.get("leading"):
+            broken.pop()
+            self.conn.execute(sa.text("SELECT 1 / 0"))  # aborts the transaction, as a bad write would
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Tx, "apply_decision", apply_then_fail)
+    BODIES.clear()
+    rid = h.start_workflow("hp_steps", 2, execution_id=run_id())
+    assert h.result(rid, timeout=10) == 1
+    assert _completions(h, rid) == ["1", "2"] and BODIES == ["step:0", "step:1"]
+    assert broken == []
+
+
+def _count(h: Harvest, work: Any) -> dict[str, int]:
+    """Statements, explicit transactions and commits that ``work`` sends, counted on the
+    engine's events. Round trips: every statement, plus BEGIN and COMMIT of each explicit
+    transaction (psycopg2 sends BEGIN with its first statement as a separate round trip); a
+    one-statement autocommit operation (the claim) is its own commit."""
+    counts = {"statements": 0, "transactions": 0, "autocommits": 0}
+    engine = h.store.engine
+
+    def on_execute(conn: Any, *_a: Any) -> None:
+        counts["statements"] += 1
+
+    def on_begin(conn: Any) -> None:
+        auto = conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
+        counts["autocommits" if auto else "transactions"] += 1
+
+    sa.event.listen(engine, "before_cursor_execute", on_execute)
+    sa.event.listen(engine, "begin", on_begin)
+    try:
+        work()
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", on_execute)
+        sa.event.remove(engine, "begin", on_begin)
+    counts["commits"] = counts["transactions"] + counts["autocommits"]
+    counts["round_trips"] = counts["statements"] + 2 * counts["transactions"]
+    return counts
+
+
+def test_a_step_costs_at_most_two_commits_and_six_round_trips(harvest):
+    h = make()
+    rid = h.start_workflow("hp_steps", 1, execution_id=run_id())  # warm the engine and the pool
+    h.result(rid, timeout=10)
+
+    def steps(n: int) -> dict[str, int]:
+        def work() -> None:
+            h.result(h.start_workflow("hp_steps", n, execution_id=run_id()), timeout=30)
+
+        return _count(h, work)
+
+    short, long = steps(5), steps(15)
+    per_step = {k: (long[k] - short[k]) / 10 for k in short}
+    assert per_step["commits"] <= 2, per_step
+    assert per_step["round_trips"] <= 6, per_step
+
+
+@pytest.mark.parametrize("data", [{"n": 3}, {"n": 2, "fail": True}], ids=["completes", "unwinds"])
+def test_the_inline_and_the_plain_paths_write_identical_histories(harvest, data):
+    fast, plain = make(inline=True), make(inline=False)
+    before = decisions("inline", "hp_saga")
+    a, b = run_id(), run_id()
+    fast.start_workflow("hp_saga", data, execution_id=a)
+    plain.start_workflow("hp_saga", data, execution_id=b)
+    for h, rid in ((fast, a), (plain, b)):
+        assert h.describe(rid).status in ("COMPLETED", "FAILED")
+    assert shape(fast, a) == shape(plain, b)
+    assert decisions("inline", "hp_saga") > before  # the fast path really decided inline
+
+
+# ── result() waits on LISTEN/NOTIFY, one listening connection per process ─────────────────────
+def _listening_connections() -> int:
+    engine = sa.create_engine(DATABASE_URL)
+    with engine.connect() as conn:
+        count = conn.execute(sa.text(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN harvest_runs' "
+            "AND datname = current_database()")).scalar_one()
+    engine.dispose()
+    return int(count)
+
+
+def test_result_is_woken_by_the_notification_not_by_polling(harvest, workers, tag):
+    rid = harvest.start_workflow("three_steps", {"tag": tag})
+    reads: list[str] = []
+    listener = sa.event.listen(harvest.store.engine, "before_cursor_execute",
+                               lambda _c, _cur, statement, *_a: reads.append(statement))
+    try:
+        # a fallback poll of 60 s: only a notification can end this wait early
+        harvest.result(rid, timeout=60, poll=60)
+    finally:
+        sa.event.remove(harvest.store.engine, "before_cursor_execute", listener)
+    assert len(reads) <= 4  # status before the wait, status after the wake, the row: no polling
+
+
+def test_many_waiters_share_one_listening_connection(harvest, workers, tag):
+    import threading
+
+    runs = [harvest.start_workflow("three_steps", {"tag": f"{tag}{i}"}) for i in range(16)]
+    results: dict[str, object] = {}
+
+    def wait(run: str) -> None:
+        results[run] = harvest.result(run, timeout=60, poll=60)
+
+    threads = [threading.Thread(target=wait, args=(r,)) for r in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    assert len(results) == 16
+    assert harvest.store.listener is not None and harvest.store.listener.connected.is_set()
+    assert _listening_connections() == 1
