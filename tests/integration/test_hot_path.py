@@ -211,13 +211,16 @@ def _listening_connections() -> int:
 def test_result_is_woken_by_the_notification_not_by_polling(harvest, workers, tag):
     rid = harvest.start_workflow("three_steps", {"tag": tag})
     reads: list[str] = []
-    listener = sa.event.listen(harvest.store.engine, "before_cursor_execute",
-                               lambda _c, _cur, statement, *_a: reads.append(statement))
+
+    def on_execute(_c: Any, _cur: Any, statement: str, *_a: Any) -> None:
+        reads.append(statement)
+
+    sa.event.listen(harvest.store.engine, "before_cursor_execute", on_execute)
     try:
         # a fallback poll of 60 s: only a notification can end this wait early
         harvest.result(rid, timeout=60, poll=60)
     finally:
-        sa.event.remove(harvest.store.engine, "before_cursor_execute", listener)
+        sa.event.remove(harvest.store.engine, "before_cursor_execute", on_execute)
     assert len(reads) <= 4  # status before the wait, status after the wake, the row: no polling
 
 
