@@ -19,6 +19,7 @@ from harvest_celery._core.registry import ActivityDefinition
 from harvest_celery._dag.builder import preflight_all
 from harvest_celery._errors import StartToCloseTimeout
 from harvest_celery._runtime import claim as claims
+from harvest_celery._runtime import eager
 from harvest_celery._runtime.messages import DECIDE_TASK, Message
 from harvest_celery._runtime.metrics import serve
 from harvest_celery._runtime.runtime import Runtime
@@ -57,7 +58,11 @@ class ActivityTask(Task):  # type: ignore[misc]
         assert claim is None or isinstance(claim, Claim)
         fn = self.harvest_definition.fn
         assert fn is not None
-        claims.run_claimed(self.harvest_runtime, claim, _timeout_as_failure(fn))
+        runtime = self.harvest_runtime
+        # no eager chain under a deadline: it would run under this message's time limit
+        with runtime.eager_scope(claim is not None and claim.start_to_close is None) as take:
+            claims.run_claimed(runtime, claim, _timeout_as_failure(fn))
+            eager.run_chain(self.app, self.request.hostname, runtime, take, _timeout_as_failure)
         return None
 
 
@@ -113,6 +118,9 @@ def install(app: Celery, runtime: Runtime) -> None:
     def _preflight(sender: Any = None, **_kw: Any) -> None:
         if getattr(sender, "app", None) is not app:
             return
+        # this worker's queues (set before the pool starts, so prefork children inherit them)
+        runtime.local_queues = frozenset(app.amqp.queues.consume_from or ())  # type: ignore[union-attr]
+        runtime.send_task_events = bool(getattr(sender, "task_events", False))
         try:
             preflight_all(runtime.registry)
         except Exception as exc:

@@ -31,15 +31,15 @@ def claim(runtime: Runtime, execution_id: str, activity_id: str, attempt: int) -
     return claimed
 
 
-def run_claimed(runtime: Runtime, claimed: Claim | None, body: Callable[[Any], Any]) -> bool:
-    """Run ``body(input)`` under a claim and record its outcome; False (nothing run) without
-    one."""
+def run_claimed(runtime: Runtime, claimed: Claim | None,
+                body: Callable[[Any], Any]) -> tuple[bool, BaseException | None]:
+    """Run ``body(input)`` under a claim and record its outcome. Returns whether it ran, and
+    the error it raised (already recorded as the attempt's failure), if any."""
     if claimed is None:
-        return False
-    runtime.execute(claimed, body)
-    return True
+        return False, None
+    return True, runtime.execute(claimed, body)
 
 
 def claim_and_run(runtime: Runtime, execution_id: str, activity_id: str, attempt: int,
-                  body: Callable[[Any], Any]) -> bool:
+                  body: Callable[[Any], Any]) -> tuple[bool, BaseException | None]:
     return run_claimed(runtime, claim(runtime, execution_id, activity_id, attempt), body)

@@ -27,6 +27,7 @@ _SPECS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "workflow_terminal": ("harvest_workflow_terminal", "Runs that reached a terminal outcome.", ("workflow", "outcome")),
     "nd_blocked": ("harvest_nd_blocked", "Decisions that diverged from history (run nd-blocked).", ("workflow",)),
     "activity_attempt_failed": ("harvest_activity_attempt_failed", "Activity attempts that failed (raised, or lost their lease).", ("workflow", "queue")),
+    "activity_eager": ("harvest_activity_eager", "Activity attempts run eagerly in the worker that scheduled them (no broker hop).", ("queue",)),
     "decisions": ("harvest_decisions", "Decisions taken, by path: inline (in the worker that recorded the completion) or task (the decision task).", ("workflow", "path")),
 }
 

@@ -15,7 +15,8 @@ import socket
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -54,6 +55,10 @@ class Settings:
     # ...unless the run is cold here and its history is longer than this: its warm session is
     # likely held by another process, and a cold replay here would cost more than the hop
     inline_cold_max_events: int = 500
+    # eager activity execution: a decision taken inline in a Celery worker that consumes the
+    # next activity's queue runs it in the same thread (through the claim) instead of sending
+    # it, at most this many in a row (0: off)
+    eager_max_chain: int = 8
 
 
 def worker_id() -> str:
@@ -122,6 +127,11 @@ class Runtime:
         # and inside an inline decision's savepoint before the decision runs
         self.before_claim_append: Callable[[str, str, int], None] | None = None
         self.before_inline_decision: Callable[[str], None] | None = None
+        # set by the Celery worker at start: the queues it consumes (eager execution stays off
+        # outside a worker) and whether it sends task events
+        self.local_queues: frozenset[str] = frozenset()
+        self.send_task_events = False
+        self._local = threading.local()  # .accept: take one eager dispatch; .held: the taken one
 
     def _reset_after_fork(self) -> None:
         self.sessions = SessionCache(self.settings.max_sessions)
@@ -135,11 +145,49 @@ class Runtime:
 
     def send(self, dispatches: Sequence[Dispatch]) -> None:
         """Send what a committed transaction asked for. A send that fails is logged: the task
-        row (or the run's decision request) is the durable record, re-sent by the sweeper."""
+        row (or the run's decision request) is the durable record, re-sent by the sweeper.
+        Inside an eager scope, one activity this worker can run is held back for it instead."""
         if self.dispatcher is None:
             return
+        held = None
+        if getattr(self._local, "accept", False) and getattr(self._local, "held", None) is None:
+            held = next((d for d in dispatches if self._runs_here(d)), None)
+            self._local.held = held
         for dispatch in dispatches:
-            self.send_message(encode(dispatch))
+            if dispatch is not held:
+                self.send_message(encode(dispatch))
+
+    def _runs_here(self, dispatch: Dispatch) -> bool:
+        """An activity this worker may run eagerly: engine-native, no deadline (a local chain
+        would run under the first message's time limit), on a queue this worker consumes."""
+        if dispatch.kind != Dispatch.ACTIVITY or dispatch.adopted or dispatch.deadline is not None:
+            return False
+        if dispatch.queue not in self.local_queues or dispatch.activity_name not in self.registry.activities:
+            return False
+        return self.registry.activity(dispatch.activity_name).fn is not None
+
+    @contextmanager
+    def eager_scope(self, enabled: bool) -> Iterator[Callable[[], Dispatch | None]]:
+        """While a worker thread runs a claimed body: completions may hold back one next
+        activity for this thread (``take`` it, run it, repeat) — at most ``eager_max_chain`` in
+        a row, so one run cannot keep a slot for ever. Whatever is still held at the end is
+        sent."""
+        left = [self.settings.eager_max_chain if enabled and self.local_queues else 0]
+        self._local.accept, self._local.held = left[0] > 0, None
+
+        def take() -> Dispatch | None:
+            held, self._local.held = self._local.held, None
+            if held is not None:
+                left[0] -= 1
+                self._local.accept = left[0] > 0
+            return held
+
+        try:
+            yield take
+        finally:
+            held, self._local.held, self._local.accept = self._local.held, None, False
+            if held is not None:
+                self.send([held])
 
     def send_message(self, message: Message) -> bool:
         if self.dispatcher is None:
@@ -289,7 +337,7 @@ class Runtime:
         self._after_commit(tx)
         return verdict
 
-    def execute(self, claim: Claim, fn: Callable[[Any], Any]) -> None:
+    def execute(self, claim: Claim, fn: Callable[[Any], Any]) -> BaseException | None:
         """Run a claimed body and record what happened.
 
         With no ``start_to_close`` the claim's lease is renewed while the body runs and until
@@ -304,8 +352,9 @@ class Runtime:
                 output = fn(claim.input)
             except Exception as exc:  # noqa: BLE001 - recorded as the attempt's failure
                 self.fail(claim, type(exc).__name__, str(exc))
-                return
+                return exc
             self.complete(claim, output)
+            return None
         finally:
             if renewed:
                 self.leases.release(claim)

@@ -16,9 +16,14 @@ class Dialect:
     row_locks = True
     dml_ctes = True  # INSERT … inside an UPDATE's WITH: one round trip for a whole run write
 
-    def create_engine(self, url: str, echo: bool) -> Engine:
+    def create_engine(self, url: str, echo: bool, *, autocommit: bool = False) -> Engine:
         # No pool ping: a connection that died while idle fails its first statement, and the
-        # transaction is retried once (``Store.begin``) when that happened before COMMIT was sent.
+        # transaction is retried once (``Store.transaction``) when that happened before COMMIT
+        # was sent. ``autocommit``: a pool for one-statement operations (the claim).
+        if autocommit:
+            return sa.create_engine(url, echo=echo, pool_pre_ping=False, pool_size=2,
+                                    max_overflow=10, hide_parameters=True,
+                                    isolation_level="AUTOCOMMIT")
         return sa.create_engine(url, echo=echo, pool_pre_ping=False, pool_size=5, max_overflow=10,
                                 hide_parameters=True)
 
@@ -38,7 +43,7 @@ class SqliteDialect(Dialect):
     row_locks = False
     dml_ctes = False
 
-    def create_engine(self, url: str, echo: bool) -> Engine:
+    def create_engine(self, url: str, echo: bool, *, autocommit: bool = False) -> Engine:
         engine = sa.create_engine(url, echo=echo, hide_parameters=True,
                                   connect_args={"check_same_thread": False, "timeout": 30})
 

@@ -46,6 +46,7 @@ class Store:
         if bind is not None:
             bind(database_url)
         self._engine: Engine | None = None
+        self._autocommit: tuple[Engine, Engine] | None = None
         self._pid = -1
         self._lock = threading.Lock()
         # one LISTEN connection per process, shared by every waiter (None: SQLite, poll)
@@ -68,6 +69,9 @@ class Store:
         return not self.dialect.row_locks
 
     def dispose(self) -> None:
+        if self._autocommit is not None:
+            self._autocommit[1].dispose()
+            self._autocommit = None
         if self._engine is not None:
             self._engine.dispose()
             self._engine = None
@@ -110,8 +114,20 @@ class Store:
 
     def _connect(self, autocommit: bool) -> Connection:
         if autocommit:
-            return self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+            return self.autocommit_engine.connect()
         return self.engine.connect()
+
+    @property
+    def autocommit_engine(self) -> Engine:
+        """A second small pool whose connections stay in autocommit (one-statement operations):
+        no isolation-level switch on every checkout and return."""
+        engine = self.engine  # rebuilt after fork: so is this one
+        if self._autocommit is None or self._autocommit[0] is not engine:
+            if self._autocommit is not None:
+                self._autocommit[1].dispose(close=False)
+            self._autocommit = (engine, self.dialect.create_engine(self.database_url, self._echo,
+                                                                   autocommit=True))
+        return self._autocommit[1]
 
     def ping(self) -> None:
         """A trivial query: raises if the database does not answer."""

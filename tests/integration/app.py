@@ -45,6 +45,7 @@ def record(tag: str, name: str, value: Any = None) -> None:
         "name": name,
         "value": value,
         "queue": delivery.get("routing_key"),
+        "eager": bool(delivery.get("harvest_eager")),
         "worker": getattr(request, "hostname", None) if request else None,
         "pid": os.getpid(),
         "host": socket.gethostname(),
@@ -74,6 +75,27 @@ async def three_steps(ctx: WorkflowContext, data: dict) -> str:
     one = await ctx.execute_activity(step_one, data)
     two = await ctx.execute_activity(step_two, one)
     return await ctx.execute_activity(step_three, two)  # type: ignore[no-any-return]
+
+
+@activity(queue="alpha")
+def alpha_step(data: dict) -> int:
+    record(data["tag"], "alpha_step", data["i"])
+    return int(data["i"]) + 1
+
+
+@activity(queue="alpha", start_to_close=20)
+def alpha_deadline(data: dict) -> int:
+    record(data["tag"], "alpha_deadline", data["i"])
+    return int(data["i"]) + 1
+
+
+@workflow
+async def alpha_chain(ctx: WorkflowContext, data: dict) -> int:
+    step = alpha_deadline if data.get("deadline") else alpha_step
+    i = 0
+    for _ in range(data["n"]):
+        i = await ctx.execute_activity(step, {"tag": data["tag"], "i": i})
+    return i
 
 
 @activity(queue="beta", start_to_close=4, retry=RetryPolicy(max_attempts=3, initial_interval=0.2))
@@ -207,7 +229,8 @@ async def cancel_and_compensate(ctx: WorkflowContext, data: dict) -> str:
     return "not cancelled"
 
 
-harvest.register(orders, checkout, step_one, step_two, step_three, three_steps,
+harvest.register(orders, checkout, step_one, step_two, step_three, three_steps, alpha_step,
+                 alpha_deadline, alpha_chain,
                  slow_until_released, survives_kill, flaky, rejects, retrying, non_retryable,
                  deployable, fan_out, sleeper, forward, undo, saga_steps, cancel_and_compensate)
 

@@ -146,22 +146,27 @@ def _count(h: Harvest, work: Any) -> dict[str, int]:
     transaction (psycopg2 sends BEGIN with its first statement as a separate round trip); a
     one-statement autocommit operation (the claim) is its own commit."""
     counts = {"statements": 0, "transactions": 0, "autocommits": 0}
-    engine = h.store.engine
+    engine, autocommit = h.store.engine, h.store.autocommit_engine
 
-    def on_execute(conn: Any, *_a: Any) -> None:
+    def on_execute(*_a: Any) -> None:
         counts["statements"] += 1
 
-    def on_begin(conn: Any) -> None:
-        auto = conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
-        counts["autocommits" if auto else "transactions"] += 1
+    def on_autocommit(*_a: Any) -> None:
+        counts["statements"] += 1
+        counts["autocommits"] += 1
 
-    sa.event.listen(engine, "before_cursor_execute", on_execute)
-    sa.event.listen(engine, "begin", on_begin)
+    def on_begin(_conn: Any) -> None:
+        counts["transactions"] += 1
+
+    listeners = [(engine, "before_cursor_execute", on_execute), (engine, "begin", on_begin),
+                 (autocommit, "before_cursor_execute", on_autocommit)]
+    for target, name, fn in listeners:
+        sa.event.listen(target, name, fn)
     try:
         work()
     finally:
-        sa.event.remove(engine, "before_cursor_execute", on_execute)
-        sa.event.remove(engine, "begin", on_begin)
+        for target, name, fn in listeners:
+            sa.event.remove(target, name, fn)
     counts["commits"] = counts["transactions"] + counts["autocommits"]
     counts["round_trips"] = counts["statements"] + 2 * counts["transactions"]
     return counts
@@ -241,3 +246,35 @@ def test_many_waiters_share_one_listening_connection(harvest, workers, tag):
     assert len(results) == 16
     assert harvest.store.listener is not None and harvest.store.listener.connected.is_set()
     assert _listening_connections() == 1
+
+
+# ── eager activity execution on real workers ──────────────────────────────────────────────────
+def _types(harvest: Any, rid: str) -> list[str]:
+    return [h.event.type for h in harvest.history(rid)]
+
+
+def test_eager_runs_the_next_activity_here_through_the_claim_and_caps_the_chain(harvest, workers,
+                                                                              redis_client, tag):
+    from .conftest import effects
+
+    rid = harvest.start_workflow("alpha_chain", {"tag": tag, "n": 20})
+    assert harvest.result(rid, timeout=60) == 20
+    ran = effects(redis_client, tag)
+    assert [e["value"] for e in ran] == list(range(20))  # each body once, in order
+    assert all(e["queue"] == "alpha" for e in ran)  # run as its own task, on its own queue
+    eager = [e["eager"] for e in ran]
+    assert any(eager)  # the eager path really ran
+    longest = max(len(run) for run in "".join("e" if x else "." for x in eager).split("."))
+    assert longest <= 8  # Settings.eager_max_chain: then the broker takes a turn
+    # every body had its ActivityStarted, appended by the claim, before it ran
+    types = _types(harvest, rid)
+    assert types.count("ActivityStarted") == 20 == types.count("ActivityCompleted")
+    assert [h.seq for h in harvest.history(rid)] == list(range(len(types)))
+
+
+def test_no_eager_run_under_a_deadline(harvest, workers, redis_client, tag):
+    from .conftest import effects
+
+    rid = harvest.start_workflow("alpha_chain", {"tag": tag, "n": 4, "deadline": True})
+    assert harvest.result(rid, timeout=60) == 4
+    assert [e["eager"] for e in effects(redis_client, tag)] == [False] * 4

@@ -1,0 +1,96 @@
+"""Eager activity execution (Temporal's eager activities are the precedent).
+
+When a worker thread records a completion and takes the next decision inline, and that decision
+schedules an activity on a queue this worker consumes, the activity runs here, in the same
+thread, instead of going to the broker and back: it goes through the same claim as every other
+path (``ActivityStarted`` is appended before the body; a refused claim runs nothing), at most
+``Settings.eager_max_chain`` in a row, and never when the current or the next attempt has a
+deadline (the chain would run under the first message's time limit). Its task row was committed
+as ``scheduled`` with no message sent: if this process dies before the claim, the sweeper
+re-sends it after ``Timings.redispatch_after``, as for any lost message.
+
+Eager runs stay visible: with task events on (``-E``), the worker sends ``task-received``,
+``task-started`` and ``task-succeeded``/``task-failed`` under the attempt's real task id, so
+Flower shows them as it shows delivered tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+# Celery's own stack of executing tasks (what current_task reads); the tracer pushes onto it
+from celery._state import _task_stack
+
+from harvest_celery._runtime import claim as claims
+from harvest_celery._runtime.messages import activity_task_id
+from harvest_celery._runtime.metrics import METRICS
+from harvest_celery._runtime.runtime import Runtime
+from harvest_celery._store.records import Dispatch
+
+
+def run_chain(app: Any, hostname: str | None, runtime: Runtime,
+              take: Callable[[], Dispatch | None],
+              wrap: Callable[[Callable[[Any], Any]], Callable[[Any], Any]]) -> int:
+    """Run every activity the scope holds back, one after another; returns how many ran."""
+    ran = 0
+    with ExitStack() as stack:
+        events = None
+        while (dispatch := take()) is not None:
+            if events is None and runtime.send_task_events:
+                events = stack.enter_context(app.events.default_dispatcher(hostname=hostname))
+            _run_one(app, hostname, events, runtime, dispatch, wrap)
+            ran += 1
+    return ran
+
+
+@contextmanager
+def _as_current_task(app: Any, d: Dispatch, task_id: str, args: list[Any],
+                     hostname: str | None) -> Iterator[None]:
+    """Make the eager attempt the current task, with its own request (id, args, queue), as the
+    worker's tracer does for a delivered message: code that reads ``current_task.request``
+    (logging, error trackers) sees this attempt, not the task whose thread it borrows."""
+    task = app.tasks.get(d.activity_name)
+    if task is None:
+        yield
+        return
+    _task_stack.push(task)
+    task.push_request(id=task_id, args=args, kwargs={}, hostname=hostname, root_id=task_id,
+                      retries=d.attempt - 1, is_eager=False, called_directly=False,
+                      delivery_info={"routing_key": d.queue, "exchange": "", "priority": 0,
+                                     "redelivered": False, "harvest_eager": True})
+    try:
+        yield
+    finally:
+        task.pop_request()
+        _task_stack.pop()
+
+
+def _run_one(app: Any, hostname: str | None, events: Any, runtime: Runtime, d: Dispatch,
+             wrap: Callable[[Callable[[Any], Any]], Callable[[Any], Any]]) -> None:
+    task_id = activity_task_id(d.execution_id, d.activity_id, d.attempt)
+    args = [d.execution_id, d.activity_id, d.attempt]
+    fn = runtime.registry.activity(d.activity_name).fn
+    assert fn is not None
+    if events is not None:
+        events.send("task-received", uuid=task_id, name=d.activity_name, args=repr(args),
+                    kwargs="{}", root_id=task_id, parent_id=None, retries=d.attempt - 1,
+                    eta=None, expires=None, queue=d.queue, eager=True)
+        events.send("task-started", uuid=task_id, pid=os.getpid())
+    started = time.monotonic()
+    with _as_current_task(app, d, task_id, args, hostname):
+        claimed = claims.claim(runtime, d.execution_id, d.activity_id, d.attempt)
+        ran, error = claims.run_claimed(runtime, claimed, wrap(fn))
+    METRICS.inc("activity_eager", {"queue": d.queue})
+    if events is None or not ran:
+        return
+    if error is None:
+        events.send("task-succeeded", uuid=task_id, result="None",
+                    runtime=time.monotonic() - started)
+    else:
+        events.send("task-failed", uuid=task_id, exception=repr(error),
+                    traceback="".join(traceback.format_exception(error)))
