@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Protocol
 
 from harvest_celery._core import events as ev
@@ -309,9 +310,15 @@ class Runtime:
         if row is None or not row.accepts_results:
             return _Decided()  # a duplicate; or a finished run (the task row is closed, no event)
         completion = ev.ActivityCompleted(claim.activity_id, output, claim.attempt)
+        return self._record_result(tx, claim, row, completion, now, inline=inline)
+
+    def _record_result(self, tx: Tx, claim: Claim, row: RunRow, result: ev.Event, now: datetime,
+                       *, inline: bool) -> _Decided:
+        """Append an attempt's final result (the run row is locked): with the next decision in
+        the same write when this process should decide, else with a decision request."""
         decided = _Decided()
         if inline and self._decides_inline(row):
-            pending = [ev.HistoryEvent(row.next_seq, completion, now)]
+            pending = [ev.HistoryEvent(row.next_seq, result, now)]
             known = []
             if claim.started_seq is not None and claim.started_at is not None:
                 known = [ev.HistoryEvent(claim.started_seq, ev.ActivityStarted(
@@ -320,21 +327,35 @@ class Runtime:
                 if self.before_inline_decision is not None:
                     self.before_inline_decision(row.id)
                 return self._decide(tx, row, "inline", pending, known)
-            except BaseException as exc:  # noqa: BLE001 - a decision bug never loses a completion
+            except BaseException as exc:  # noqa: BLE001 - a decision bug never loses a result
                 # Nothing of the decision is written until its one statement: what failed here
-                # left no trace in the transaction, so the completion is recorded alone.
+                # left no trace in the transaction, so the result is recorded alone.
                 log.warning("inline decision of %s failed (%s: %s); the decision task takes over",
                             row.id, type(exc).__name__, exc)
                 if not isinstance(exc, Exception):
-                    decided.reraise = exc  # a shutdown signal: commit the completion, then stop
-        tx.append(row, [completion], now, decide_on=self.settings.decision_queue)
+                    decided.reraise = exc  # a shutdown signal: commit the result, then stop
+        tx.append(row, [result], now, decide_on=self.settings.decision_queue)
         return decided
 
     def fail(self, claim: Claim, error_type: str, message: str) -> str:
-        verdict, tx = self.store.transaction(lambda tx: tasks.fail(
-            tx, claim.execution_id, claim.activity_id, claim.attempt, error_type, message,
-            utcnow(), self.settings.decision_queue))
-        self._after_commit(tx)
+        """Record a failed attempt: a retry per policy, or the final failure — decided on inline
+        like a completion (falling back to the failure alone, with a decision request)."""
+
+        def work(tx: Tx, inline: bool) -> tuple[str, _Decided]:
+            now = utcnow()
+            verdict, row, failed = tasks.fail_attempt(tx, claim.execution_id, claim.activity_id,
+                                                      claim.attempt, error_type, message, now)
+            if row is None or failed is None:
+                return verdict, _Decided()
+            return verdict, self._record_result(tx, claim, row, failed, now, inline=inline)
+
+        try:
+            (verdict, decided), tx = self.store.transaction(lambda tx: work(tx, True))
+        except Exception:  # noqa: BLE001 - e.g. the decision's write failed: record it alone
+            log.warning("recording the failure of %s/%s with its decision failed; recording it "
+                        "alone", claim.execution_id, claim.activity_id, exc_info=True)
+            (verdict, decided), tx = self.store.transaction(lambda tx: work(tx, False))
+        self._after_decision(tx, decided)
         return verdict
 
     def execute(self, claim: Claim, fn: Callable[[Any], Any]) -> BaseException | None:

@@ -159,28 +159,39 @@ def complete(tx: Tx, execution_id: str, activity_id: str, attempt: int, output: 
 
 def fail(tx: Tx, execution_id: str, activity_id: str, attempt: int, error_type: str,
          message: str, now: datetime, decision_queue: str) -> str:
-    """Record a failed attempt: schedule a retry (no event) or fail for good. Returns
-    ``"retry"``, ``"failed"`` or ``"ignored"``."""
+    """Record a failed attempt: schedule a retry (no event) or fail for good (``ActivityFailed``
+    and a decision request). Returns ``"retry"``, ``"failed"`` or ``"ignored"``."""
+    verdict, row, failed = fail_attempt(tx, execution_id, activity_id, attempt, error_type,
+                                        message, now)
+    if row is not None and failed is not None:
+        tx.append(row, [failed], now, decide_on=decision_queue)
+    return verdict
+
+
+def fail_attempt(tx: Tx, execution_id: str, activity_id: str, attempt: int, error_type: str,
+                 message: str, now: datetime) -> tuple[str, RunRow | None, ev.ActivityFailed | None]:
+    """The task-row side of a failed attempt: a retry is scheduled (no event), or the row fails
+    for good and the ``ActivityFailed`` to append is returned with the locked run row (None when
+    the run records no more results). The caller appends it (``fail``) or decides on it."""
     found = running_task(tx, execution_id, activity_id)
     if found is None:
-        return IGNORED
+        return IGNORED, None, None
     row, task = found
     if task.attempt != attempt or task.status != TaskStatus.RUNNING.value:
         # a stale attempt (a newer one owns the row), or a row a cancel already failed: a
         # cancel never fails an await, so nothing may be recorded for it
-        return IGNORED
+        return IGNORED, None, None
     tx.metrics.append(("activity_attempt_failed", {"workflow": row.workflow_type, "queue": task.queue}))
     policy = RetryPolicy.from_data(task.retry)
     if policy.should_retry(attempt, error_type) and row.status == "RUNNING":
         _update(tx, execution_id, activity_id, status=TaskStatus.RETRY_WAIT.value,
                 due_at=now + timedelta(seconds=policy.delay_after(attempt)),
                 last_error=f"{error_type}: {message}", worker_id=None, lease_expires_at=None)
-        return RETRY
+        return RETRY, None, None
     _finish(tx, execution_id, activity_id, TaskStatus.FAILED.value, now, f"{error_type}: {message}")
-    if row.accepts_results:
-        tx.append(row, [ev.ActivityFailed(activity_id, error_type, message, attempt)], now,
-                  decide_on=decision_queue)
-    return FAILED
+    if not row.accepts_results:
+        return FAILED, None, None
+    return FAILED, row, ev.ActivityFailed(activity_id, error_type, message, attempt)
 
 
 def _finish(tx: Tx, execution_id: str, activity_id: str, status: str, now: datetime,
