@@ -1,24 +1,36 @@
-"""The Celery app the benchmark worker runs (``celery -A benchmarks.app worker -Q harvest,default,bench``).
+"""The Celery app the benchmark workers run (``celery -A benchmarks.app worker -Q ...``).
 
-One app carries both sides of the comparison:
+One app carries every side of the comparison:
 
-* harvest-celery: ``bench_step`` (a no-op activity on queue ``bench``) and ``bench_seq`` (a workflow
-  of ``n`` sequential ``bench_step`` activities), with Harvest on the ``harvest_bench`` database;
-* the raw-Celery baseline: ``raw_step`` (the same no-op, queue ``bench``) — the only task that
-  stores a result, in the Redis result backend (DB 7), so the client can wait on it.
+* harvest-celery, on the ``harvest_bench`` database:
+
+  - ``bench_step`` (a no-op activity on queue ``bench``) and ``bench_seq(n)`` (a workflow of
+    ``n`` sequential ``bench_step`` activities) — scenarios B1, B2, B3;
+  - ``bench_fanout`` (a DAG: ``fan_items`` → ``fan_cell`` mapped over its output, compensated by
+    ``fan_undo`` → ``fan_fail``, which always fails, so the mapped node is unwound) — B4;
+  - ``bench_wait`` (waits for the signal ``go``) — the memory scenario;
+
+* raw Celery: ``raw_step`` and ``raw_undo`` (the same no-op, queue ``bench``) — the only tasks
+  that store a result, in the Redis result backend (DB 7), so the client can wait on them.
 
 Harvest's own tasks ignore results (``configure_celery`` sets ``task_ignore_result``), so the
-result backend is used by the baseline only.
+result backend is used by the baseline only. ``bench_stats`` is a remote-control command the
+harness calls to read a worker's counters and memory (``benchmarks.probes``).
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from celery import Celery
+from celery.worker.control import inspect_command
 
-from harvest_celery import WorkflowContext, activity, workflow
+from benchmarks import probes
+from harvest_celery import DagBuilder, RetryPolicy, WorkflowContext, activity, dag, workflow
 from harvest_celery._client import Harvest, configure_celery
+
+probes.install()
 
 DATABASE_URL = os.environ.get("HARVEST_BENCH_DATABASE_URL",
                               "postgresql+psycopg2://postgres@127.0.0.1:5432/harvest_bench")
@@ -31,6 +43,7 @@ app.conf.broker_transport_options = {"visibility_timeout": 3600}
 app.conf.result_expires = 600
 
 harvest = Harvest(DATABASE_URL, app)
+ONCE = RetryPolicy(max_attempts=1)
 
 
 @activity(queue="bench")
@@ -46,10 +59,66 @@ async def bench_seq(ctx: WorkflowContext, n: int) -> int:
     return x
 
 
-harvest.register(bench_step, bench_seq)
+@workflow
+async def bench_wait(ctx: WorkflowContext, _input: Any = None) -> Any:
+    return await ctx.wait_signal("go")
+
+
+@activity(queue="bench", retry=ONCE)
+def fan_items(task: dict[str, Any]) -> list[int]:
+    return list(range(int(task["conf"]["cells"])))
+
+
+@activity(queue="bench", retry=ONCE)
+def fan_cell(x: int) -> int:
+    return x + 1
+
+
+@activity(queue="bench", retry=ONCE)
+def fan_undo(envelope: dict[str, Any]) -> int:
+    """The mapped node's compensator: DAG compensation is node-granular, so it receives every
+    cell's output at once and undoes them one by one (here: a no-op per cell)."""
+    undone = 0
+    for _cell in envelope["output"]:
+        undone += 1
+    return undone
+
+
+@activity(queue="bench", retry=ONCE)
+def fan_fail(_task: dict[str, Any]) -> None:
+    raise RuntimeError("bench: downstream node fails on purpose")
+
+
+@dag
+def bench_fanout(g: DagBuilder) -> None:
+    items = g.activity(fan_items)
+    cells = g.map_activity(fan_cell).over(items).compensate(fan_undo)
+    g.activity(fan_fail).upstream(cells)
+
+
+harvest.register(bench_step, bench_seq, bench_wait, fan_items, fan_cell, fan_undo, fan_fail,
+                 bench_fanout)
 
 
 @app.task(name="raw_step", queue="bench", ignore_result=False)
 def raw_step(x: int) -> int:
     """The baseline: the same no-op as ``bench_step``, as a plain Celery task."""
     return x + 1
+
+
+@app.task(name="raw_undo", queue="bench", ignore_result=False)
+def raw_undo(outputs: Any) -> int:
+    """The baseline's undo: one cell (an int) or a batch of cells (a list)."""
+    return len(outputs) if isinstance(outputs, list) else 1
+
+
+@inspect_command()
+def bench_stats(state: Any) -> dict[str, Any]:
+    """This worker's probe counters and memory, and how many warm runs it holds."""
+    stats = probes.snapshot()
+    sessions = getattr(harvest.runtime, "sessions", None)
+    try:
+        stats["warm_sessions"] = len(sessions) if sessions is not None else None
+    except TypeError:
+        stats["warm_sessions"] = None
+    return stats

@@ -18,12 +18,15 @@ Exit codes: 0 success; 1 the run asked about failed or was cancelled (``result``
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from harvest_celery._client import Harvest
@@ -43,7 +46,13 @@ class CliError(Exception):
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     try:
-        args = parser.parse_args(argv)
+        # Known args only: 'harvest worker' hands every option it does not own to 'celery worker';
+        # any other command refuses them, as parse_args would.
+        args, extras = parser.parse_known_args(argv)
+        if extras and not hasattr(args, "celery_args"):
+            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        if extras:
+            args.celery_args = extras
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return int(exc.code or 0) if isinstance(exc.code, int) or exc.code is None else 2
     if not logging.getLogger().handlers:
@@ -98,16 +107,21 @@ def _setup_commands(command: Command, common: argparse.ArgumentParser) -> None:
     up.set_defaults(handler=cmd_db_upgrade)
 
     w = command("worker", help="run a Celery worker for the --app (decisions and activities)")
+    w.usage = (f"{PROG} worker [-A APP] [-Q QUEUES] [--metrics-port PORT] [--metrics-addr ADDR]"
+               " [CELERY WORKER OPTION ...]")
+    w.epilog = ("Every other option goes to 'celery worker' unchanged (-n, -E, -c, -P, -l, -O fair, "
+                "--without-gossip, ...; see 'celery worker --help'). Without -n the node name is "
+                "harvest-decide@%h for a worker of the decision queue alone, else "
+                "harvest-<queues joined by '-'>@%h; without -l/--loglevel the level is INFO.")
+    # An abbreviation must not take a Celery option for one of harvest's (--q, --metrics, ...).
+    w.allow_abbrev = False
     w.add_argument("-Q", "--queues", default=None,
                    help="comma-separated queues (default: 'default' and the decision queue 'harvest')")
-    w.add_argument("-c", "--concurrency", type=int, default=None)
-    w.add_argument("-P", "--pool", default=None)
-    w.add_argument("-l", "--loglevel", default="INFO")
     w.add_argument("--metrics-port", type=int, default=None,
                    help="serve Prometheus /metrics (aggregated over the pool processes) on this port")
     w.add_argument("--metrics-addr", default=None,
                    help="address for --metrics-port (default 127.0.0.1; 0.0.0.0 in a container)")
-    w.set_defaults(handler=cmd_worker)
+    w.set_defaults(handler=cmd_worker, celery_args=[])
 
 
 def _run_commands(command: Command, common: argparse.ArgumentParser) -> None:
@@ -295,10 +309,29 @@ def cmd_show(args: argparse.Namespace) -> int:
     execution = store.get(args.execution_id)
     for line in render_status(execution):
         print(line)
+    for hint in _waiting(args, store):
+        print("  " + waiting_line(hint, args.app))
     print("  timeline:")
     for line in render_timeline(store.history(args.execution_id)):
         print("  " + line)
     return 0
+
+
+def _waiting(args: argparse.Namespace, store: Store) -> list[dict[str, Any]]:
+    """What the run waits on that no live worker takes (needs --app: its Celery app is asked)."""
+    if not args.app:
+        return []
+    harvest = load_app(args.app)[0]
+    if harvest.database_url != store.database_url:
+        return []
+    return harvest.stuck(args.execution_id) or []
+
+
+def waiting_line(hint: dict[str, Any], app: str) -> str:
+    what = f"activity {hint['activity']}" if hint["kind"] == "activity" else "a decision"
+    queue = hint["queue"]
+    return (f"waiting: {what} on queue {queue!r} for {hint['waiting_seconds']:.0f}s — no live worker "
+            f"consumes {queue!r} (start one: {PROG} worker -A {app} -Q {queue})")
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -442,15 +475,54 @@ def celery_target(harvest: Harvest, module_name: str) -> str:
     return f"{__name__}:celery_app"
 
 
-def worker_argv(harvest: Harvest, module_name: str, args: argparse.Namespace) -> list[str]:
-    queues = args.queues or f"default,{harvest.runtime.settings.decision_queue}"
-    argv = [sys.executable, "-m", "celery", "-A", celery_target(harvest, module_name), "worker",
-            "-Q", queues, "--loglevel", args.loglevel]
-    if args.concurrency is not None:
-        argv += ["--concurrency", str(args.concurrency)]
-    if args.pool:
-        argv += ["--pool", args.pool]
-    return argv
+def worker_argv(target: str, queues: list[str], decision_queue: str,
+                celery_args: Sequence[str] = ()) -> list[str]:
+    """The command line of ``celery -A target worker``: harvest's queues, then every option
+    ``harvest worker`` does not own, unchanged. Without ``-n``/``--hostname`` the node is named
+    after its role (:func:`default_node_name`), so two harvest workers on one host stay apart in
+    Flower and ``celery inspect``; without ``-l``/``--loglevel`` the level is ``INFO``."""
+    argv = [sys.executable, "-m", "celery", "-A", target, "worker", "-Q", ",".join(queues)]
+    if not _gives_option(celery_args, "-n", "--hostname"):
+        argv += ["-n", default_node_name(queues, decision_queue)]
+    if not _gives_option(celery_args, "-l", "--loglevel"):
+        argv += ["--loglevel", "INFO"]
+    return argv + list(celery_args)
+
+
+def worker_queues(queues: str | None, decision_queue: str) -> list[str]:
+    """``-Q`` as a list (order kept, duplicates dropped); by default ``default`` and the decision
+    queue."""
+    names = [q.strip() for q in (queues or "").split(",") if q.strip()]
+    return list(dict.fromkeys(names)) or ["default", decision_queue]
+
+
+_NODE_NAME_MAX = 48  # the part before '@': readable in Flower, well under a DNS label's 63
+
+
+def default_node_name(queues: Sequence[str], decision_queue: str) -> str:
+    """``harvest-decide@%h`` for a worker of the decision queue alone, else
+    ``harvest-<queues joined by '-'>@%h``. Characters a node name should not hold become ``_``;
+    a name longer than 48 characters keeps its head and gains a digest of the whole, so two long
+    queue lists still name two nodes."""
+    if list(queues) == [decision_queue]:
+        name = "harvest-decide"
+    else:
+        name = "harvest-" + "-".join(re.sub(r"[^A-Za-z0-9_.-]", "_", q) for q in queues)
+    if len(name) > _NODE_NAME_MAX:
+        digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+        name = f"{name[:_NODE_NAME_MAX - 9].rstrip('-_.')}-{digest}"
+    return f"{name}@%h"
+
+
+def _gives_option(args: Sequence[str], short: str, long: str) -> bool:
+    """Whether a Celery command line sets an option: ``-n X``, ``-nX``, ``--hostname X`` or
+    ``--hostname=X`` (nothing after ``--`` counts)."""
+    for arg in args:
+        if arg == "--":
+            return False
+        if arg == long or arg.startswith(long + "=") or arg.startswith(short):
+            return True
+    return False
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -460,7 +532,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if harvest.celery_app is None:
         raise CliError(f"--app {args.app!r} is in embedded mode (no celery_app): its worker runs "
                        "in-process; give the Harvest a Celery app to run 'harvest worker'")
-    argv = worker_argv(harvest, module_name, args)
+    decision_queue = harvest.runtime.settings.decision_queue
+    queues = worker_queues(args.queues, decision_queue)
+    argv = worker_argv(celery_target(harvest, module_name), queues, decision_queue, args.celery_args)
     env = worker_env(dict(os.environ), f"{module_name}:{attr}", args)
     sys.stdout.flush()
     sys.stderr.flush()

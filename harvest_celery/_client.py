@@ -13,6 +13,7 @@ from harvest_celery._core import events as ev
 from harvest_celery._core.engine import EngineConfig
 from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.lifecycle import CANCELLED, COMPLETED, RUNNING, TERMINAL_STATUSES
+from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import ActivityDefinition, Registry, register_into
 from harvest_celery._core.retry import DEFAULT_RETRY, RetryPolicy
 from harvest_celery._dag import retry as dag_retry
@@ -29,6 +30,7 @@ from harvest_celery._errors import (
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._runtime.adopt import adopt
 from harvest_celery._runtime.celery import CeleryDispatcher, install, register_activity
+from harvest_celery._runtime.consumers import QueueConsumers, waiting_hints
 from harvest_celery._runtime.inline import InlineDispatcher
 from harvest_celery._runtime.runtime import Runtime, Settings
 from harvest_celery._store import runs as ops
@@ -66,9 +68,11 @@ class Harvest:
         self.runtime = Runtime(self.store, self.registry, settings)
         self.celery_app = celery_app
         self._inline: InlineDispatcher | None = None
+        self._consumers: QueueConsumers | None = None  # asked by stuck() only, never the hot path
         if celery_app is not None:
             install(celery_app, self.runtime)
             self.runtime.dispatcher = CeleryDispatcher(celery_app)
+            self._consumers = QueueConsumers(celery_app)
         else:
             self._inline = InlineDispatcher()
             self.runtime.dispatcher = self._inline
@@ -252,6 +256,36 @@ class Harvest:
     # ── reads ────────────────────────────────────────────────────────────────────────────────
     def describe(self, execution_id: str) -> Execution:
         return self.store.get(execution_id)
+
+    def stuck(self, execution_id: str) -> list[dict[str, Any]] | None:
+        """What a RUNNING run waits on that no live worker will take: each open activity on a
+        queue no live worker consumes (``{"kind": "activity", "activity", "queue",
+        "waiting_seconds"}``), and a pending decision request when none consumes the decision
+        queue (``{"kind": "decision", "queue", "waiting_seconds"}``). ``[]``: nothing is (or the
+        run is not running); None: cannot tell (embedded mode, or the workers could not be asked).
+
+        Asks the workers (a broadcast that waits ~1 s) at most every ~15 s per ``Harvest``, and
+        only when the run has open work; never raises for that. Not part of ``describe``."""
+        consumers = self._consumers
+        if consumers is None:
+            return None
+        status, requested_at, updated_at = self.store.decision_request(execution_id)
+        if status != RUNNING:
+            return []
+        rows = [r for r in self.store.activity_rows(execution_id) if r["status"] == TaskStatus.SCHEDULED.value]
+        if not rows and requested_at is None:
+            return []
+        consumed = consumers.queues()
+        if consumed is None:
+            return None
+        first_attempts = [r["event_seq"] for r in rows if r["queue"] not in consumed and r["attempt"] <= 1]
+        scheduled_at = {}
+        if first_attempts:  # when each was scheduled: its ActivityScheduled's time
+            with self.store.begin() as tx:
+                scheduled_at = {seq: at for seq, _, at in tx.raw_history(execution_id, min(first_attempts))}
+        decision = None if requested_at is None else (self.runtime.settings.decision_queue,
+                                                      min(requested_at, updated_at))
+        return waiting_hints(rows, consumed, utcnow(), scheduled_at=scheduled_at, decision=decision)
 
     def history(self, execution_id: str, *, strict: bool = True) -> list[ev.HistoryEvent]:
         """The run's events, decoded. ``strict=False`` (read-only views) leaves a payload that

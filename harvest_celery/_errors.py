@@ -12,6 +12,8 @@
     ├── PayloadStoreError              an offloaded payload cannot be inflated
     ├── ActivityError                  an activity failed for good (seen by the workflow)
     ├── StartToCloseTimeout            an attempt ran past its start_to_close
+    ├── RedactedActivityError          what Celery sees of a failed attempt when error detail
+    │                                  is limited to the exception type
     ├── WorkflowFailed                 the run ended FAILED (raised by Harvest.result)
     ├── WorkflowCancelledError         the run was cancelled (raised by Harvest.result)
     ├── RegistrationError
@@ -287,3 +289,17 @@ class DagTaskFailed(HarvestError):
 
 class StartToCloseTimeout(HarvestError):
     """The attempt ran past its activity's ``start_to_close``."""
+
+
+class RedactedActivityError(HarvestError):
+    """A failed activity attempt as Celery (Flower, error trackers) sees it when
+    ``celery_error_detail="type"``: the exception type only; the full text stays in Postgres."""
+
+    def __init__(self, error_type: str, task_id: str) -> None:
+        super().__init__(f"{error_type} (message redacted; the full error is recorded for attempt "
+                         f"{task_id}: harvest show <run id>)")
+        self.error_type = error_type
+        self.task_id = task_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.error_type, self.task_id))

@@ -48,6 +48,8 @@ class Completed:
 class Failed:
     error_type: str
     message: str
+    # where the workflow code raised (file and line); kept beside the run, not in its history
+    traceback: str = field(default="", compare=False)
 
 
 Outcome = Completed | Failed

@@ -26,6 +26,7 @@ from datetime import timedelta
 from typing import Any
 
 from harvest_celery._core import events as ev
+from harvest_celery._core import failures
 from harvest_celery._core.commands import (
     Command,
     Completed,
@@ -391,7 +392,8 @@ def _outcome_of(future: Future, workflow_type: str) -> Outcome:
     try:
         return Completed(check_json(future.result(), f"result of workflow {workflow_type!r}"))
     except Exception as exc:  # noqa: BLE001 - the workflow's own error is its outcome
-        return Failed(type(exc).__name__, str(exc))
+        info = failures.describe(exc)
+        return Failed(info.error_type, info.message, info.traceback)
 
 
 class Session:

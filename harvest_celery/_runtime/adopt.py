@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import functools
 import logging
+from functools import partial
 from typing import Any
 
 from celery import Celery, signals
+from celery.exceptions import Retry
 
 from harvest_celery._core.registry import ActivityDefinition
 from harvest_celery._runtime import claim as claims
 from harvest_celery._runtime.messages import REF_HEADER
+from harvest_celery._runtime.outcomes import settle
 from harvest_celery._runtime.runtime import Runtime
 
 log = logging.getLogger("harvest_celery")
@@ -31,6 +34,23 @@ def _ref(task: Any) -> dict[str, Any] | None:
     return ref if isinstance(ref, dict) else None
 
 
+def _as_engine_attempt(task: Any, body: Any, value: Any) -> Any:
+    """Run an adopted body as one engine attempt: ``self.retry()`` (and ``autoretry_for``) raise
+    the retried exception here instead of publishing a Celery retry, and a ``Retry`` that still
+    escapes is unwrapped to its cause, so the engine's retry policy sees the real error."""
+    request = task.request
+    directly = getattr(request, "called_directly", False)
+    request.called_directly = True  # Task.retry re-raises instead of re-sending the message
+    try:
+        return body(value)
+    except Retry as retry:
+        if isinstance(retry.exc, BaseException):
+            raise retry.exc from None
+        raise
+    finally:
+        request.called_directly = directly
+
+
 def adopt(app: Celery, runtime: Runtime, definition: ActivityDefinition) -> None:
     """Guard an existing task (registered on ``app`` now or later) with the claim."""
 
@@ -38,14 +58,19 @@ def adopt(app: Celery, runtime: Runtime, definition: ActivityDefinition) -> None
         if getattr(task, "_harvest_adopted", False):
             return
         original = task.run
+        # Celery's autoretry_for wraps run; the engine retries by its own policy instead, so the
+        # body is the unwrapped run, and an explicit self.retry() raises its exception
+        body = getattr(task, "_orig_run", original)
 
         @functools.wraps(original)
         def guarded(*args: Any, **kwargs: Any) -> Any:
             ref = _ref(task)
             if ref is None:
                 return original(*args, **kwargs)  # an ordinary call, not dispatched by harvest
-            claims.claim_and_run(runtime, str(ref["execution_id"]), str(ref["activity_id"]),
-                                 int(ref["attempt"]), original)
+            ran, error = claims.claim_and_run(runtime, str(ref["execution_id"]),
+                                              str(ref["activity_id"]), int(ref["attempt"]),
+                                              partial(_as_engine_attempt, task, body))
+            settle(runtime, ran, error, task.request.id)
             return None
 
         task.run = guarded

@@ -22,6 +22,7 @@ from harvest_celery._runtime import claim as claims
 from harvest_celery._runtime import eager
 from harvest_celery._runtime.messages import DECIDE_TASK, Message
 from harvest_celery._runtime.metrics import serve
+from harvest_celery._runtime.outcomes import settle
 from harvest_celery._runtime.runtime import Runtime
 from harvest_celery._store.records import Claim
 
@@ -41,11 +42,18 @@ class CeleryDispatcher:
 
 
 class ActivityTask(Task):  # type: ignore[misc]
-    """Base of every engine-native activity task. Its arguments are ids, never the payload."""
+    """Base of every engine-native activity task. Its arguments are ids, never the payload.
+
+    Its options are its own, never app-wide: acked after the body (a killed worker's message
+    is redelivered; the claim absorbs the duplicate), acked too when the attempt failed (the
+    engine retries by its own policy, never Celery), no result or error in the app's result
+    backend (the outcome lives in Postgres)."""
 
     acks_late = True
     reject_on_worker_lost = True
+    acks_on_failure_or_timeout = True
     ignore_result = True
+    store_errors_even_if_ignored = False
     typing = False
     harvest_runtime: Runtime
     harvest_definition: ActivityDefinition
@@ -61,9 +69,10 @@ class ActivityTask(Task):  # type: ignore[misc]
         runtime = self.harvest_runtime
         # no eager chain under a deadline: it would run under this message's time limit
         with runtime.eager_scope(claim is not None and claim.start_to_close is None) as take:
-            claims.run_claimed(runtime, claim, _timeout_as_failure(fn))
+            ran, error = claims.run_claimed(runtime, claim, _timeout_as_failure(fn))
+            del claim  # its input must not sit in a frame an error tracker captures
             eager.run_chain(self.app, self.request.hostname, runtime, take, _timeout_as_failure)
-        return None
+        settle(runtime, ran, error, self.request.id)
 
 
 def _timeout_as_failure(fn: Any) -> Any:
@@ -89,11 +98,11 @@ def install(app: Celery, runtime: Runtime) -> None:
     if getattr(app, "_harvest_runtime", None) is runtime:
         return
     app._harvest_runtime = runtime  # type: ignore[attr-defined]
-    app.conf.setdefault("task_default_queue", "default")
 
     # shared=False: with two Celery apps in one process each keeps its own runtime.
+    # Options per task, never app-wide: joining an app changes nothing for its own tasks.
     @app.task(name=DECIDE_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
-              typing=False, shared=False)
+              store_errors_even_if_ignored=False, typing=False, shared=False)
     def decide(execution_id: str) -> None:
         runtime.run_decision(execution_id)
 

@@ -23,12 +23,16 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+from billiard.einfo import ExceptionInfo
+
 # Celery's own stack of executing tasks (what current_task reads); the tracer pushes onto it
+from celery import signals
 from celery._state import _task_stack
 
 from harvest_celery._runtime import claim as claims
 from harvest_celery._runtime.messages import activity_task_id
 from harvest_celery._runtime.metrics import METRICS
+from harvest_celery._runtime.outcomes import for_celery
 from harvest_celery._runtime.runtime import Runtime
 from harvest_celery._store.records import Dispatch
 
@@ -46,6 +50,24 @@ def run_chain(app: Any, hostname: str | None, runtime: Runtime,
             _run_one(app, hostname, events, runtime, dispatch, wrap)
             ran += 1
     return ran
+
+
+def _signal_outcome(app: Any, runtime: Runtime, d: Dispatch, task_id: str, args: list[Any],
+                    ran: bool, error: BaseException | None) -> None:
+    """What Celery's tracer would signal for a delivered attempt, so handlers connected to
+    ``task_failure`` (error trackers) and ``task_postrun`` see eager attempts too."""
+    task = app.tasks.get(d.activity_name)
+    if task is None:
+        return
+    state = "IGNORED" if not ran else ("FAILURE" if error is not None else "SUCCESS")
+    if error is not None:
+        shown = for_celery(runtime, error, task_id)
+        tb = shown.__traceback__ if shown is error else None
+        signals.task_failure.send(sender=task, task_id=task_id, exception=shown, args=args,
+                                  kwargs={}, traceback=tb,
+                                  einfo=ExceptionInfo((type(shown), shown, tb)))
+    signals.task_postrun.send(sender=task, task_id=task_id, task=task, args=args, kwargs={},
+                              retval=error, state=state)
 
 
 @contextmanager
@@ -86,6 +108,7 @@ def _run_one(app: Any, hostname: str | None, events: Any, runtime: Runtime, d: D
         claimed = claims.claim(runtime, d.execution_id, d.activity_id, d.attempt)
         ran, error = claims.run_claimed(runtime, claimed, wrap(fn))
     METRICS.inc("activity_eager", {"queue": d.queue})
+    _signal_outcome(app, runtime, d, task_id, args, ran, error)
     if events is None or not ran:
         return
     if error is None:

@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from harvest_celery._core import events as ev
+from harvest_celery._core import failures
 from harvest_celery._core.commands import Decision
 from harvest_celery._core.engine import Activation, EngineConfig, Session
 from harvest_celery._core.jsonvalues import check_json
@@ -60,6 +61,9 @@ class Settings:
     # next activity's queue runs it in the same thread (through the claim) instead of sending
     # it, at most this many in a row (0: off)
     eager_max_chain: int = 8
+    # what a failed attempt shows Celery (Flower, Sentry, task_failure): "full" (the exception
+    # and its traceback) or "type" (its type only; exception text can quote the payload)
+    celery_error_detail: str = "full"
 
 
 def worker_id() -> str:
@@ -337,14 +341,19 @@ class Runtime:
         tx.append(row, [result], now, decide_on=self.settings.decision_queue)
         return decided
 
-    def fail(self, claim: Claim, error_type: str, message: str) -> str:
+    def _fail_with(self, claim: Claim, exc: BaseException) -> str:
+        info = failures.describe(exc)
+        return self.fail(claim, info.error_type, info.message, info.traceback)
+
+    def fail(self, claim: Claim, error_type: str, message: str, traceback: str = "") -> str:
         """Record a failed attempt: a retry per policy, or the final failure — decided on inline
         like a completion (falling back to the failure alone, with a decision request)."""
 
         def work(tx: Tx, inline: bool) -> tuple[str, _Decided]:
             now = utcnow()
             verdict, row, failed = tasks.fail_attempt(tx, claim.execution_id, claim.activity_id,
-                                                      claim.attempt, error_type, message, now)
+                                                      claim.attempt, error_type, message, now,
+                                                      traceback)
             if row is None or failed is None:
                 return verdict, _Decided()
             return verdict, self._record_result(tx, claim, row, failed, now, inline=inline)
@@ -372,8 +381,14 @@ class Runtime:
             try:
                 output = fn(claim.input)
             except Exception as exc:  # noqa: BLE001 - recorded as the attempt's failure
-                self.fail(claim, type(exc).__name__, str(exc))
+                self._fail_with(claim, exc)
                 return exc
+            except BaseException as exc:
+                # SystemExit, KeyboardInterrupt, a BaseException of the body's own: the attempt
+                # failed (retried per policy, never left running under a renewed lease); the
+                # exception then goes on to stop what it was meant to stop
+                self._fail_with(claim, exc)
+                raise
             self.complete(claim, output)
             return None
         finally:

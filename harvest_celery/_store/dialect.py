@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 
@@ -29,6 +30,10 @@ class Dialect:
 
     def lock(self, query: Any, *, skip_locked: bool = False) -> Any:
         return query.with_for_update(skip_locked=skip_locked)
+
+    def insert_ignore(self, table: Any) -> Any:
+        """INSERT that skips a row whose key exists (a record written twice is written once)."""
+        return postgresql.insert(table).on_conflict_do_nothing()
 
     def notify(self, conn: Any, execution_id: str) -> None:
         """Wake waiters of the run once this transaction commits (``_store.listener``)."""
@@ -56,6 +61,9 @@ class SqliteDialect(Dialect):
 
     def lock(self, query: Any, *, skip_locked: bool = False) -> Any:
         return query
+
+    def insert_ignore(self, table: Any) -> Any:
+        return sqlite.insert(table).on_conflict_do_nothing()
 
     def notify(self, conn: Any, execution_id: str) -> None:
         """One process: its waiters poll (embedded mode drains before it reads)."""

@@ -101,3 +101,16 @@ class Listener:
         finally:
             conn.close()
             engine.dispose()
+
+
+_SHARED: dict[str, Listener] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def listener_for(database_url: str) -> Listener:
+    """The process's one listener for this database, shared by every ``Store`` on it."""
+    with _SHARED_LOCK:
+        listener = _SHARED.get(database_url)
+        if listener is None:
+            listener = _SHARED[database_url] = Listener(database_url)
+        return listener

@@ -171,6 +171,24 @@ class Execution:
 
 
 @dataclass(frozen=True)
+class AttemptError:
+    """One failed attempt, as recorded (activity_id "" and attempt 0: the workflow's own
+    failure, with the workflow code's traceback)."""
+
+    activity_id: str
+    attempt: int
+    error_type: str
+    message: str
+    traceback: str
+    recorded_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"activity_id": self.activity_id, "attempt": self.attempt,
+                "error_type": self.error_type, "message": self.message,
+                "traceback": self.traceback, "recorded_at": self.recorded_at.isoformat()}
+
+
+@dataclass(frozen=True)
 class Claim:
     """What a successful pre-run claim hands the worker."""
 

@@ -28,7 +28,14 @@ from harvest_celery._payloads.erasure import (
 )
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS, PAYLOAD_FIELDS
 from harvest_celery._store.records import RunRow
-from harvest_celery._store.schema import activity_tasks, events, executions, outbox, timers
+from harvest_celery._store.schema import (
+    activity_tasks,
+    attempt_errors,
+    events,
+    executions,
+    outbox,
+    timers,
+)
 from harvest_celery._store.tx import Tx
 
 
@@ -209,6 +216,7 @@ def erase(tx: Tx, execution_id: str, now: datetime) -> tuple[dict[str, Any], lis
         .values(last_error=ERASED_TEXT))
     # unsent messages of an adopted task carry its input as their argument
     tx.conn.execute(outbox.delete().where(outbox.c.task_id.like(f"{execution_id}:%")))
+    refs += _erase_attempt_errors(tx, execution_id)
     touched = 0
     for seq, data, _at in tx.raw_history(execution_id):
         changed, blobs, erased = erase_event(data)
@@ -220,6 +228,17 @@ def erase(tx: Tx, execution_id: str, now: datetime) -> tuple[dict[str, Any], lis
                 (events.c.execution_id == execution_id) & (events.c.seq == seq)).values(data=changed))
     return {"execution_id": execution_id, "events": touched, "fields": fields,
             "blobs": len(refs)}, refs
+
+def _erase_attempt_errors(tx: Tx, execution_id: str) -> list[tuple[str, str]]:
+    """Tombstone every recorded attempt error's message and traceback (a payload: exception text
+    quotes inputs); the error types stay. Returns the blobs to delete."""
+    refs: list[tuple[str, str]] = []
+    where = attempt_errors.c.execution_id == execution_id
+    for (detail,) in tx.conn.execute(sa.select(attempt_errors.c.detail).where(where)):
+        refs += references(detail)
+    tx.conn.execute(attempt_errors.update().where(where).values(detail=ERASED))
+    return refs
+
 
 def purgeable(tx: Tx, cutoff: datetime, limit: int) -> list[str]:
     q = tx.dialect.lock(sa.select(executions.c.id).where(
@@ -242,7 +261,10 @@ def delete_runs(tx: Tx, ids: Sequence[str]) -> tuple[int, list[tuple[str, str]]]
             removed += 1
             for name in PAYLOAD_FIELDS.get(data.get("type", ""), ()):
                 refs += references(data.get(name))
-    for table in (events, activity_tasks, timers):
+    for (detail,) in tx.conn.execute(sa.select(attempt_errors.c.detail).where(
+            attempt_errors.c.execution_id.in_(list(ids)))):
+        refs += references(detail)
+    for table in (events, activity_tasks, timers, attempt_errors):
         tx.conn.execute(table.delete().where(table.c.execution_id.in_(list(ids))))
     tx.conn.execute(executions.delete().where(executions.c.id.in_(list(ids))))
     return removed, refs

@@ -107,6 +107,21 @@ timers = Table(
     Index("ix_harvest_timers_due", "fired", "fire_at"),
 )
 
+# Every failed attempt's error, and a failed workflow's own (activity_id "", attempt 0): the
+# type in the clear, the message and traceback in ``detail``, a payload (codec, offload, erasure).
+# The history is unchanged by it: the awaiting workflow still sees only the final outcome.
+attempt_errors = Table(
+    "harvest_attempt_errors",
+    metadata,
+    Column("execution_id", String(200), ForeignKey("harvest_executions.id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("activity_id", String(40), primary_key=True),
+    Column("attempt", Integer, primary_key=True),
+    Column("error_type", String(200), nullable=False),
+    Column("detail", Json),
+    Column("recorded_at", Ts, nullable=False),
+)
+
 outbox = Table(
     "harvest_outbox",
     metadata,

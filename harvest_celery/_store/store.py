@@ -23,9 +23,9 @@ from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._store import runs
 from harvest_celery._store.dialect import Dialect, dialect_for
-from harvest_celery._store.listener import Listener
-from harvest_celery._store.records import Execution, Timings, utcnow
-from harvest_celery._store.schema import activity_tasks, executions
+from harvest_celery._store.listener import listener_for
+from harvest_celery._store.records import AttemptError, Execution, Timings, aware, utcnow
+from harvest_celery._store.schema import activity_tasks, attempt_errors, executions
 from harvest_celery._store.tx import RawEvent, Tx
 
 log = logging.getLogger("harvest_celery")
@@ -50,7 +50,7 @@ class Store:
         self._pid = -1
         self._lock = threading.Lock()
         # one LISTEN connection per process, shared by every waiter (None: SQLite, poll)
-        self.listener = Listener(database_url) if self.dialect.row_locks else None
+        self.listener = listener_for(database_url) if self.dialect.row_locks else None
 
     @property
     def engine(self) -> Engine:
@@ -198,6 +198,27 @@ class Store:
             rows = conn.execute(q.order_by(activity_tasks.c.event_seq)).fetchall()
         return [dict(r._mapping) for r in rows]
 
+    def attempt_errors(self, execution_id: str) -> builtins.list[AttemptError]:
+        """Every recorded failed attempt of the run (and the workflow's own failure, activity
+        ""), oldest first, decoded; a detail that cannot be decoded stays raw (a read-only view)."""
+        q = (sa.select(attempt_errors).where(attempt_errors.c.execution_id == execution_id)
+             .order_by(attempt_errors.c.recorded_at, attempt_errors.c.activity_id, attempt_errors.c.attempt))
+        with self.engine.connect() as conn:
+            rows = conn.execute(q).fetchall()
+        out = []
+        for r in rows:
+            detail = r.detail
+            try:
+                detail = self.payloads.decode_value(detail)
+            except HarvestError as exc:
+                log.warning("attempt error %s/%s/%s stays encoded: %s", execution_id,
+                            r.activity_id, r.attempt, exc)
+            detail = detail if isinstance(detail, dict) else {}
+            out.append(AttemptError(r.activity_id, r.attempt, r.error_type,
+                                    str(detail.get("message", "")), str(detail.get("traceback", "")),
+                                    aware(r.recorded_at)))  # type: ignore[arg-type]
+        return out
+
     # ── erasure and retention (blobs deleted once the transaction commits) ─────────────────
     def erase(self, execution_id: str) -> dict[str, Any]:
         """PII erasure of one terminal run (see ``runs.erase``)."""
@@ -230,3 +251,15 @@ class Store:
             else:
                 log.warning("blob %s lives in payload store %r, which is not configured: not deleted",
                             key, store_id)
+
+    def decision_request(self, execution_id: str) -> tuple[str, datetime | None, datetime]:
+        """The run's status, when its pending decision request was made (None: none pending; the
+        sweeper moves it forward when it re-sends the request) and when the run last changed —
+        as stored (naive on SQLite), no payload column read. For ``Harvest.stuck``."""
+        q = sa.select(executions.c.status, executions.c.decision_requested_at,
+                      executions.c.updated_at).where(executions.c.id == execution_id)
+        with self.engine.connect() as conn:
+            row = conn.execute(q).first()
+        if row is None:
+            raise ExecutionNotFound(execution_id)
+        return str(row.status), row.decision_requested_at, row.updated_at

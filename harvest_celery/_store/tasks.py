@@ -158,18 +158,19 @@ def complete(tx: Tx, execution_id: str, activity_id: str, attempt: int, output: 
 
 
 def fail(tx: Tx, execution_id: str, activity_id: str, attempt: int, error_type: str,
-         message: str, now: datetime, decision_queue: str) -> str:
+         message: str, now: datetime, decision_queue: str, traceback: str = "") -> str:
     """Record a failed attempt: schedule a retry (no event) or fail for good (``ActivityFailed``
     and a decision request). Returns ``"retry"``, ``"failed"`` or ``"ignored"``."""
     verdict, row, failed = fail_attempt(tx, execution_id, activity_id, attempt, error_type,
-                                        message, now)
+                                        message, now, traceback)
     if row is not None and failed is not None:
         tx.append(row, [failed], now, decide_on=decision_queue)
     return verdict
 
 
 def fail_attempt(tx: Tx, execution_id: str, activity_id: str, attempt: int, error_type: str,
-                 message: str, now: datetime) -> tuple[str, RunRow | None, ev.ActivityFailed | None]:
+                 message: str, now: datetime,
+                 traceback: str = "") -> tuple[str, RunRow | None, ev.ActivityFailed | None]:
     """The task-row side of a failed attempt: a retry is scheduled (no event), or the row fails
     for good and the ``ActivityFailed`` to append is returned with the locked run row (None when
     the run records no more results). The caller appends it (``fail``) or decides on it."""
@@ -182,6 +183,7 @@ def fail_attempt(tx: Tx, execution_id: str, activity_id: str, attempt: int, erro
         # cancel never fails an await, so nothing may be recorded for it
         return IGNORED, None, None
     tx.metrics.append(("activity_attempt_failed", {"workflow": row.workflow_type, "queue": task.queue}))
+    tx.record_error(execution_id, activity_id, attempt, error_type, message, traceback, now)
     policy = RetryPolicy.from_data(task.retry)
     if policy.should_retry(attempt, error_type) and row.status == "RUNNING":
         _update(tx, execution_id, activity_id, status=TaskStatus.RETRY_WAIT.value,

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from harvest_celery._core import events as ev
-from harvest_celery._core.commands import Decision, ScheduleActivity, StartTimer
+from harvest_celery._core.commands import Decision, Failed, ScheduleActivity, StartTimer
 from harvest_celery._core.lifecycle import TERMINAL_STATUSES, decision_events, status_for_outcome
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
@@ -25,7 +25,7 @@ from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._store.dialect import Dialect
 from harvest_celery._store.records import Dispatch, RunRow, Timings, aware
-from harvest_celery._store.schema import activity_tasks, events, executions, timers
+from harvest_celery._store.schema import activity_tasks, attempt_errors, events, executions, timers
 
 RawEvent = tuple[int, dict[str, Any], datetime]
 UNKNOWN: Any = object()
@@ -41,6 +41,7 @@ class RunWrite:
     values: dict[str, Any] = field(default_factory=dict)
     tasks: list[dict[str, Any]] = field(default_factory=list)
     timers: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
     # the run closes: its unstarted task rows are abandoned (after the inserts) with this reason
     abandon: tuple[datetime, str] | None = None
 
@@ -127,7 +128,8 @@ class Tx:
         """Everything one operation writes to a run: its new events, task rows and timers and the
         run-row update. Postgres: ONE statement (the inserts are data-modifying CTEs of the
         UPDATE). SQLite: one statement each."""
-        inserts = [(events, w.events), (activity_tasks, w.tasks), (timers, w.timers)]
+        inserts = [(events, w.events), (activity_tasks, w.tasks), (timers, w.timers),
+                   (attempt_errors, w.errors)]
         inserts = [(table, rows) for table, rows in inserts if rows]
         if not inserts and not w.values:
             return
@@ -198,6 +200,11 @@ class Tx:
         status = status_for_outcome(decision, row.status)
         first = self.stage_events(write, row, new_events, now)
         write.values.update(self._decision_values(row, status, new_events, now))
+        outcome = decision.outcome
+        if isinstance(outcome, Failed) and any(isinstance(e, ev.WorkflowFailed) for e in new_events):
+            # the workflow code's own traceback, beside the run (the history keeps type + message)
+            write.errors.append(self.error_row(row.id, "", 0, outcome.error_type, outcome.message,
+                                               outcome.traceback, now))
         if status != row.status and status in TERMINAL_STATUSES:
             write.abandon = (now, "the workflow finished without awaiting it")
         for i, command in enumerate(decision.commands):
@@ -209,8 +216,8 @@ class Tx:
         for metric in decision.metrics:
             self.metrics.append((metric, {"workflow": workflow_label}))
         if status != row.status and status in TERMINAL_STATUSES:
-            outcome = "completed" if status == "COMPLETED" else "failed"
-            self.metrics.append(("workflow_terminal", {"workflow": workflow_label, "outcome": outcome}))
+            ended = "completed" if status == "COMPLETED" else "failed"
+            self.metrics.append(("workflow_terminal", {"workflow": workflow_label, "outcome": ended}))
         return [ev.HistoryEvent(first + i, e, now) for i, e in enumerate(new_events)]
 
     def _nd_block(self, write: RunWrite, row: RunRow, nd: dict[str, Any], now: datetime,
@@ -275,6 +282,20 @@ class Tx:
             input = self.scheduled_input(execution_id, activity_id)
         self.dispatches.append(Dispatch(Dispatch.ACTIVITY, execution_id, queue, activity_id, name,
                                         attempt, adopted, input if adopted else None, deadline))
+
+    def error_row(self, execution_id: str, activity_id: str, attempt: int, error_type: str,
+                  message: str, traceback: str, now: datetime) -> dict[str, Any]:
+        """A failed attempt's record (activity "" attempt 0: the workflow's own failure); its
+        message and traceback are a payload: encoded by the codec, offloaded, erased."""
+        detail = self.payloads.encode_value({"message": message, "traceback": traceback},
+                                            f"{execution_id}/error/{activity_id or 'workflow'}/{attempt}")
+        return {"execution_id": execution_id, "activity_id": activity_id, "attempt": attempt,
+                "error_type": error_type, "detail": detail, "recorded_at": now}
+
+    def record_error(self, execution_id: str, activity_id: str, attempt: int, error_type: str,
+                     message: str, traceback: str, now: datetime) -> None:
+        row = self.error_row(execution_id, activity_id, attempt, error_type, message, traceback, now)
+        self.conn.execute(self.dialect.insert_ignore(attempt_errors).values(**row))
 
     def scheduled_input(self, execution_id: str, activity_id: str) -> Any:
         data = self.conn.execute(sa.select(events.c.data).select_from(

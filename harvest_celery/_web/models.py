@@ -144,11 +144,21 @@ class WorkflowSummary(BaseModel):
     forked_to: str | None = Field(description="the run forked from this one (retry or reset)")
 
 
+class WaitingHint(BaseModel):
+    kind: Literal["activity", "decision"] = Field(description="an open activity, or a pending decision request")
+    activity: str | None = Field(default=None, description="the activity's name (null for a decision)")
+    queue: str = Field(description="the queue it was sent to, which no live worker consumes")
+    waiting_seconds: float = Field(description="how long it has waited")
+
+
 class WorkflowDescription(WorkflowSummary):
     cancel_reason: str | None
     nd_details: NdDetails | None
     result: Any = None
     error: Any = None
+    waiting: list[WaitingHint] | None = Field(
+        default=None, description="what a running run waits on that no live worker consumes "
+                                  "([] nothing; null when the workers cannot be asked, e.g. embedded mode)")
 
 
 class WorkflowList(BaseModel):

@@ -276,3 +276,18 @@ harvest.register(notify, approval)
 from . import dags  # noqa: E402  (the DAG fixtures need record() from this module)
 
 harvest.register(*dags.ACTIVITIES, *dags.DAGS)
+
+
+# ── a queue no test worker consumes (the stuck-run hint) ──────────────────────────────────────
+@activity(queue="nobody_listens")
+def unheard(data: dict) -> str:
+    record(data["tag"], "unheard", data)
+    return "heard after all"
+
+
+@workflow
+async def waits_on_nobody(ctx: WorkflowContext, data: dict) -> str:
+    return await ctx.execute_activity(unheard, data)  # type: ignore[no-any-return]
+
+
+harvest.register(unheard, waits_on_nobody)

@@ -51,8 +51,10 @@ def _fresh_database() -> None:
 
 
 class Worker:
-    def __init__(self, name: str, queues: str, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, name: str, queues: str, extra_env: dict[str, str] | None = None,
+                 app: str = "tests.integration.app") -> None:
         self.name = name
+        self.app = app
         self.queues = queues
         self.extra_env = extra_env or {}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -61,7 +63,7 @@ class Worker:
     def start(self) -> None:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONPATH=str(ROOT), **self.extra_env)
-        cmd = [sys.executable, "-m", "celery", "-A", "tests.integration.app", "worker",
+        cmd = [sys.executable, "-m", "celery", "-A", self.app, "worker",
                "-Q", self.queues, "-n", f"{self.name}-{uuid.uuid4().hex[:6]}@%h", "-P", "threads",
                "-c", "4", "--without-gossip", "--without-mingle", "--without-heartbeat",
                "-l", "INFO"]

@@ -22,7 +22,7 @@ def test_the_exported_list_is_exactly_this():
         "ExecutionNotFound", "FailFast", "FernetCodec", "FileSystemPayloadStore", "Harvest",
         "HarvestError", "InvalidState", "NonDeterministic", "NotInWorkflow", "PayloadCodecError",
         "PayloadNotSerializable", "PayloadStoreError", "PayloadTooLarge", "PostgresPayloadStore",
-        "RegistrationError", "RetryPolicy", "RetryRefused", "StartToCloseTimeout", "UnknownEventType", "UnknownNode", "Saga", "SagaCompensationFailed", "UnknownActivity",
+        "RedactedActivityError", "RegistrationError", "RetryPolicy", "RetryRefused", "StartToCloseTimeout", "UnknownEventType", "UnknownNode", "Saga", "SagaCompensationFailed", "UnknownActivity",
         "UnknownWorkflow", "UnregisteredActivity", "WorkflowCancelledError", "WorkflowContext",
         "WorkflowFailed", "activity", "configure_celery", "dag", "workflow",
     ])

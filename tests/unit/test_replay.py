@@ -553,6 +553,7 @@ SAMPLE_ARGS = {
     "UnregisteredActivity": ("d", "charge", "refund", "compensator"),
     "DagTaskFailed": ("one or more DAG tasks failed",),
     "StartToCloseTimeout": ("start_to_close exceeded",),
+    "RedactedActivityError": ("RuntimeError", "order-7:2:1"),
 }
 
 

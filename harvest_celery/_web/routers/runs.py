@@ -82,7 +82,8 @@ def list_workflows(
 
 def describe(harvest: HarvestDep, execution_id: ExecutionIdPath) -> dict[str, Any]:
     """Status, timestamps, result or error, and the nd-blocked fields of one run."""
-    return _description(harvest.describe(check_id(execution_id)))
+    # ``waiting``: Harvest.stuck (asks the workers, cached; null when they cannot be asked)
+    return {**_description(harvest.describe(check_id(execution_id))), "waiting": harvest.stuck(execution_id)}
 
 
 def history(harvest: HarvestDep, execution_id: ExecutionIdPath) -> dict[str, Any]:

@@ -1,0 +1,72 @@
+"""B3 — does a step get dearer as the history grows? One run of N sequential steps (1,000 by
+default) per topology; the cost of step k is the time from the previous step's
+``ActivityCompleted`` (the first: from ``WorkflowStarted``) to its own ``ActivityCompleted``, from
+the events' ``recorded_at`` stamps. Early = mean of the first 10 % of steps, late = mean of the
+last 10 %; late/early ≈ 1 means flat.
+
+Topologies: 1 and 2 decision workers beside one activity worker (the documented deployment), and
+2 processes each consuming every queue (so completions, and the inline decisions they carry,
+alternate between processes whose warm sessions go stale). DBOS: one workflow of N steps, each
+``@DBOS.step()`` call timed."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+from benchmarks.common import TOPOLOGY_LABELS, Cluster, harvest_client, log, ratio
+
+TOPOLOGIES = ("split", "split_2dec", "pair")
+
+
+def step_costs(execution_id: str) -> list[float]:
+    from harvest_celery._core import events as ev
+
+    history = harvest_client().history(execution_id)
+    marks = [h.recorded_at for h in history
+             if isinstance(h.event, ev.WorkflowStarted | ev.ActivityCompleted)]
+    return [(b - a).total_seconds() for a, b in zip(marks, marks[1:], strict=False)]
+
+
+def early_late(costs_s: list[float]) -> dict[str, Any]:
+    window = max(1, len(costs_s) // 10)
+    early = statistics.fmean(costs_s[:window]) * 1000
+    late = statistics.fmean(costs_s[-window:]) * 1000
+    return {"steps": len(costs_s), "window": window, "early_mean_ms": early, "late_mean_ms": late,
+            "late_over_early": ratio(late, early),
+            "early_median_ms": statistics.median(costs_s[:window]) * 1000,
+            "late_median_ms": statistics.median(costs_s[-window:]) * 1000,
+            "series_ms": [round(c * 1000, 3) for c in costs_s]}
+
+
+def topology(name: str, args: Any) -> dict[str, Any]:
+    harvest = harvest_client()
+    steps = args.history_steps
+    with Cluster(name, args.worker_concurrency, f"b3-{name}"):
+        warm = harvest.start_workflow("bench_seq", 5)
+        assert harvest.result(warm, timeout=60) == 5
+        t0 = time.perf_counter()
+        execution_id = harvest.start_workflow("bench_seq", steps)
+        result = harvest.result(execution_id, timeout=120 + steps * 0.5)
+        wall = time.perf_counter() - t0
+    assert result == steps, result
+    costs = step_costs(execution_id)
+    assert len(costs) == steps, (len(costs), steps)
+    return {"label": TOPOLOGY_LABELS[name], "wall_s": wall, "execution_id": execution_id,
+            **early_late(costs)}
+
+
+def run(args: Any, dbos: dict[str, Any]) -> dict[str, Any]:
+    res: dict[str, Any] = {"steps": args.history_steps, "topologies": {}}
+    for name in TOPOLOGIES:
+        log(f"B3 history length, {args.history_steps} steps, topology {name} "
+            f"({TOPOLOGY_LABELS[name]})…")
+        try:
+            res["topologies"][name] = topology(name, args)
+        except Exception as exc:  # noqa: BLE001 - reported; the other topologies still run
+            res["topologies"][name] = {"label": TOPOLOGY_LABELS[name],
+                                       "error": f"{type(exc).__name__}: {exc}"}
+    res["dbos"] = dbos if "error" in dbos else {"wall_s": dbos["wall_s"],
+                                                **early_late(dbos["step_latencies"])}
+    return res

@@ -1,0 +1,33 @@
+"""What Celery is told of an attempt's outcome: failures look like failures, a refused claim
+is IGNORED. Shared by engine-native tasks, adopted tasks and eager runs."""
+
+from __future__ import annotations
+
+from celery.exceptions import Ignore
+
+from harvest_celery._errors import RedactedActivityError
+from harvest_celery._runtime.runtime import Runtime
+
+
+def settle(runtime: Runtime, ran: bool, error: BaseException | None, task_id: str | None) -> None:
+    """End the Celery task as Celery users expect. A refused claim is IGNORED, never SUCCESS
+    (the claim logged why). A failed attempt ends in FAILURE with the real exception and its
+    traceback, so Flower shows it red and ``task_failure`` fires — its failure is already
+    committed, and the engine retries it by its own policy. With
+    ``Settings.celery_error_detail == "type"`` Celery gets only the exception type (exception text
+    and tracebacks can quote the payload); the full text stays in Postgres."""
+    if not ran:
+        raise Ignore()
+    if error is None:
+        return
+    shown = for_celery(runtime, error, task_id)
+    if shown is not error:
+        raise shown from None
+    raise error
+
+
+def for_celery(runtime: Runtime, error: BaseException, task_id: str | None) -> BaseException:
+    """The exception Celery is shown for a failed attempt (see ``settle``)."""
+    if runtime.settings.celery_error_detail == "type":
+        return RedactedActivityError(type(error).__name__, task_id or "")
+    return error

@@ -1,0 +1,71 @@
+"""An existing Celery app, as a user has it before harvest joins: its own result backend, its own
+task on Celery's default queue, its own signal handlers (as an error tracker would connect).
+The handlers write what they saw to Redis, so the test can read what a Celery user sees."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import redis
+from celery import Celery, signals
+
+from harvest_celery import Harvest, RetryPolicy, WorkflowContext, activity, workflow
+
+BROKER_URL = os.environ["HARVEST_TEST_BROKER_URL"]
+DATABASE_URL = os.environ["HARVEST_TEST_DATABASE_URL"]
+SEEN = "shop:seen"
+
+app = Celery("shop", broker=BROKER_URL, backend=BROKER_URL)
+app.conf.result_expires = 600
+
+
+@app.task(name="shop.add")
+def add(x: int, y: int) -> int:
+    return x + y
+
+
+def _conf() -> dict[str, str]:
+    return {key: repr(app.conf[key]) for key in sorted(app.conf.keys())}
+
+
+BEFORE_HARVEST = _conf()
+harvest = Harvest(DATABASE_URL, app, decision_queue="shop_decide")
+ONCE_MORE = RetryPolicy(max_attempts=2, initial_interval=0.1)
+
+
+@activity(queue="shop_q", retry=ONCE_MORE)
+def shop_declines(data: dict) -> str:
+    raise ValueError(f"card declined for {data['tag']}")
+
+
+@activity(queue="shop_q")
+def shop_ok(data: dict) -> dict:
+    return data
+
+
+@workflow
+async def shop_checkout(ctx: WorkflowContext, data: dict) -> Any:
+    await ctx.execute_activity(shop_ok, data)
+    return await ctx.execute_activity(shop_declines, data)
+
+
+harvest.register(shop_declines, shop_ok, shop_checkout)
+AFTER_HARVEST = _conf()
+_r = redis.Redis.from_url(BROKER_URL)
+
+
+@signals.task_postrun.connect
+def _postrun(sender: Any = None, task_id: str = "", state: str = "", **_kw: Any) -> None:
+    request = getattr(sender, "request", None)
+    delivery = getattr(request, "delivery_info", None) or {}
+    _r.rpush(SEEN, json.dumps({"signal": "postrun", "task_id": task_id, "name": sender.name,
+                               "state": state, "queue": delivery.get("routing_key")}))
+
+
+@signals.task_failure.connect
+def _failure(sender: Any = None, task_id: str = "", exception: Any = None, einfo: Any = None,
+             **_kw: Any) -> None:
+    _r.rpush(SEEN, json.dumps({"signal": "failure", "task_id": task_id, "name": sender.name,
+                               "exception": repr(exception), "traceback": str(einfo)}))
