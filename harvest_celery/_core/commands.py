@@ -50,6 +50,9 @@ class Failed:
     message: str
     # where the workflow code raised (file and line); kept beside the run, not in its history
     traceback: str = field(default="", compare=False)
+    # KeyboardInterrupt or SystemExit: the workflow's own, or a shutdown signal that arrived
+    # mid-decision — the runtime tells them apart (a shutdown must not seal the run FAILED)
+    interrupt: bool = field(default=False, compare=False)
 
 
 Outcome = Completed | Failed

@@ -91,7 +91,9 @@ class _Task:
             else:
                 self.future.set_exception(exc)
             return
-        except Exception as exc:  # noqa: BLE001 - a workflow error becomes the task's outcome
+        except BaseException as exc:  # noqa: BLE001 - a workflow error becomes the task's outcome
+            # BaseException too (SystemExit, KeyboardInterrupt, GeneratorExit, CancelledError, a
+            # class of the workflow's own): left to escape, it would wedge the decision worker
             self.future.set_exception(exc)
             return
         finally:
@@ -391,9 +393,10 @@ class Replay:
 def _outcome_of(future: Future, workflow_type: str) -> Outcome:
     try:
         return Completed(check_json(future.result(), f"result of workflow {workflow_type!r}"))
-    except Exception as exc:  # noqa: BLE001 - the workflow's own error is its outcome
+    except BaseException as exc:  # noqa: BLE001 - the workflow's own error is its outcome
         info = failures.describe(exc)
-        return Failed(info.error_type, info.message, info.traceback)
+        return Failed(info.error_type, info.message, info.traceback,
+                      interrupt=isinstance(exc, (KeyboardInterrupt, SystemExit)))
 
 
 class Session:

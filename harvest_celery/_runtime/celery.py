@@ -124,6 +124,11 @@ def install(app: Celery, runtime: Runtime) -> None:
 
     signals.worker_ready.connect(_start_sweeper, weak=False)
 
+    def _shutting_down(**_kw: Any) -> None:
+        runtime.shutting_down.set()
+
+    signals.worker_shutting_down.connect(_shutting_down, weak=False)
+
     def _preflight(sender: Any = None, **_kw: Any) -> None:
         if getattr(sender, "app", None) is not app:
             return

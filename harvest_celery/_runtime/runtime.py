@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from harvest_celery._core import events as ev
 from harvest_celery._core import failures
-from harvest_celery._core.commands import Decision
+from harvest_celery._core.commands import Decision, Failed
 from harvest_celery._core.engine import Activation, EngineConfig, Session
 from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.registry import Registry
@@ -136,6 +136,7 @@ class Runtime:
         # outside a worker) and whether it sends task events
         self.local_queues: frozenset[str] = frozenset()
         self.send_task_events = False
+        self.shutting_down = threading.Event()  # set by the worker on a warm or cold shutdown
         self._local = threading.local()  # .accept: take one eager dispatch; .held: the taken one
 
     def _reset_after_fork(self) -> None:
@@ -225,6 +226,12 @@ class Runtime:
         completion a worker decides on). ``known``: the last events already written, when the
         caller knows them (the claim's ActivityStarted), so a warm replay need not read them."""
         session, decision = self._replay(tx, row, list(pending), list(known))
+        if (isinstance(decision.outcome, Failed) and decision.outcome.interrupt
+                and self.shutting_down.is_set()):
+            # a shutdown signal interrupted the workflow code, not the workflow's own doing:
+            # nothing is written; the decision is taken again after the restart
+            session.close()
+            raise SystemExit("worker shutting down in the middle of a decision")
         written = tx.apply_decision(row, session.events, decision, self.registry, utcnow(),
                                     self.settings.timings, row.workflow_type,
                                     leading=[h.event for h in pending])
