@@ -28,6 +28,7 @@ _SPECS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "nd_blocked": ("harvest_nd_blocked", "Decisions that diverged from history (run nd-blocked).", ("workflow",)),
     "activity_attempt_failed": ("harvest_activity_attempt_failed", "Activity attempts that failed (raised, or lost their lease).", ("workflow", "queue")),
     "activity_eager": ("harvest_activity_eager", "Activity attempts run eagerly in the worker that scheduled them (no broker hop).", ("queue",)),
+    "outcome_lost": ("harvest_outcome_lost", "Activity outcomes given up after the database did not answer for Timings.outcome_retry_for (the attempt is retried when its lease expires).", ("queue",)),
     "decisions": ("harvest_decisions", "Decisions taken, by path: inline (in the worker that recorded the completion) or task (the decision task).", ("workflow", "path")),
 }
 

@@ -13,13 +13,14 @@ import logging
 import os
 import socket
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from harvest_celery._core import events as ev
 from harvest_celery._core import failures
@@ -33,10 +34,11 @@ from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._runtime.sweeper import Sweeper
 from harvest_celery._store import tasks
 from harvest_celery._store.records import Claim, Dispatch, RunRow, Timings, utcnow
-from harvest_celery._store.store import Store
+from harvest_celery._store.store import Store, is_transient
 from harvest_celery._store.tx import Tx
 
 log = logging.getLogger("harvest_celery")
+T = TypeVar("T")
 
 
 class Dispatcher(Protocol):
@@ -305,19 +307,52 @@ class Runtime:
         except Exception as exc:  # noqa: BLE001 - a non-JSON result is the activity's failure
             self.fail(claim, type(exc).__name__, str(exc))
             return
-        try:
-            decided, tx = self.store.transaction(
-                lambda tx: self._record_completion(tx, claim, output, inline=True))
-        except Exception:  # noqa: BLE001 - e.g. the decision's write failed: record it alone
-            log.warning("recording the completion of %s/%s with its decision failed; recording "
-                        "it alone", claim.execution_id, claim.activity_id, exc_info=True)
-            decided, tx = self.store.transaction(
-                lambda tx: self._record_completion(tx, claim, output, inline=False))
+        decided, tx = self._outcome_transaction(
+            claim, "completion", lambda tx, inline: self._record_completion(tx, claim, output,
+                                                                           inline=inline))
         self._after_decision(tx, decided)
+
+    def _outcome_transaction(self, claim: Claim, what: str,
+                             work: Callable[[Tx, bool], T]) -> tuple[T, Tx]:
+        """Record a body's outcome — it ran, its side effect happened: this must not be lost.
+
+        First with the next decision inline; if that transaction fails for any reason, the
+        outcome alone (a decision bug never loses it). A database that does not answer is
+        retried with backoff for ``Timings.outcome_retry_for`` seconds while the lease keeps
+        being renewed (the caller holds it until this returns); only then the outcome is given
+        up, loudly, with the ``outcome_lost`` counter — the lease then expires and the attempt is
+        retried, at least once."""
+        deadline = time.monotonic() + self.settings.timings.outcome_retry_for
+        delay = 0.1
+        while True:
+            try:
+                try:
+                    return self.store.transaction(lambda tx: work(tx, True))
+                except Exception as exc:  # noqa: BLE001 - e.g. the decision's write failed
+                    if is_transient(exc):
+                        raise
+                    log.warning("recording the %s of %s/%s with its decision failed; recording "
+                                "it alone", what, claim.execution_id, claim.activity_id,
+                                exc_info=True)
+                    return self.store.transaction(lambda tx: work(tx, False))
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    METRICS.inc("outcome_lost", {"queue": ""})
+                    log.error("the %s of %s/%s attempt %s could not be recorded for %.0f s: "
+                              "given up; the attempt will be retried when its lease expires",
+                              what, claim.execution_id, claim.activity_id, claim.attempt,
+                              self.settings.timings.outcome_retry_for, exc_info=True)
+                    raise
+                log.warning("recording the %s of %s/%s failed (database unavailable?); retrying "
+                            "in %.1f s", what, claim.execution_id, claim.activity_id, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     def _record_completion(self, tx: Tx, claim: Claim, output: Any, *, inline: bool) -> _Decided:
         now = utcnow()
-        row = tasks.finish_completed(tx, claim.execution_id, claim.activity_id, now)
+        row = tasks.finish_completed(tx, claim.execution_id, claim.activity_id, claim.attempt, now)
         if row is None or not row.accepts_results:
             return _Decided()  # a duplicate; or a finished run (the task row is closed, no event)
         completion = ev.ActivityCompleted(claim.activity_id, output, claim.attempt)
@@ -365,12 +400,7 @@ class Runtime:
                 return verdict, _Decided()
             return verdict, self._record_result(tx, claim, row, failed, now, inline=inline)
 
-        try:
-            (verdict, decided), tx = self.store.transaction(lambda tx: work(tx, True))
-        except Exception:  # noqa: BLE001 - e.g. the decision's write failed: record it alone
-            log.warning("recording the failure of %s/%s with its decision failed; recording it "
-                        "alone", claim.execution_id, claim.activity_id, exc_info=True)
-            (verdict, decided), tx = self.store.transaction(lambda tx: work(tx, False))
+        (verdict, decided), tx = self._outcome_transaction(claim, "failure", work)
         self._after_decision(tx, decided)
         return verdict
 

@@ -217,3 +217,6 @@ class Timings:
     redispatch_after: float = 30.0
     nd_retry_initial: float = 1.0
     nd_retry_max: float = 300.0
+    # a body's outcome (it ran: its side effect happened) is retried this long against a
+    # database that does not answer, its lease renewed meanwhile, before it is given up
+    outcome_retry_for: float = 300.0

@@ -30,10 +30,18 @@ from harvest_celery._store.tx import RawEvent, Tx
 
 log = logging.getLogger("harvest_celery")
 T = TypeVar("T")
-__all__ = ["Execution", "Store", "Timings", "utcnow"]  # the records callers of the store use
+__all__ = ["Execution", "Store", "Timings", "is_transient", "utcnow"]  # the records callers of the store use
 
 # Columns a list reads: never the payload columns (a 200 MB input must not be loaded to list it).
 _LIST_COLUMNS = [c for c in executions.c if c.name not in EXECUTION_PAYLOAD_COLUMNS]
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A database error that a later attempt may not meet: the server is down, restarting or
+    unreachable, or the connection was lost — not a constraint or a bad statement."""
+    if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError))
 
 
 class Store:

@@ -123,24 +123,35 @@ WITH run AS (
     SET status = 'completed', finished_at = :now, lease_expires_at = NULL
     FROM run
     WHERE t.execution_id = run.id AND t.activity_id = :activity_id
-      AND t.status NOT IN ('completed', 'failed')
+      AND ((t.attempt = :attempt AND t.status IN ('running', 'retry_wait'))
+           OR (t.attempt = :attempt + 1 AND t.status = 'scheduled'))
     RETURNING t.activity_id
 )
 SELECT run.*, EXISTS (SELECT 1 FROM task) AS finished FROM run
 """)
 
 
-def finish_completed(tx: Tx, execution_id: str, activity_id: str, now: datetime) -> RunRow | None:
-    """Lock the run and mark the task row completed: the run row (locked), or None for a
-    duplicate completion (already recorded once) or an unknown run."""
+def accepts_completion(task: TaskRow, attempt: int) -> bool:
+    """A completion of ``attempt`` is recorded while no later attempt has claimed the row: its
+    own attempt still running, or a late one (its lease expired during a database outage) whose
+    retry waits or is dispatched but not yet claimed — that retry is then refused by its claim."""
+    return ((task.attempt == attempt and task.status in (TaskStatus.RUNNING.value, TaskStatus.RETRY_WAIT.value))
+            or (task.attempt == attempt + 1 and task.status == TaskStatus.SCHEDULED.value))
+
+
+def finish_completed(tx: Tx, execution_id: str, activity_id: str, attempt: int,
+                     now: datetime) -> RunRow | None:
+    """Lock the run and mark the task row completed: the run row (locked), or None when the
+    completion is not accepted (``accepts_completion``: a duplicate, a later attempt owns the
+    row, a cancel abandoned it) or the run is unknown."""
     if tx.dialect.dml_ctes:
         found = tx.conn.execute(_FINISH, {"execution_id": execution_id, "activity_id": activity_id,
-                                          "now": now}).first()
+                                          "attempt": attempt, "now": now}).first()
         if found is None or not found.finished:
             return None
         return RunRow.from_mapping(found._mapping)
     located = running_task(tx, execution_id, activity_id)
-    if located is None:
+    if located is None or not accepts_completion(located[1], attempt):
         return None
     _finish(tx, execution_id, activity_id, TaskStatus.COMPLETED.value, now, None)
     return located[0]
@@ -149,7 +160,7 @@ def finish_completed(tx: Tx, execution_id: str, activity_id: str, now: datetime)
 def complete(tx: Tx, execution_id: str, activity_id: str, attempt: int, output: Any,
              now: datetime, decide_on: str) -> bool:
     """Record a completion and request the next decision. False for a duplicate."""
-    row = finish_completed(tx, execution_id, activity_id, now)
+    row = finish_completed(tx, execution_id, activity_id, attempt, now)
     if row is None:
         return False
     if row.accepts_results:

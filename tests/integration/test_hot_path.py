@@ -39,6 +39,17 @@ def hp_undo(x: Any) -> Any:
     return None
 
 
+@activity(name="hp_retried", retry=RetryPolicy(max_attempts=3, initial_interval=0))
+def hp_retried(x: Any) -> Any:
+    BODIES.append(f"retried:{x}")
+    return x
+
+
+@workflow(name="hp_one")
+async def hp_one(ctx: WorkflowContext, x: Any) -> Any:
+    return await ctx.execute_activity(hp_retried, x)
+
+
 @workflow(name="hp_steps")
 async def hp_steps(ctx: WorkflowContext, n: int) -> int:
     total = 0
@@ -60,7 +71,7 @@ async def hp_saga(ctx: WorkflowContext, data: dict[str, Any]) -> Any:
 
 
 def make(inline: bool = True, url: str = DATABASE_URL) -> Harvest:
-    h = Harvest(url).register(hp_step, hp_fails, hp_undo, hp_steps, hp_saga)
+    h = Harvest(url).register(hp_step, hp_fails, hp_undo, hp_steps, hp_saga, hp_retried, hp_one)
     h.runtime.settings.inline_decisions = inline
     return h
 
@@ -293,3 +304,73 @@ def test_no_eager_run_under_a_deadline(harvest, workers, redis_client, tag):
     rid = harvest.start_workflow("alpha_chain", {"tag": tag, "n": 4, "deadline": True})
     assert harvest.result(rid, timeout=60) == 4
     assert [e["eager"] for e in effects(redis_client, tag)] == [False] * 4
+
+
+# ── a body's outcome survives a database blip ─────────────────────────────────────────────────
+def _flaky_transactions(h: Harvest, monkeypatch: Any, failures: int) -> list[int]:
+    """The next ``failures`` transactions fail as a database that went away does."""
+    real = type(h.store).transaction
+    left = [failures]
+
+    def transaction(self: Any, work: Any, **kwargs: Any) -> Any:
+        if left[0] > 0 and not kwargs.get("one_statement"):
+            left[0] -= 1
+            raise sa.exc.OperationalError("COMMIT", {}, Exception("server closed the connection"))
+        return real(self, work, **kwargs)
+
+    monkeypatch.setattr(type(h.store), "transaction", transaction)
+    return left
+
+
+def _manual(h: Harvest, rid: str) -> None:
+    """Start ``hp_one`` and take its first decision by hand (no in-process drain)."""
+    h._inline = None
+    h.start_workflow("hp_one", 0, execution_id=rid)
+    h.runtime.run_decision(rid)
+
+
+def test_a_completion_lost_to_a_database_blip_is_retried_until_it_commits(harvest, monkeypatch):
+    h = make()
+    BODIES.clear()
+    rid = run_id()
+    _manual(h, rid)
+    h.runtime.settings.timings = type(h.runtime.settings.timings)(outcome_retry_for=30)
+    claim = h.runtime.claim(rid, "1", 1)
+    assert claim is not None
+    left = _flaky_transactions(h, monkeypatch, 3)  # the completion's first three commits fail
+    h.runtime.execute(claim, lambda x: BODIES.append(f"body:{x}") or x)
+    assert left[0] == 0 and _completions(h, rid) == ["1"] and BODIES == ["body:0"]
+    assert h.describe(rid).status == "COMPLETED"
+
+
+def _expire_and_redispatch(h: Harvest, rid: str) -> None:
+    from datetime import timedelta
+
+    from harvest_celery._store import tasks
+    from harvest_celery._store.records import utcnow
+
+    with h.store.begin() as tx:  # the lease expired during the outage: a retry is scheduled
+        tasks.expire_lease(tx, rid, "1", 1, utcnow() + timedelta(hours=1), "harvest")
+    with h.store.begin() as tx:
+        tasks.redispatch_next_attempt(tx, rid, "1", utcnow())  # attempt 2 sent, not yet claimed
+
+
+def test_a_late_completion_is_accepted_until_a_later_attempt_claims_the_row(harvest):
+    h = make()
+    rid = run_id()
+    _manual(h, rid)
+    first = h.runtime.claim(rid, "1", 1)
+    assert first is not None
+    _expire_and_redispatch(h, rid)
+    h.runtime.complete(first, 0)  # the late completion of attempt 1 lands
+    assert _completions(h, rid) == ["1"]
+    assert h.runtime.claim(rid, "1", 2) is None  # and attempt 2 is refused by its claim
+    # once a later attempt has claimed the row, an earlier attempt's completion is ignored
+    rid2 = run_id()
+    _manual(h, rid2)
+    old = h.runtime.claim(rid2, "1", 1)
+    assert old is not None
+    _expire_and_redispatch(h, rid2)
+    assert h.runtime.claim(rid2, "1", 2) is not None
+    h.runtime.complete(old, 0)
+    assert _completions(h, rid2) == []
