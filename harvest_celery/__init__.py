@@ -1,6 +1,7 @@
 """harvest-celery: durable workflows, sagas and DAGs on the Celery you already run."""
 
 from harvest_celery._client import Harvest, configure_celery
+from harvest_celery._client_async import AsyncHarvest
 from harvest_celery._core.context import WorkflowContext
 from harvest_celery._core.registry import activity, workflow
 from harvest_celery._core.retry import RetryPolicy
@@ -17,8 +18,10 @@ from harvest_celery._errors import (
     ExecutionAlreadyExists,
     ExecutionNotFound,
     HarvestError,
+    InvalidExecutionId,
     InvalidState,
     NonDeterministic,
+    NotInActivity,
     NotInWorkflow,
     PayloadCodecError,
     PayloadNotSerializable,
@@ -39,12 +42,15 @@ from harvest_celery._errors import (
 )
 from harvest_celery._payloads.codec import FernetCodec
 from harvest_celery._payloads.stores import FileSystemPayloadStore
+from harvest_celery._runtime.activity_context import ActivityContext, activity_context
 from harvest_celery._store.blobs import PostgresPayloadStore
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ActivityContext",
     "ActivityError",
+    "AsyncHarvest",
     "Cancelled",
     "CollectAll",
     "CompensatorNameCollidesWithNode",
@@ -59,8 +65,10 @@ __all__ = [
     "FileSystemPayloadStore",
     "Harvest",
     "HarvestError",
+    "InvalidExecutionId",
     "InvalidState",
     "NonDeterministic",
+    "NotInActivity",
     "NotInWorkflow",
     "PayloadCodecError",
     "PayloadNotSerializable",
@@ -83,6 +91,7 @@ __all__ = [
     "WorkflowContext",
     "WorkflowFailed",
     "activity",
+    "activity_context",
     "configure_celery",
     "dag",
     "workflow",

@@ -5,10 +5,11 @@
     harvest [--app module:attr] [--database-url URL] COMMAND ...
 
 ``--app`` (or ``HARVEST_APP``) names a ``Harvest`` instance to import, like ``celery -A``; commands
-that run or change workflows need it (start, signal, cancel, result, worker, api, and the operator
-actions terminate, pause, resume, reset, retry, erase, purge — erasure and retention delete
-offloaded blobs through the app's payload store). Commands that only
-read or migrate the database (db upgrade, show, list) also accept ``--database-url`` (or
+that run or change workflows need it (start, signal, cancel, request-cancel, result, worker, api,
+and the operator actions terminate, pause, resume, reset, retry, erase, purge — erasure and retention delete
+offloaded blobs through the app's payload store — and replay, which replays histories against the
+app's workflows: see ``_cli_replay``). Commands that only
+read or migrate the database (db upgrade, show, list, export) also accept ``--database-url`` (or
 ``HARVEST_DATABASE_URL``) instead. ``harvest demo`` needs neither.
 
 Exit codes: 0 success; 1 the run asked about failed or was cancelled (``result``, ``start
@@ -27,8 +28,10 @@ import re
 import sys
 import tempfile
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, Protocol
 
+from harvest_celery._cli_replay import replay_commands
 from harvest_celery._client import Harvest
 from harvest_celery._core.timeline import render_status, render_timeline
 from harvest_celery._demo import run_demo
@@ -86,7 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     def command(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], help=help)
 
-    for add in (_setup_commands, _run_commands, _operator_commands, _read_commands):
+    for add in (_setup_commands, _run_commands, _operator_commands, _read_commands,
+                partial(replay_commands, app=_harvest, store=_store)):
         add(command, common)
     return p
 
@@ -125,7 +129,7 @@ def _setup_commands(command: Command, common: argparse.ArgumentParser) -> None:
 
 
 def _run_commands(command: Command, common: argparse.ArgumentParser) -> None:
-    """start, show, cancel, signal."""
+    """start, show, cancel, request-cancel, signal."""
     s = command("start", help="start a workflow run; prints its id")
     s.add_argument("workflow")
     s.add_argument("input", nargs="?", default=None, metavar="INPUT_JSON")
@@ -142,6 +146,12 @@ def _run_commands(command: Command, common: argparse.ArgumentParser) -> None:
     c.add_argument("execution_id", metavar="ID")
     c.add_argument("--reason", default="")
     c.set_defaults(handler=cmd_cancel)
+
+    rc = command("request-cancel", help="cooperative cancel: the run stays live (CANCELLING) and "
+                                        "its cancel branch may run durable compensations")
+    rc.add_argument("execution_id", metavar="ID")
+    rc.add_argument("--reason", default="")
+    rc.set_defaults(handler=cmd_request_cancel)
 
     sg = command("signal", help="send a signal to a live run")
     sg.add_argument("execution_id", metavar="ID")
@@ -208,6 +218,9 @@ def _read_commands(command: Command, common: argparse.ArgumentParser) -> None:
     a = command("api", help="serve the operator HTTP API for the --app (needs the [api] extra)")
     a.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     a.add_argument("--port", type=int, default=8000, help="port to bind (default 8000)")
+    a.add_argument("--insecure-no-auth", action="store_true",
+                   help="serve without HARVEST_API_TOKEN: anyone may read and change runs, so it "
+                        "binds to loopback only")
     a.set_defaults(handler=cmd_api)
 
     d = command("demo", help="run the example workflows in embedded mode (no Postgres, no Redis)")
@@ -341,6 +354,14 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_request_cancel(args: argparse.Namespace) -> int:
+    harvest = _harvest(args)
+    recorded = harvest.request_cancellation(args.execution_id, reason=args.reason)
+    print(f"{args.execution_id} {harvest.describe(args.execution_id).display_status}"
+          + ("" if recorded else " (a cancellation was already requested)"))
+    return 0
+
+
 def cmd_terminate(args: argparse.Namespace) -> int:
     harvest = _harvest(args)
     harvest.terminate(args.execution_id, reason=args.reason)
@@ -412,7 +433,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     table = [("ID", "WORKFLOW", "STATUS", "CREATED", "CLOSED", "EVENTS", "ND-BLOCKED")]
     for x in rows:
         table.append((
-            x.id, x.workflow_type, x.status, _stamp(x.created_at), _stamp(x.closed_at),
+            x.id, x.workflow_type, x.display_status[:72], _stamp(x.created_at), _stamp(x.closed_at),
             str(x.history_length), f"yes ({x.nd_block_count})" if x.nd_blocked else "",
         ))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
@@ -444,18 +465,35 @@ def _print_result(harvest: Harvest, execution_id: str, timeout: float) -> int:
 
 
 def cmd_api(args: argparse.Namespace) -> int:
-    """Mutating endpoints need ``Authorization: Bearer $HARVEST_API_TOKEN`` when it is set."""
+    """Every endpoint but /healthz needs ``$HARVEST_API_TOKEN`` (the bearer header, or a console
+    session signed in with it). Without a token the API refuses to start, unless
+    ``--insecure-no-auth``, which serves every caller and so binds to loopback only."""
+    import ipaddress
+
     harvest = _harvest(args)
+    token = os.environ.get("HARVEST_API_TOKEN") or None
+    if token is None and not args.insecure_no_auth:
+        raise CliError("HARVEST_API_TOKEN is not set: the API would let anyone read and change runs. "
+                       "Set it (python -c 'import secrets; print(secrets.token_urlsafe(32))'), or "
+                       "pass --insecure-no-auth to serve without auth on 127.0.0.1 only")
+    if token is None:
+        try:
+            loopback = args.host.lower() == "localhost" or ipaddress.ip_address(args.host.strip("[]")).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            raise CliError(f"--insecure-no-auth binds to loopback only (127.0.0.1, ::1, localhost), "
+                           f"not {args.host!r}: set HARVEST_API_TOKEN to serve on another address")
     try:
         import uvicorn
 
         from harvest_celery._web.api import create_app
     except ImportError as exc:
         raise CliError(f"'{PROG} api' needs the api extra (pip install 'harvest-celery[api]'): {exc}") from None
-    if not os.environ.get("HARVEST_API_TOKEN"):
+    if token is None:
         logging.getLogger("harvest_celery").warning(
-            "HARVEST_API_TOKEN is not set: the API's mutating endpoints accept any caller")
-    uvicorn.run(create_app(harvest), host=args.host, port=args.port)
+            "--insecure-no-auth: the API and its console accept any caller on %s", args.host)
+    uvicorn.run(create_app(harvest, token=token or ""), host=args.host, port=args.port)
     return 0
 
 

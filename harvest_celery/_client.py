@@ -7,10 +7,12 @@ import os
 import time
 import uuid
 from contextlib import nullcontext
+from datetime import datetime
 from typing import Any
 
 from harvest_celery._core import events as ev
 from harvest_celery._core.engine import EngineConfig
+from harvest_celery._core.ids import check_execution_id
 from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.lifecycle import CANCELLED, COMPLETED, RUNNING, TERMINAL_STATUSES
 from harvest_celery._core.names import TaskStatus
@@ -34,8 +36,11 @@ from harvest_celery._runtime.consumers import QueueConsumers, waiting_hints
 from harvest_celery._runtime.inline import InlineDispatcher
 from harvest_celery._runtime.runtime import Runtime, Settings
 from harvest_celery._store import runs as ops
+from harvest_celery._store import starts
+from harvest_celery._store.appconn import after_session_commit, payloads_on, start_on
 from harvest_celery._store.migrate import upgrade
-from harvest_celery._store.records import Execution, Timings, utcnow
+from harvest_celery._store.records import CancelBranch, Execution, Timings, utcnow
+from harvest_celery._store.starts import check_policy
 from harvest_celery._store.store import Store
 
 log = logging.getLogger("harvest_celery")
@@ -121,15 +126,94 @@ class Harvest:
         upgrade(self.database_url)
 
     # ── commands ─────────────────────────────────────────────────────────────────────────────
-    def start_workflow(self, name: str, input: Any = None, execution_id: str | None = None) -> str:
-        """Start a run and return its id. Idempotent on ``execution_id``."""
+    def start_workflow(self, name: str, input: Any = None, execution_id: str | None = None, *,
+                       connection: Any = None, id_reuse: str = "idempotent") -> str:
+        """Start a run and return its id (``execution_id``, or a new uuid).
+
+        ``id_reuse`` — what a start of an id that exists does (docs/errors.md):
+
+        * ``"idempotent"`` (default): the same workflow and input answer the existing run (a
+          retried request starts nothing twice); another input raises
+          ``ExecutionAlreadyExists`` (``conflict="input"``);
+        * ``"use_existing"``: any run of that workflow with this id is the answer, whatever its
+          input (the first start wins);
+        * ``"reject"``: an existing id always raises ``ExecutionAlreadyExists``.
+
+        An id taken by another workflow always raises it (``conflict="workflow"``). Concurrent
+        starts of one id make one run. An id holding ``:``, ``/`` or a control character raises
+        ``InvalidExecutionId`` and writes nothing.
+
+        ``connection`` — start inside your own transaction, on the harvest database: a
+        SQLAlchemy ``Connection`` or ``Session`` (Flask-SQLAlchemy's ``db.session``), a psycopg2
+        or psycopg 3 connection, or a Django connection inside ``transaction.atomic()``. The run
+        row, its ``WorkflowStarted`` and its offloaded blobs are written on that connection and
+        nothing is committed here: if you roll back, no run exists and no message was sent; once
+        you commit, the first decision is dispatched (docs/django.md, docs/flask.md)."""
         self._preflight(name)
         payload = check_json(input, f"input of workflow {name!r}")
         execution_id = _check_id(execution_id or uuid.uuid4().hex)
+        check_policy(id_reuse)
+        if connection is not None:
+            return self._start_on(connection, name, payload, execution_id, id_reuse)
         with self.store.begin() as tx:
-            ops.start(tx, execution_id, name, payload, utcnow(), self.runtime.settings.decision_queue)
+            tx.payloads = payloads_on(self.store, tx.conn)  # its blobs in its own transaction
+            starts.start(tx, execution_id, name, payload, utcnow(),
+                         self.runtime.settings.decision_queue, id_reuse=id_reuse)
         self._after(tx)
         return execution_id
+
+    def _start_on(self, connection: Any, name: str, payload: Any, execution_id: str,
+                  id_reuse: str) -> str:
+        now = utcnow()
+        started = start_on(connection, self.store, execution_id, name, payload, now,
+                           self.runtime.settings.decision_queue, id_reuse)
+        if started.created and started.on_commit is not None:
+            started.on_commit(lambda: self._claim_start(execution_id, now))
+        return execution_id
+
+    def _claim_start(self, execution_id: str, requested_at: Any) -> None:
+        """After the application committed a start: claim it and send its first decision (a
+        decision worker that heard the announcement may have claimed it first)."""
+        queue = self.runtime.settings.decision_queue
+        _, tx = self.store.transaction(
+            lambda tx: starts.take_started(tx, [(execution_id, requested_at)], utcnow(), queue),
+            one_statement=True)
+        self.runtime._after_commit(tx)
+
+    def start_workflow_on_commit(self, name: str, input: Any = None, execution_id: str | None = None,
+                                 *, session: Any = None, using: str | None = None,
+                                 id_reuse: str = "idempotent") -> str:
+        """Start a run once your transaction commits, for an app whose database is *not* the
+        harvest database; returns the id the run will have.
+
+        The weaker guarantee: a rollback starts nothing, but the start is a second transaction
+        made after your commit, so a crash between the two, or a start that fails (the harvest
+        database unreachable, ``ExecutionAlreadyExists``), leaves your data committed and no run
+        — logged, never raised into your commit. Give the run an id derived from your data (e.g.
+        ``order-42``) so a reconciliation job can start what is missing, idempotently.
+
+        ``session``: a SQLAlchemy ``Session`` (or ``scoped_session``) whose commit it waits for;
+        otherwise Django's ``transaction.on_commit`` on database ``using``. Name, input and id are
+        checked now, before anything is deferred."""
+        self._preflight(name)
+        payload = check_json(input, f"input of workflow {name!r}")
+        run_id = _check_id(execution_id or uuid.uuid4().hex)
+        check_policy(id_reuse)
+
+        def start() -> None:
+            try:
+                self.start_workflow(name, payload, run_id, id_reuse=id_reuse)
+            except Exception:  # noqa: BLE001 - after the app's commit: logged, not raised
+                log.exception("harvest: the deferred start of %s (%s) failed after the application "
+                              "committed; no run was started", run_id, name)
+
+        if session is not None:
+            after_session_commit(session, start)
+        else:
+            from django.db import transaction  # Django apps only
+
+            transaction.on_commit(start, using=using, robust=True)
+        return run_id
 
     def signal(self, execution_id: str, name: str, payload: Any = None) -> None:
         payload = check_json(payload, f"payload of signal {name!r}")
@@ -139,7 +223,9 @@ class Harvest:
 
     def signal_with_start(self, workflow: str, input: Any, execution_id: str, signal: str,
                           payload: Any = None) -> str:
-        """Start the run if it does not exist, and deliver the signal — one transaction."""
+        """Start the run if it does not exist, and deliver the signal — one transaction. An
+        existing run of ``workflow`` gets the signal whatever its input (``id_reuse=
+        "use_existing"``); a run of another workflow raises ``ExecutionAlreadyExists``."""
         self._preflight(workflow)
         payload = check_json(payload, f"payload of signal {signal!r}")
         data = check_json(input, f"input of workflow {workflow!r}")
@@ -147,7 +233,9 @@ class Harvest:
         now = utcnow()
         q = self.runtime.settings.decision_queue
         with self.store.begin() as tx:
-            ops.start(tx, execution_id, workflow, data, now, q)
+            tx.payloads = payloads_on(self.store, tx.conn)
+            # its input only matters if it creates the run: an existing run of the workflow is it
+            starts.start(tx, execution_id, workflow, data, now, q, id_reuse="use_existing")
             ops.signal(tx, execution_id, signal, payload, now, q)
         self._after(tx)
         return execution_id
@@ -160,6 +248,20 @@ class Harvest:
             status = ops.cancel(tx, execution_id, reason, utcnow(), self.runtime.settings.decision_queue)
         self._after(tx)
         return status
+
+    def request_cancellation(self, execution_id: str, reason: str = "") -> bool:
+        """Cooperative cancel (opt-in, beyond the spec): record ``WorkflowCancelRequested``
+        without sealing. The run stays live — shown CANCELLING — and ``ctx.is_cancelled()``
+        turns true at the request's position in history, so the workflow's cancel branch can
+        run durable compensations as activities; the run ends CANCELLED when the workflow
+        raises ``Cancelled`` (COMPLETED if it completes anyway). Activities can ask
+        ``activity_context().is_cancelled()``. A later ``cancel_workflow_execution`` still
+        seals. Returns False if a request was already open (no second event)."""
+        with self.store.begin() as tx:
+            recorded = ops.request_cancellation(tx, execution_id, reason, utcnow(),
+                                                self.runtime.settings.decision_queue)
+        self._after(tx)
+        return recorded
 
     def _preflight(self, name: str) -> None:
         definition = self.registry.workflow(name)
@@ -294,13 +396,22 @@ class Harvest:
         return self.store.history(execution_id, strict=strict)
 
     def list(self, *, status: str | None = None, workflow: str | None = None,
-             nd_blocked: bool | None = None, limit: int = 100, offset: int = 0) -> list[Execution]:
+             nd_blocked: bool | None = None, limit: int = 100, offset: int = 0,
+             created_after: datetime | None = None,
+             created_before: datetime | None = None) -> list[Execution]:
+        """Runs, newest first, without their payloads (``input`` and ``result`` are None)."""
         return self.store.list(status=status, workflow_type=workflow, nd_blocked=nd_blocked,
-                               limit=limit, offset=offset)
+                               limit=limit, offset=offset, created_after=created_after,
+                               created_before=created_before)
 
     def result(self, execution_id: str, timeout: float | None = 30.0, poll: float = 1.0) -> Any:
         """Wait for the run to finish; return its result or raise ``WorkflowFailed`` /
         ``WorkflowCancelledError`` (``TimeoutError`` after ``timeout`` seconds).
+
+        A cancelled (sealed) run is waited on until its cancel branch has settled — no decision
+        pending and no body running — and ``WorkflowCancelledError`` carries what the branch did
+        (``outcome``: returned, cancelled, failed or stopped); on timeout the same error with
+        ``outcome="pending"``, never a bare ``TimeoutError``, because the run *is* cancelled.
 
         Waits on Postgres ``LISTEN``/``NOTIFY`` (one listening connection per process, shared
         by every waiter), re-reading the run's status every ``poll`` seconds as a fallback. In
@@ -312,10 +423,17 @@ class Harvest:
                 if self._inline is not None:
                     self.drain()
                 status = self.store.status(execution_id)
+                branch = None
                 if status in TERMINAL_STATUSES:
-                    return _outcome(self.store.get(execution_id))
+                    branch = self.store.cancel_branch(execution_id)
+                    if branch is None:
+                        return _outcome(self.store.get(execution_id))
+                    if branch.settled:
+                        raise self._cancelled_error(execution_id, branch)
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
+                    if branch is not None:
+                        raise self._cancelled_error(execution_id, branch)  # outcome "pending"
                     raise TimeoutError(f"execution {execution_id} still {status} after {timeout}s")
                 wait = poll if left is None else min(poll, left)
                 if woken is not None:
@@ -324,6 +442,11 @@ class Harvest:
                 else:
                     time.sleep(min(wait, 0.05))
                     self.runtime.sweep_once()
+
+    def _cancelled_error(self, execution_id: str, branch: CancelBranch) -> WorkflowCancelledError:
+        value = self.store.get(execution_id).result if branch.outcome == "returned" else None
+        return WorkflowCancelledError(execution_id, branch.reason, branch.error, branch.outcome,
+                                      value)
 
     # ── embedded mode ────────────────────────────────────────────────────────────────────────
     def drain(self) -> None:
@@ -339,16 +462,15 @@ def _outcome(row: Execution) -> Any:
         return row.result
     error = row.error or {}
     recorded = f"{error['type']}: {error.get('message', '')}" if error else None
-    if row.status == CANCELLED or (row.cancelled_at is not None and not error):
-        # the post-cancel outcome (e.g. a failed cancel-and-compensate unwind) stays visible
-        raise WorkflowCancelledError(row.id, row.cancel_reason or "", recorded)
+    if row.status == CANCELLED:
+        # a cooperative cancel the workflow honoured by raising Cancelled (a sealed run is read
+        # through its cancel branch: Store.cancel_branch)
+        raise WorkflowCancelledError(row.id, row.cancel_reason or "", recorded, "cancelled")
     raise WorkflowFailed(row.id, error.get("type", "Error"), error.get("message", ""))
 
 
 def _check_id(execution_id: str) -> str:
-    if not isinstance(execution_id, str) or not execution_id.strip() or len(execution_id) > 200:
-        raise ValueError("an execution id is a non-empty string of at most 200 characters")
-    return execution_id
+    return check_execution_id(execution_id)  # InvalidExecutionId (a ValueError too)
 
 
 def configure_celery(app: Any) -> None:

@@ -1,7 +1,8 @@
 """``harvest demo``: the example workflows end to end on a laptop — no Postgres, no Redis.
 
-Embedded mode (SQLite in a temp dir, in-process worker). Four runs: the order pipeline, a checkout
-that succeeds, a checkout that fails and compensates, and a checkout cancelled while a step is running.
+Embedded mode (SQLite in a temp dir, in-process worker). The order pipeline, a checkout that
+succeeds, a checkout that fails and compensates, a checkout cancelled (sealed) while a step is
+running, the same with a cooperative cancel (its durable refund runs), and the fulfillment DAG.
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ CANCEL_NOTE = (
     "scheduled (its dispatch diverges: expected ActivityScheduled(..), got WorkflowCancelled), so "
     "the unwind fails with SagaCompensationFailed and the charge and reservation are left for manual "
     "reconciliation (or reset); see docs/concepts.md, \"Known limitation: durable compensations after a recorded cancel\"."
+)
+
+
+COOPERATIVE_NOTE = (
+    "request_cancellation does not seal the run: it shows CANCELLING, ctx.is_cancelled() turns "
+    "true at the request, and the cancel branch's compensations run as activities (with retries); "
+    "the run ends CANCELLED when the workflow raises Cancelled. See docs/concepts.md, \"Cancellation\"."
 )
 
 
@@ -56,7 +64,13 @@ def run_demo(out: TextIO, *, keep: bool = False) -> int:
             order_id=3)
 
         run("d", "checkout cancelled while reserving: the cancel-and-compensate branch",
-            "demo-checkout-4", partial(_cancel_while_reserving, harvest, out), note=CANCEL_NOTE, order_id=4)
+            "demo-checkout-4", partial(_cancel_while_reserving, harvest, out, "demo-checkout-4"),
+            note=CANCEL_NOTE, order_id=4)
+
+        run("d2", "checkout, cooperative cancel while reserving: the release and the refund run "
+            "as activities", "demo-checkout-7",
+            partial(_cancel_while_reserving, harvest, out, "demo-checkout-7", cooperative=True),
+            note=COOPERATIVE_NOTE, order_id=7)
 
         run("e", "fulfillment DAG: reserve → capture → print label", "fulfil-5",
             lambda: dag_compensation_example.run(harvest, "5"))
@@ -102,16 +116,22 @@ def _report(harvest: Harvest, out: TextIO, outcomes: list[tuple[str, str, str, s
     outcomes.append((label, row.workflow_type, row.status, f"({error})" if error else ""))
 
 
-def _cancel_while_reserving(harvest: Harvest, out: TextIO) -> None:
+def _cancel_while_reserving(harvest: Harvest, out: TextIO, execution_id: str, *,
+                            cooperative: bool = False) -> None:
     # An operator cancels while reserve_inventory's body is running (the in-process
     # worker runs it on another thread): the body keeps its claim, its result is recorded,
-    # and the post-cancel decision takes the workflow's compensate_all() branch.
+    # and the next decision takes the workflow's compensate_all() branch.
+    order_id = int(execution_id.rsplit("-", 1)[1])
     starter = threading.Thread(target=_start, args=(
-        harvest, "checkout", {"order_id": 4, "reserve_seconds": 1.0}, "demo-checkout-4"))
+        harvest, "checkout", {"order_id": order_id, "reserve_seconds": 1.0}, execution_id))
     starter.start()
-    _wait_started(harvest, "demo-checkout-4", "2")
-    print("  reserve_inventory is running; an operator cancels the run now", file=out)
-    harvest.cancel_workflow_execution("demo-checkout-4", reason="customer changed their mind")
+    _wait_started(harvest, execution_id, "2")
+    if cooperative:
+        print("  reserve_inventory is running; the customer requests a cancellation now", file=out)
+        harvest.request_cancellation(execution_id, reason="customer changed their mind")
+    else:
+        print("  reserve_inventory is running; an operator cancels the run now", file=out)
+        harvest.cancel_workflow_execution(execution_id, reason="customer changed their mind")
     starter.join()
 
 

@@ -21,8 +21,11 @@
     │   ├── UnknownActivity
     │   └── DuplicateRegistration
     ├── NotInWorkflow                  an engine API called outside a workflow
+    ├── NotInActivity                  activity_context() outside an activity body
     ├── ExecutionNotFound
-    ├── ExecutionAlreadyExists         an id reused for another workflow type
+    ├── ExecutionAlreadyExists         an id reused: for another workflow type, with another
+    │                                  input, or under id_reuse="reject" (HTTP 409)
+    ├── InvalidExecutionId             an id that cannot name a run (also a ValueError)
     ├── InvalidState                   an operation the run's status forbids
     ├── UnknownEventType               a history event this build does not know
     ├── DagBuildError                  build-time DAG misuse (raised at decoration)
@@ -148,16 +151,39 @@ class WorkflowFailed(HarvestError):
 
 
 class WorkflowCancelledError(HarvestError):
-    """``Harvest.result`` on a run that was cancelled."""
+    """``Harvest.result`` on a run that was cancelled, once its cancel branch has settled (no
+    decision pending, no body running), carrying what the branch did — ``outcome``:
 
-    def __init__(self, execution_id: str, reason: str, error: str | None = None) -> None:
+    * ``returned``: the workflow returned ``value`` after the cancel;
+    * ``cancelled``: it raised ``Cancelled`` (the clean exit of a cancel branch);
+    * ``failed``: it raised anything else, ``error`` (``"<type>: <message>"``), e.g. a
+      ``SagaCompensationFailed`` whose durable compensations diverged against the seal;
+    * ``stopped``: it was left waiting on something that will never come (a signal, a cancelled
+      activity) and has no outcome;
+    * ``pending``: ``result()`` timed out before the branch settled.
+    """
+
+    OUTCOMES = ("returned", "cancelled", "failed", "stopped", "pending")
+
+    def __init__(self, execution_id: str, reason: str, error: str | None = None,
+                 outcome: str = "", value: Any = None) -> None:
         message = f"workflow {execution_id} was cancelled: {reason}"
-        if error:
-            message += f" (after the cancel the workflow failed: {error})"
+        if outcome == "returned":
+            message += f" (the cancel branch returned {value!r})"
+        elif outcome == "stopped":
+            message += " (the cancel branch stopped: it waits on something that can no longer arrive)"
+        elif outcome == "pending":
+            message += " (the cancel branch has not settled yet)"
+        elif error and outcome == "cancelled":
+            message += f" (the cancel branch raised {error})"
+        elif error:
+            message += f" (cancel branch failed: {error})"
         super().__init__(message)
         self.execution_id = execution_id
         self.reason = reason
         self.error = error
+        self.outcome = outcome
+        self.value = value
 
 
 class RegistrationError(HarvestError):
@@ -191,6 +217,15 @@ class NotInWorkflow(HarvestError):
         self.api = api
 
 
+class NotInActivity(HarvestError):
+    """``harvest_celery.activity_context()`` was called outside an activity body the engine
+    runs (it is set up around every claimed body)."""
+
+    def __init__(self, api: str) -> None:
+        super().__init__(f"{api} can only be called from inside an activity body run by harvest")
+        self.api = api
+
+
 class ExecutionNotFound(HarvestError):
     def __init__(self, execution_id: str) -> None:
         super().__init__(f"no execution with id {execution_id!r}")
@@ -198,10 +233,49 @@ class ExecutionNotFound(HarvestError):
 
 
 class ExecutionAlreadyExists(HarvestError):
-    def __init__(self, execution_id: str, workflow_type: str) -> None:
-        super().__init__(f"execution {execution_id!r} already exists as a {workflow_type!r} run")
+    """A run with this id exists and the start may not reuse it. ``conflict`` names why:
+
+    * ``"workflow"``: it is a run of another workflow (``workflow_type``; ``requested`` is the
+      one asked for);
+    * ``"input"``: same workflow, different input (compared by the input digest stored at
+      start, so it holds for encrypted and erased runs too);
+    * ``"exists"``: the id is taken and the caller asked for a new run only
+      (``id_reuse="reject"``, a reset or retry onto an existing id).
+
+    ``status`` is the existing run's status when known."""
+
+    CONFLICTS = ("workflow", "input", "exists")
+
+    def __init__(self, execution_id: str, workflow_type: str, conflict: str = "exists", *,
+                 requested: str = "", status: str = "") -> None:
+        if conflict == "workflow":
+            message = (f"execution {execution_id!r} already exists as a {workflow_type!r} run; "
+                       f"cannot start it as a {requested!r} run")
+        elif conflict == "input":
+            message = (f"execution {execution_id!r} already exists as a {workflow_type!r} run "
+                       "started with a different input (start it with the same input, pick "
+                       "another id, or pass id_reuse=\"use_existing\" to get the existing run)")
+        else:
+            message = f"execution {execution_id!r} already exists as a {workflow_type!r} run"
+        if status:
+            message += f" [{status}]"
+        super().__init__(message)
         self.execution_id = execution_id
         self.workflow_type = workflow_type
+        self.conflict = conflict
+        self.requested = requested
+        self.status = status
+
+
+class InvalidExecutionId(HarvestError, ValueError):
+    """An execution id that cannot name a run: empty, longer than 200 characters, or holding
+    ``:``, ``/`` or a control character (they would be unreachable through the HTTP API and
+    ambiguous in task ids). Raised before anything is written; a ``ValueError`` too."""
+
+    def __init__(self, execution_id: Any, reason: str) -> None:
+        super().__init__(f"invalid execution id {execution_id!r}: {reason}")
+        self.execution_id = execution_id
+        self.reason = reason
 
 
 class InvalidState(HarvestError):
@@ -303,3 +377,29 @@ class RedactedActivityError(HarvestError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.error_type, self.task_id))
+
+
+# ── the HTTP face of an error: one mapping for the API and the Django/Flask integrations ─────
+def http_status(exc: BaseException) -> int:
+    """404 unknown (execution, workflow, activity), 409 a conflict with the run's state or id
+    (``ExecutionAlreadyExists``, ``InvalidState``, ``RetryRefused``), 503 a stored payload the
+    server cannot decode (its configuration, not the request), 400 every other client error
+    (a bad id, payload or node)."""
+    if isinstance(exc, (ExecutionNotFound, RegistrationError)):
+        return 404
+    if isinstance(exc, (ExecutionAlreadyExists, InvalidState, RetryRefused)):
+        return 409
+    if isinstance(exc, (PayloadStoreError, PayloadCodecError)):
+        return 503
+    return 400  # PayloadNotSerializable, PayloadTooLarge, UnknownNode, InvalidExecutionId, ...
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    """The JSON body of an error response: ``{"error": <class name>, "detail": <message>}``,
+    plus ``"reason"`` for a refused retry and ``"conflict"`` for an id already in use."""
+    body: dict[str, Any] = {"error": type(exc).__name__, "detail": str(exc)}
+    if isinstance(exc, RetryRefused):
+        body["reason"] = exc.reason
+    if isinstance(exc, ExecutionAlreadyExists):
+        body["conflict"] = exc.conflict
+    return body

@@ -12,6 +12,7 @@ from harvest_celery._core.events import (
     TimerFired,
     TimerStarted,
     WorkflowCancelled,
+    WorkflowCancelRequested,
     WorkflowCompleted,
     WorkflowFailed,
     WorkflowStarted,
@@ -20,5 +21,5 @@ from harvest_celery._core.events import (
 __all__ = [
     "ActivityCompleted", "ActivityFailed", "ActivityScheduled", "ActivityStarted", "Event",
     "HistoryEvent", "MarkerRecorded", "SignalReceived", "TimerFired", "TimerStarted",
-    "WorkflowCancelled", "WorkflowCompleted", "WorkflowFailed", "WorkflowStarted",
+    "WorkflowCancelled", "WorkflowCancelRequested", "WorkflowCompleted", "WorkflowFailed", "WorkflowStarted",
 ]

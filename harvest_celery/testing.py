@@ -24,6 +24,7 @@ from harvest_celery._core.lifecycle import (
     CANCELLED,
     RUNNING,
     TERMINAL_STATUSES,
+    cancel_requested,
     decision_events,
     open_activity_ids,
     status_after_cancel,
@@ -87,7 +88,7 @@ class SimRun:
         for event in decision_events(decision, self.events):
             self.append(event)
         self.metrics.extend(decision.metrics)
-        self.status = status_for_outcome(decision, self.status)
+        self.status = status_for_outcome(decision, self.status, cancel_requested(self.events))
         return decision
 
     def replay(self) -> Decision:
@@ -137,6 +138,22 @@ class SimRun:
         started = {e.activity_id for e in self.events if isinstance(e, ev.ActivityStarted)}
         self.cancelled_rows |= {a for a in open_activity_ids(self.events) if a not in started}
         self.decide()
+
+    def request_cancellation(self, reason: str = "") -> bool:
+        """As ``Harvest.request_cancellation``: record ``WorkflowCancelRequested`` (the run stays
+        RUNNING, shown CANCELLING); False if a request is already open. Like ``signal``, it does
+        not decide: call ``decide()`` (or ``run_to_end()``)."""
+        if self.status != RUNNING:
+            raise RuntimeError(f"cannot request the cancellation of a {self.status} run")
+        if cancel_requested(self.events):
+            return False
+        self.append(ev.WorkflowCancelRequested(reason))
+        return True
+
+    @property
+    def cancelling(self) -> bool:
+        """RUNNING with an open cancellation request (the derived CANCELLING status)."""
+        return self.status == RUNNING and cancel_requested(self.events)
 
     def execute(self, activity: ev.ActivityScheduled) -> None:
         """Run one open activity by calling its function (exceptions become ActivityFailed)."""

@@ -1,5 +1,5 @@
 """The checkout saga from the spec: charge, reserve, confirm — compensated LIFO on failure, and
-compensated explicitly (never automatically) on cancellation."""
+compensated explicitly (never automatically) on a cooperative cancellation request."""
 
 from __future__ import annotations
 
@@ -60,7 +60,10 @@ async def checkout(ctx: WorkflowContext, order: dict) -> str:
         lambda rsv_id: ctx.execute_activity(release_reservation, rsv_id, queue="inventory"),
     )
     # A cancel that landed while a step ran is observed here, before committing: compensate
-    # explicitly (cancellation never compensates on its own).
+    # explicitly (cancellation never compensates on its own). The release and the refund are
+    # activities: they run after harvest.request_cancellation (a cooperative cancel, the run stays
+    # live). After cancel_workflow_execution (the seal) they cannot be scheduled, and the branch
+    # fails with SagaCompensationFailed (docs/concepts.md, "Cancellation").
     if ctx.is_cancelled():
         await saga.compensate_all()
         raise Cancelled(ctx.cancellation_reason() or "cancelled")

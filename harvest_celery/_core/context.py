@@ -33,10 +33,15 @@ class ReplayPort(Protocol):
     """What the context needs from the replay that drives it (``_core.engine.Replay`` implements
     it). The context depends on this port, never on the engine, so the two form no cycle."""
 
-    cancel: Any
     current_time: datetime
     rng: _random.Random
     compensating: int
+
+    @property
+    def cancellation(self) -> Any: ...
+
+    @property
+    def sealed(self) -> bool: ...
 
     def check_running(self, api: str) -> None: ...
 
@@ -48,7 +53,11 @@ class ReplayPort(Protocol):
 
     def start_timer(self, seconds: float) -> Future: ...
 
-    def wait_signal(self, name: str) -> Future: ...
+    def wait_signal(self, name: str, cancellable: bool = False) -> Future: ...
+
+    def recorded_next(self, activity_name: str) -> bool: ...
+
+    def unwind_recorded_next(self) -> bool: ...
 
     def spawn(self, awaitable: Awaitable[Any]) -> Future: ...
 
@@ -108,10 +117,13 @@ class WorkflowContext:
         self._replay.check_running("ctx.sleep")
         return self._replay.start_timer(seconds)
 
-    def wait_signal(self, name: str) -> Future:
-        """Await the next signal called ``name`` (signals are buffered until awaited)."""
+    def wait_signal(self, name: str, *, cancellable: bool = False) -> Future:
+        """Await the next signal called ``name`` (signals are buffered until awaited; see
+        ``Harvest.signal``). ``cancellable=True``: if a cancellation — a cooperative request, or
+        the seal — arrives before the signal (in history order), the await raises ``Cancelled``
+        instead, so a workflow parked on a signal can react to a cancel."""
         self._replay.check_running("ctx.wait_signal")
-        return self._replay.wait_signal(name)
+        return self._replay.wait_signal(name, cancellable)
 
     async def gather(self, *awaitables: Awaitable[Any]) -> list[Any]:
         """Run awaitables concurrently and return their results in argument order.
@@ -138,16 +150,26 @@ class WorkflowContext:
 
     # ── cancellation ─────────────────────────────────────────────────────────────────────────
     def is_cancelled(self) -> bool:
-        """True for the whole replay once a ``WorkflowCancelled`` is recorded."""
-        return self._replay.cancel is not None
+        """True for the whole replay once the run is sealed by a cancel (``WorkflowCancelled``);
+        with a cooperative request (``Harvest.request_cancellation``), true from the request's
+        position in history on — the same on every replay."""
+        return self._replay.cancellation is not None
+
+    def is_sealed(self) -> bool:
+        """True once the run is sealed by ``cancel_workflow_execution``: no durable work can be
+        scheduled any more (a dispatch diverges against the seal), so a cancel branch can only
+        compensate in memory. False for a cooperative request, which leaves the run live."""
+        return self._replay.sealed
 
     def cancellation_reason(self) -> str | None:
-        return self._replay.cancel.reason if self._replay.cancel is not None else None
+        found = self._replay.cancellation
+        return found.reason if found is not None else None
 
     def check_cancellation(self) -> None:
         """Raise ``Cancelled`` if the run was cancelled. Runs no compensation."""
-        if self._replay.cancel is not None:
-            raise Cancelled(self._replay.cancel.reason or "cancelled")
+        found = self._replay.cancellation
+        if found is not None:
+            raise Cancelled(found.reason or "cancelled")
 
     # ── versioning and deterministic helpers ────────────────────────────────────────────────
     def patched(self, patch_id: str) -> bool:
@@ -171,6 +193,17 @@ class WorkflowContext:
     @property
     def rng(self) -> _random.Random:
         return self._replay.rng
+
+    # ── replay introspection (the DAG runner's cancel edges) ─────────────────────────────────
+    def dispatch_recorded(self, activity: Any) -> bool:
+        """Whether the next command this run recorded is a dispatch of ``activity``: a replayed
+        dispatch, not a new one (once cancelled, a DAG dispatches nothing new)."""
+        return self._replay.recorded_next(activity_name(activity))
+
+    def unwind_recorded(self) -> bool:
+        """Whether the next command this run recorded begins an unwind: one that began before a
+        seal cancel, which replays (and fails past the seal), as a hand-written saga's would."""
+        return self._replay.unwind_recorded_next()
 
     # ── compensation helpers (Saga, the DAG unwind) ─────────────────────────────────────────────
     @contextmanager

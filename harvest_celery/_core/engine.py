@@ -10,6 +10,8 @@ deterministic event loop and replays it against the recorded history:
 * **Result events** (``ActivityCompleted``/``Failed``, ``TimerFired``, ``SignalReceived``) are
   delivered one at a time, in history order, each time the workflow is quiescent. Live and
   replay therefore run the same algorithm over the same prefix, so they issue the same commands.
+  A cooperative ``WorkflowCancelRequested`` is delivered the same way: ``ctx.is_cancelled()``
+  turns true at its position, on every replay, cold or warm; no matcher ever meets it.
 * A divergence raises ``NonDeterministic`` into the workflow and is recorded the moment it is
   raised (unless the run is sealed by a cancel), so catching it hides nothing.
 """
@@ -40,10 +42,22 @@ from harvest_celery._core.commands import (
 from harvest_celery._core.context import WorkflowContext, WorkflowInfo
 from harvest_celery._core.futures import Future
 from harvest_celery._core.jsonvalues import check_cap, check_json
-from harvest_celery._core.names import PATCH, SAGA_COMPENSATED, SAGA_COMPENSATION_FAILED, marker
+from harvest_celery._core.names import (
+    PATCH,
+    SAGA_COMPENSATED,
+    SAGA_COMPENSATION_FAILED,
+    is_marker,
+    marker,
+)
 from harvest_celery._core.registry import Registry, WorkflowDefinition
 from harvest_celery._core.retry import RetryPolicy
-from harvest_celery._errors import ActivityError, HarvestError, NonDeterministic, NotInWorkflow
+from harvest_celery._errors import (
+    ActivityError,
+    Cancelled,
+    HarvestError,
+    NonDeterministic,
+    NotInWorkflow,
+)
 
 
 @dataclass(frozen=True)
@@ -124,9 +138,10 @@ class Replay:
         self.events = [h.event for h in activation.history]
         self.times = [h.recorded_at for h in activation.history]
         self.consumed: set[int] = set()
-        # positions a command matcher can meet: everything but WorkflowStarted, results, outcomes
-        self.candidates = [i for i, e in enumerate(self.events)
-                           if i > 0 and not isinstance(e, ev.RESULT_EVENTS + ev.TERMINAL_EVENTS)]
+        # positions a command matcher can meet: everything but WorkflowStarted, results,
+        # cancellation requests and outcomes
+        self.candidates = [i for i, e in enumerate(self.events) if i > 0 and not isinstance(
+            e, ev.RESULT_EVENTS + ev.TERMINAL_EVENTS + (ev.WorkflowCancelRequested,))]
         self.cpos = 0
         self.commands: list[Command] = []
         self.nd: NonDeterministic | None = None
@@ -147,6 +162,11 @@ class Replay:
         self.signal_waiters: dict[str, deque[Future]] = {}
         cancels = [e for e in self.events if isinstance(e, ev.WorkflowCancelled)]
         self.cancel: ev.WorkflowCancelled | None = cancels[0] if cancels else None
+        # a cooperative request, from its delivery on; the seal's position once delivered (what
+        # a cancellable wait observes: history order, on every replay)
+        self.cancel_request: ev.WorkflowCancelRequested | None = None
+        self.seal_delivered = False
+        self.cancellable_waits: list[tuple[str, Future]] = []
         seed = hashlib.sha256(activation.execution_id.encode()).digest()
         self.rng = _random.Random(int.from_bytes(seed[:8], "big"))
 
@@ -155,6 +175,12 @@ class Replay:
     def sealed(self) -> bool:
         """A cancelled run is sealed: divergences are raised into the workflow, never nd-block."""
         return self.cancel is not None
+
+    @property
+    def cancellation(self) -> ev.WorkflowCancelled | ev.WorkflowCancelRequested | None:
+        """What ``ctx.is_cancelled()`` reads: the seal, for the whole replay (the spec), else a
+        cooperative request from its position in history on."""
+        return self.cancel or self.cancel_request
 
     def _candidates(self, *, skip_signals: bool) -> Iterator[int]:
         """Unconsumed positions from the command cursor that command matchers must look at
@@ -268,6 +294,15 @@ class Replay:
         event = self.events[index] if index is not None else None
         return isinstance(event, ev.ActivityScheduled) and event.activity_name == activity_name
 
+    def unwind_recorded_next(self) -> bool:
+        """Does the next command event begin an unwind (its saga marker, or a compensation
+        dispatch of an uncounted one)? I.e. an unwind recorded before a seal, to replay."""
+        index = self._next_command()
+        event = self.events[index] if index is not None else None
+        if isinstance(event, ev.MarkerRecorded):
+            return is_marker(event.name, SAGA_COMPENSATED)
+        return isinstance(event, ev.ActivityScheduled) and event.compensation
+
     def patched(self, patch_id: str) -> bool:
         """``patch:{id}`` marker with an Absent arm: histories recorded before the patch replay
         the old branch. A trailing ``WorkflowCancelled`` is transparent here, as for the saga
@@ -286,16 +321,35 @@ class Replay:
             return True
         return False
 
-    def wait_signal(self, name: str) -> Future:
+    def wait_signal(self, name: str, cancellable: bool = False) -> Future:
+        """The next signal ``name``. ``cancellable``: a cancellation (a request, or the seal)
+        delivered first — before the signal, in history order — raises ``Cancelled`` instead."""
         future = Future()
         buffered = self.signal_buffer.get(name)
         if buffered:
             index, payload = buffered.popleft()
             self._consume(index)
             future.set_result(payload)
+        elif cancellable and (self.cancel_request is not None or self.seal_delivered):
+            future.set_exception(self._cancelled())
         else:
             self.signal_waiters.setdefault(name, deque()).append(future)
+            if cancellable:
+                self.cancellable_waits.append((name, future))
         return future
+
+    def _cancelled(self) -> Cancelled:
+        found = self.cancellation
+        return Cancelled((found.reason if found is not None else "") or "cancelled")
+
+    def _wake_cancellable(self) -> None:
+        """A cancellation was delivered: every cancellable wait still open raises ``Cancelled``
+        (and gives up its place in the signal queue)."""
+        waits, self.cancellable_waits = self.cancellable_waits, []
+        for name, future in waits:
+            if not future.done():
+                self.signal_waiters[name].remove(future)
+                future.set_exception(self._cancelled())
 
     # ── saga observability markers ────────────────────────────────────────────────────────────
     def saga_unwind_started(self, workflow_label: str) -> tuple[int, bool]:
@@ -365,6 +419,13 @@ class Replay:
                 waiters.popleft().set_result(event.payload)
             else:
                 self.signal_buffer.setdefault(event.name, deque()).append((index, event.payload))
+        elif isinstance(event, ev.WorkflowCancelRequested):
+            if self.cancel_request is None:  # a second request changes nothing
+                self.cancel_request = event
+                self._wake_cancellable()
+        elif isinstance(event, ev.WorkflowCancelled):
+            self.seal_delivered = True
+            self._wake_cancellable()
 
     def close(self) -> None:
         """Drop coroutines still suspended (a blocked workflow): their frames must not outlive the
@@ -457,7 +518,7 @@ class Session:
             if not _same(command, item.event):
                 return None
         results = new[len(ours):]
-        if not all(isinstance(h.event, ev.RESULT_EVENTS + (ev.SignalReceived,)) for h in results):
+        if not all(isinstance(h.event, ev.RESULT_EVENTS + ev.INPUT_EVENTS) for h in results):
             return None
         # What this session emitted at the frontier is matched already: never a candidate.
         for item in new[:len(ours)]:

@@ -9,7 +9,9 @@ Events are frozen dataclasses. On disk each is ``{"type": ..., "v": 1, ...fields
 * result events are delivered to the workflow in history order: ``ActivityStarted``,
   ``ActivityCompleted``, ``ActivityFailed``, ``TimerFired``, ``SignalReceived``;
 * lifecycle events: ``WorkflowStarted``, ``WorkflowCancelled`` (never consumed: it stays at the
-  replay cursor) and the terminal ``WorkflowCompleted`` / ``WorkflowFailed`` (never matched).
+  replay cursor), ``WorkflowCancelRequested`` (a cooperative request: delivered in history order,
+  never met by a matcher) and the terminal ``WorkflowCompleted`` / ``WorkflowFailed`` (never
+  matched).
 """
 
 from __future__ import annotations
@@ -117,6 +119,16 @@ class WorkflowCancelled(Event):
 
 
 @dataclass(frozen=True)
+class WorkflowCancelRequested(Event):
+    """A cooperative cancellation request (``Harvest.request_cancellation``): an input event,
+    delivered in history order like a signal. From its position on ``ctx.is_cancelled()`` is
+    true; it never seals the run and no matcher ever meets it. No payload field."""
+
+    type: ClassVar[str] = "WorkflowCancelRequested"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class WorkflowCompleted(Event):
     type: ClassVar[str] = "WorkflowCompleted"
     result: Any = None
@@ -134,7 +146,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     for cls in (
         WorkflowStarted, ActivityScheduled, ActivityStarted, ActivityCompleted, ActivityFailed,
         MarkerRecorded, SignalReceived, TimerStarted, TimerFired, WorkflowCancelled,
-        WorkflowCompleted, WorkflowFailed,
+        WorkflowCancelRequested, WorkflowCompleted, WorkflowFailed,
     )
 }
 
@@ -143,6 +155,9 @@ COMMAND_EVENTS = (ActivityScheduled, MarkerRecorded, TimerStarted)
 # delivered too, but a command matcher sees them (the saga marker's drained-signal check).
 RESULT_EVENTS = (ActivityStarted, ActivityCompleted, ActivityFailed, TimerFired)
 TERMINAL_EVENTS = (WorkflowCompleted, WorkflowFailed)
+# sent to a run from outside, delivered in history order: a command matcher never meets a
+# cancellation request (nor does the saga marker matcher); signals it steps over
+INPUT_EVENTS = (SignalReceived, WorkflowCancelRequested)
 
 
 

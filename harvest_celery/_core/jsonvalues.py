@@ -1,5 +1,10 @@
 """JSON checks at the edges: every value that enters history must be plain JSON that Postgres can
-store (no NaN, no NUL, no lone surrogate), and an activity input may be capped in size. Pure."""
+store (no NaN, no NUL, no lone surrogate), nested at most ``MAX_JSON_DEPTH`` levels deep, and an
+activity input may be capped in size. Pure.
+
+The depth limit keeps every later recursive walk (``dataclasses.asdict`` of an event, the JSON
+encoder, pydantic) far from Python's recursion limit: a value nested ~500 deep used to pass the
+edge and then fail as a ``RecursionError`` deep inside a decision or an HTTP handler."""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ import math
 from typing import Any
 
 from harvest_celery._errors import PayloadNotSerializable, PayloadTooLarge
+
+MAX_JSON_DEPTH = 100  # levels of nested arrays/objects; [] is 1, [[]] is 2
 
 
 def _reject_nan(value: float) -> float:
@@ -26,7 +33,36 @@ def dumps(value: Any, what: str) -> str:
         text = json.dumps(value, separators=(",", ":"), allow_nan=False, sort_keys=False)
     except (TypeError, ValueError) as exc:
         raise PayloadNotSerializable(what, str(exc)) from None
+    except RecursionError:  # far deeper than MAX_JSON_DEPTH (or a cycle the encoder met)
+        raise PayloadNotSerializable(what, _too_deep()) from None
     return text
+
+
+def _too_deep() -> str:
+    return f"it is nested more than {MAX_JSON_DEPTH} levels deep"
+
+
+def nesting_exceeds(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``value`` holds arrays/objects nested more than ``limit`` deep. Iterative, level
+    by level (no recursion, whatever the depth), and it visits containers only."""
+    level, depth = ([value] if isinstance(value, (dict, list)) else []), 1
+    while level:
+        if depth > limit:
+            return True
+        below: list[Any] = []
+        for item in level:
+            for child in (item.values() if isinstance(item, dict) else item):
+                if isinstance(child, (dict, list)):
+                    below.append(child)
+        level, depth = below, depth + 1
+    return False
+
+
+def check_depth(value: Any, what: str, limit: int = MAX_JSON_DEPTH) -> Any:
+    """``value`` if it is nested at most ``limit`` deep; else ``PayloadNotSerializable``."""
+    if isinstance(value, (dict, list)) and nesting_exceeds(value, limit):
+        raise PayloadNotSerializable(what, _too_deep())
+    return value
 
 
 def check_json(value: Any, what: str) -> Any:
@@ -34,7 +70,15 @@ def check_json(value: Any, what: str) -> Any:
     text = dumps(value, what)
     if "\\u0000" in text or "\\ud" in text:  # cheap gate before the full walk
         check_storable(value, what)
-    return json.loads(text)
+    try:
+        loaded = json.loads(text)
+    except RecursionError:
+        raise PayloadNotSerializable(what, _too_deep()) from None
+    # a text with at most MAX_JSON_DEPTH opening brackets cannot nest deeper: most payloads stop
+    # at these two C-speed counts, and only a long, bracket-heavy one is walked (containers only)
+    if len(text) > 2 * MAX_JSON_DEPTH and text.count("[") + text.count("{") > MAX_JSON_DEPTH:
+        check_depth(loaded, what)
+    return loaded
 
 
 def storable_text(text: str) -> bool:
@@ -49,20 +93,20 @@ def storable_text(text: str) -> bool:
 
 
 def check_storable(value: Any, what: str) -> Any:
-    """Every string in ``value`` (keys included) can be stored by Postgres; else
-    ``PayloadNotSerializable``, before anything is written."""
-    stack = [value]
+    """Every string in ``value`` (keys included) can be stored by Postgres, and it is nested at
+    most ``MAX_JSON_DEPTH`` deep; else ``PayloadNotSerializable``, before anything is written."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
-        item = stack.pop()
+        item, depth = stack.pop()
         if isinstance(item, str):
             if not storable_text(item):
                 raise PayloadNotSerializable(what, "a string holds a NUL character or a lone "
                                                    "surrogate, which cannot be stored")
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+        elif isinstance(item, (dict, list)):
+            if depth >= MAX_JSON_DEPTH:
+                raise PayloadNotSerializable(what, _too_deep())
+            children = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
     return value
 
 

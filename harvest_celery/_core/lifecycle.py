@@ -14,7 +14,7 @@ from harvest_celery._core.commands import (
     ScheduleActivity,
     StartTimer,
 )
-from harvest_celery._core.names import SAGA_COMPENSATED, is_marker
+from harvest_celery._core.names import CANCELLED_ERROR, SAGA_COMPENSATED, is_marker
 
 RUNNING = "RUNNING"
 COMPLETED = "COMPLETED"
@@ -22,6 +22,9 @@ FAILED = "FAILED"
 CANCELLED = "CANCELLED"
 TERMINATED = "TERMINATED"
 TERMINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED, TERMINATED})
+# Derived, never stored: a RUNNING run with an open cooperative cancellation request. Claims,
+# completions and a later seal cancel treat it exactly as RUNNING.
+CANCELLING = "CANCELLING"
 
 
 def decision_events(decision: Decision, history: Sequence[ev.Event]) -> list[ev.Event]:
@@ -51,12 +54,21 @@ def has_outcome(history: Sequence[ev.Event]) -> bool:
     return any(isinstance(e, ev.TERMINAL_EVENTS) for e in history)
 
 
-def status_for_outcome(decision: Decision, current: str) -> str:
+def status_for_outcome(decision: Decision, current: str, cancel_requested: bool = False) -> str:
     """A live run takes its outcome's status; a sealed (cancelled) run keeps the status the cancel
-    gave it."""
-    if current != RUNNING or decision.outcome is None:
+    gave it. After a cooperative cancellation request, a workflow that raises ``Cancelled`` ends
+    CANCELLED (one that completes anyway ends COMPLETED; any other error FAILED)."""
+    outcome = decision.outcome
+    if current != RUNNING or outcome is None:
         return current
-    return COMPLETED if isinstance(decision.outcome, Completed) else FAILED
+    if isinstance(outcome, Completed):
+        return COMPLETED
+    return CANCELLED if cancel_requested and outcome.error_type == CANCELLED_ERROR else FAILED
+
+
+def cancel_requested(history: Sequence[ev.Event]) -> bool:
+    """A cooperative cancellation request is recorded."""
+    return any(isinstance(e, ev.WorkflowCancelRequested) for e in history)
 
 
 def unwind_begun(history: Sequence[ev.Event]) -> bool:
@@ -80,3 +92,24 @@ def open_activity_ids(history: Sequence[ev.Event]) -> list[str]:
     done = {e.activity_id for e in history if isinstance(e, (ev.ActivityCompleted, ev.ActivityFailed))}
     return [e.activity_id for e in history
             if isinstance(e, ev.ActivityScheduled) and e.activity_id not in done]
+
+
+def cancel_branch_failure(status: str, cancelled: bool, error: object) -> str | None:
+    """``"<type>: <message>"`` of a cancelled run whose cancel branch failed (``cancelled``: sealed
+    by a cancel or asked to cancel) — it ended with an error other than ``Cancelled`` (its clean
+    exit) or an operator's terminate — else None. The dangling state operators must see."""
+    if not cancelled or status not in (CANCELLED, FAILED) or not isinstance(error, dict):
+        return None
+    if error.get("type") in (CANCELLED_ERROR, "Terminated"):
+        return None
+    return f"{error.get('type', 'Error')}: {error.get('message', '')}"
+
+
+def display_status(status: str, cancelled: bool, cancel_requested: bool, error: object) -> str:
+    """The status as operators read it: ``CANCELLING`` while a cooperative cancellation request
+    is open, ``CANCELLED (cancel branch failed: …)`` when a cancel branch failed; else the
+    stored status."""
+    if status == RUNNING and cancel_requested:
+        return CANCELLING
+    failure = cancel_branch_failure(status, cancelled or cancel_requested, error)
+    return f"{status} (cancel branch failed: {failure})" if failure else status

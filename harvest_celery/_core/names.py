@@ -25,8 +25,9 @@ def is_saga_marker(name: str) -> bool:
     return any(is_marker(name, prefix) for prefix in SAGA_MARKERS)
 
 
-# ── error types recorded in ActivityFailed.error_type ──────────────────────────────────────
+# ── error types recorded in ActivityFailed.error_type / WorkflowFailed.error_type ───────────
 START_TO_CLOSE_TIMEOUT = "StartToCloseTimeout"  # the lease expired or start_to_close overran
+CANCELLED_ERROR = "Cancelled"  # a workflow that raised Cancelled: the clean exit of a cancel branch
 
 
 # ── activity task rows (``activity_tasks.status``) ───────────────────────────────────────────

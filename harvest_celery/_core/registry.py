@@ -176,7 +176,10 @@ def register_into(registry: Registry, objects: Any) -> None:
 
 def _definition_of(obj: Any) -> ActivityDefinition | WorkflowDefinition | None:
     for attr in ("__harvest_activity__", "__harvest_workflow__"):
-        definition = getattr(obj, attr, None)
+        try:
+            definition = getattr(obj, attr, None)
+        except Exception:  # noqa: BLE001 - a context proxy in a module (flask.request): not one
+            return None
         if isinstance(definition, (ActivityDefinition, WorkflowDefinition)):
             return definition
     return None

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from harvest_celery._core import events as ev
+from harvest_celery._core.lifecycle import display_status
 
 MAX_VALUE = 60  # characters of a payload shown inline
 
@@ -79,7 +80,7 @@ def _detail(event: ev.Event, names: dict[str, str]) -> str:
         return f"timer #{event.timer_id} {event.seconds:g}s (fires {event.fire_at})"
     if isinstance(event, ev.TimerFired):
         return f"timer #{event.timer_id}"
-    if isinstance(event, ev.WorkflowCancelled):
+    if isinstance(event, (ev.WorkflowCancelled, ev.WorkflowCancelRequested)):
         return f"reason={short(event.reason)}" if event.reason else ""
     if isinstance(event, ev.WorkflowCompleted):
         return f"-> {short(event.result)}"
@@ -97,11 +98,16 @@ def _when(at: datetime | None) -> str:
 def render_status(execution: Any) -> list[str]:
     """The status block of ``harvest show`` for an ``Execution``."""
     x = execution
-    lines = [f"{x.id}  {x.workflow_type}  {x.status}"]
+    requested = getattr(x, "cancel_requested_at", None)
+    status = display_status(x.status, x.cancelled_at is not None, requested is not None, x.error)
+    lines = [f"{x.id}  {x.workflow_type}  {status}"]
     created = f"  created   {_when(x.created_at)}"
     if x.closed_at is not None:
         created += f"   closed {_when(x.closed_at)} ({_offset(x.closed_at, x.created_at)})"
     lines.append(created)
+    if requested is not None:
+        reason = "" if x.cancelled_at is not None else f"  reason={short(x.cancel_reason or '')}"
+        lines.append(f"  cancel requested {_when(requested)}{reason}")
     if x.cancelled_at is not None:
         lines.append(f"  cancelled {_when(x.cancelled_at)}  reason={short(x.cancel_reason or '')}")
     if x.nd_blocked_at is not None:

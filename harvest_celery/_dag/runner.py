@@ -5,12 +5,21 @@ declaration order and joined (never raced); a node whose upstream did not succee
 node's input comes from its binding (``_resolve_input``); a mapped node runs one activity per item
 of its upstream's array and folds the cells by its ``MapPolicy``.
 
-**DAG unwind order.** On terminal failure (and unless the run was cancelled) the succeeded nodes
-that dispatched something and declare a compensator are pushed onto a ``Saga`` in forward level
-order — ascending declaration index within a level, a signal gate a level of its own — and
-unwound LIFO, with the saga's markers and counters. Each compensator receives the envelope
+**DAG unwind order.** On terminal failure the succeeded nodes that dispatched something and
+declare a compensator are pushed onto a ``Saga`` in forward level order — ascending declaration
+index within a level, a signal gate a level of its own — and unwound LIFO, with the saga's
+markers and counters. Each compensator receives the envelope
 ``{"dag_compensate", "input", "output"}`` on the node's queue. Nodes carried over by a
 retry-from-node fork count as dispatched: their side effects are live.
+
+**Cancellation.** Once ``ctx.is_cancelled()``, no new forward node is dispatched: a node whose
+dispatch the history does not already record ends ``cancelled`` (its downstream ``skipped``), and
+a signal gate still waiting gives up. A run **sealed** by a cancel never starts an unwind and
+ends with its original DAG error (``Cancelled`` if no node failed); an unwind that began before
+the seal replays, and its compensations past the seal fail (``SagaCompensationFailed``, both
+markers), exactly as a hand-written saga's. A **cooperative** request (the run stays live)
+unwinds the succeeded nodes durably and ends ``Cancelled`` — or with the DAG error if a node
+failed.
 """
 
 from __future__ import annotations
@@ -29,12 +38,12 @@ from harvest_celery._dag.model import (
     Node,
     compensation_envelope,
 )
-from harvest_celery._errors import ActivityError, DagTaskFailed, PayloadTooLarge
+from harvest_celery._errors import ActivityError, Cancelled, DagTaskFailed, HarvestError, PayloadTooLarge
 
 
 @dataclass
 class _Outcome:
-    status: str  # "succeeded" · "failed" · "skipped"
+    status: str  # "succeeded" · "failed" · "skipped" · "cancelled" (not dispatched: cancelled)
     output: Any = None
     input: Any = None
     dispatched: bool = False
@@ -54,8 +63,17 @@ def _resolve_input(node: Node, conf: Any, outcomes: dict[str, _Outcome]) -> Any:
     return {alias: outcomes[name].output for alias, name in spec}
 
 
+def _new_after_cancel(ctx: WorkflowContext, node: Node) -> bool:
+    """Cancelled, and this node's dispatch would be new (not replayed): it is never dispatched."""
+    return ctx.is_cancelled() and not ctx.dispatch_recorded(node.name)
+
+
 async def _run_activity(ctx: WorkflowContext, node: Node, value: Any) -> _Outcome:
     try:
+        if ctx.is_cancelled():
+            ctx.check_activity_inputs(node.name, [value])  # a pre-dispatch rejection still wins
+            if _new_after_cancel(ctx, node):
+                return _Outcome("cancelled", input=value)
         future = ctx.execute_activity(node.name, value, node.queue, retry=node.retry,
                                       start_to_close=node.start_to_close)
     except PayloadTooLarge as exc:
@@ -76,6 +94,8 @@ async def _run_mapped(ctx: WorkflowContext, node: Node, items: Any) -> _Outcome:
         ctx.check_activity_inputs(node.name, items)
     except PayloadTooLarge as exc:
         return _Outcome("failed", input=items, cause=f"dag task {node.name!r}: {exc}")
+    if _new_after_cancel(ctx, node):
+        return _Outcome("cancelled", input=items)
     futures = [ctx.execute_activity(node.name, item, node.queue, retry=node.retry,
                                     start_to_close=node.start_to_close) for item in items]
 
@@ -98,7 +118,10 @@ async def _run_mapped(ctx: WorkflowContext, node: Node, items: Any) -> _Outcome:
 
 async def _run_node(ctx: WorkflowContext, node: Node, conf: Any, outcomes: dict[str, _Outcome]) -> _Outcome:
     if node.kind == "gate":
-        return _Outcome("succeeded", await ctx.wait_signal(node.name))
+        try:
+            return _Outcome("succeeded", await ctx.wait_signal(node.name, cancellable=True))
+        except Cancelled:
+            return _Outcome("cancelled")  # a cancel arrived before the gate's signal
     if node.kind == "mapped":
         assert node.over is not None
         return await _run_mapped(ctx, node, outcomes[node.over].output)
@@ -130,13 +153,15 @@ def make_runner(definition: DagDefinition) -> Callable[[WorkflowContext, Any], A
             for node, outcome in zip(runnable, results, strict=True):
                 outcomes[node.name] = outcome
         failed = [n for n in definition.nodes if outcomes[n.name].status == "failed"]
-        if not failed:
+        stopped = any(outcomes[n.name].status == "cancelled" for n in definition.nodes)
+        if not failed and not stopped:
             return {n.name: outcomes[n.name].output for n in definition.nodes
                     if outcomes[n.name].status == "succeeded"}
         causes = [c for c in (outcomes[n.name].cause for n in failed) if c]
-        error = DagTaskFailed(causes[0] if causes else DAG_FAILED)
-        if ctx.is_cancelled():
-            raise error  # a cancelled run never unwinds
+        error: HarvestError = (DagTaskFailed(causes[0] if causes else DAG_FAILED) if failed
+                               else Cancelled(ctx.cancellation_reason() or "cancelled"))
+        if ctx.is_sealed() and not ctx.unwind_recorded():
+            raise error  # a sealed run never starts an unwind; one begun before the seal replays
         await _unwind(ctx, definition, outcomes, error)
         raise error  # unreachable: the unwind always raises
 
@@ -145,7 +170,7 @@ def make_runner(definition: DagDefinition) -> Callable[[WorkflowContext, Any], A
 
 # ── DAG unwind order ──────────────────────────────────────────────────────────────────────────
 async def _unwind(ctx: WorkflowContext, definition: DagDefinition, outcomes: dict[str, _Outcome],
-                  error: DagTaskFailed) -> None:
+                  error: HarvestError) -> None:
     """DAG unwind order: compensations pushed in forward level order (ascending declaration
     index within a level), popped LIFO by the saga, which raises once the unwind is done."""
     saga = Saga(ctx)

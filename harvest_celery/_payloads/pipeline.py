@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from harvest_celery._core.jsonvalues import dumps
-from harvest_celery._errors import PayloadStoreError
+from harvest_celery._errors import HarvestError, PayloadCodecError, PayloadStoreError
 from harvest_celery._payloads.codec import CodecChain
 from harvest_celery._payloads.erasure import is_erased
 from harvest_celery._payloads.fields import PAYLOAD_FIELDS
@@ -18,13 +18,23 @@ class Payloads:
     """The codec chain plus the optional payload store, applied to payload-bearing fields.
 
     Encode: codec first, then offload when the encoded value is over ``offload_threshold``.
-    Decode: inflate a reference, then undo the codec.
+    Decode: inflate a reference, then undo the codec. Whatever a store or codec raises on the way
+    (an ``OSError`` of a file system, a client's own exception) comes out as a
+    ``PayloadStoreError`` / ``PayloadCodecError``: read-only views degrade on it, the retry guard
+    fails closed with it (503).
     """
 
     def __init__(self, codec: Any = None, store: Any = None, offload_threshold: int | None = None) -> None:
         self.codec = codec if isinstance(codec, CodecChain) else CodecChain([codec] if codec else [])
         self.store = store
         self.offload_threshold = offload_threshold if store is not None else None
+
+    def with_store(self, store: Any) -> Payloads:
+        """The same codec chain and offload threshold over another store (the blobs of a start
+        written on the application's own connection, or recorded to be written after)."""
+        out = Payloads(self.codec, store, self.offload_threshold)
+        out.offload_threshold = self.offload_threshold
+        return out
 
     def encode_value(self, value: Any, key: str) -> Any:
         if value is None or is_erased(value):
@@ -49,8 +59,20 @@ class Payloads:
                 raise PayloadStoreError(
                     f"payload reference names store {store_id!r} (blob {key!r}); the configured "
                     f"store is {self.store.store_id!r}", key=key, store_id=store_id)
-            value = json.loads(self.store.get(key))
-        return self.codec.decode(value)
+            try:
+                value = json.loads(self.store.get(key))
+            except HarvestError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any store or parse failure, one error type
+                raise PayloadStoreError(f"blob {key!r} of payload store {store_id!r} cannot be read: "
+                                        f"{type(exc).__name__}: {exc}", key=key,
+                                        store_id=store_id) from exc
+        try:
+            return self.codec.decode(value)
+        except HarvestError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a codec's own failure, one error type
+            raise PayloadCodecError(f"payload cannot be decoded: {type(exc).__name__}: {exc}") from exc
 
     def encode_event(self, data: dict[str, Any], key_prefix: str) -> dict[str, Any]:
         fields = PAYLOAD_FIELDS.get(data.get("type", ""), ())

@@ -27,6 +27,26 @@ class PayloadStore(Protocol):
     def delete(self, key: str) -> None: ...
 
 
+class DeferredPuts:
+    """A store that records ``put`` instead of writing, for a start whose run row may turn out
+    to exist already: the blobs are written (``puts``) only once the row is known to be new, so
+    a conflicting start never overwrites another run's blob. Reads and deletes go to ``store``."""
+
+    def __init__(self, store: PayloadStore) -> None:
+        self.store = store
+        self.store_id = store.store_id
+        self.puts: list[tuple[str, bytes]] = []
+
+    def put(self, key: str, data: bytes) -> None:
+        self.puts.append((key, data))
+
+    def get(self, key: str) -> bytes:
+        return self.store.get(key)
+
+    def delete(self, key: str) -> None:
+        self.store.delete(key)
+
+
 def is_reference(value: Any) -> bool:
     return isinstance(value, dict) and value.get(OFFLOAD_KEY) == 1
 

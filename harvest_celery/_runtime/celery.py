@@ -93,6 +93,18 @@ def _on_prerun(sender: Any = None, task: Any = None, args: Any = None, **_kw: An
     task.request.harvest_claim = claims.claim(runtime, *args)
 
 
+def _route_to_this_process(app: Celery, runtime: Runtime, worker: Any) -> None:
+    """Sticky routing: a worker whose pool runs in its own process (threads, solo) consumes a
+    queue of its own, ``<decision queue>@<node name>``; a run whose warm replay it holds has its
+    decision requests sent there, so decision cost stays flat with several decision processes.
+    Prefork children share their parent's queues, so there sessions stay where they land."""
+    pool = getattr(getattr(worker, "pool_cls", None), "__module__", "") or ""
+    if not runtime.settings.sticky_routing or "prefork" in pool:
+        return
+    runtime.sticky_queue = f"{runtime.settings.decision_queue}@{worker.hostname}"
+    app.amqp.queues.select_add(runtime.sticky_queue)  # type: ignore[union-attr]
+
+
 def install(app: Celery, runtime: Runtime) -> None:
     """Register the decision task and connect the hooks (idempotent per app)."""
     if getattr(app, "_harvest_runtime", None) is runtime:
@@ -111,6 +123,7 @@ def install(app: Celery, runtime: Runtime) -> None:
         consumer = getattr(sender, "app", None)
         if consumer is not app:
             return
+        runtime.event_source = sender  # task events may be switched on later (enable_events)
         queues = set(app.amqp.queues.consume_from or {})  # type: ignore[union-attr]
         if runtime.settings.decision_queue in queues:
             runtime.sweeper.start()
@@ -132,6 +145,7 @@ def install(app: Celery, runtime: Runtime) -> None:
     def _preflight(sender: Any = None, **_kw: Any) -> None:
         if getattr(sender, "app", None) is not app:
             return
+        _route_to_this_process(app, runtime, sender)
         # this worker's queues (set before the pool starts, so prefork children inherit them)
         runtime.local_queues = frozenset(app.amqp.queues.consume_from or ())  # type: ignore[union-attr]
         runtime.send_task_events = bool(getattr(sender, "task_events", False))

@@ -16,7 +16,6 @@ Flower shows them as it shows delivered tasks.
 
 from __future__ import annotations
 
-import os
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -45,7 +44,7 @@ def run_chain(app: Any, hostname: str | None, runtime: Runtime,
     with ExitStack() as stack:
         events = None
         while (dispatch := take()) is not None:
-            if events is None and runtime.send_task_events:
+            if events is None and runtime.task_events_on():
                 events = stack.enter_context(app.events.default_dispatcher(hostname=hostname))
             _run_one(app, hostname, events, runtime, dispatch, wrap)
             ran += 1
@@ -53,21 +52,22 @@ def run_chain(app: Any, hostname: str | None, runtime: Runtime,
 
 
 def _signal_outcome(app: Any, runtime: Runtime, d: Dispatch, task_id: str, args: list[Any],
-                    ran: bool, error: BaseException | None) -> None:
+                    ran: bool, error: BaseException | None) -> BaseException | None:
     """What Celery's tracer would signal for a delivered attempt, so handlers connected to
     ``task_failure`` (error trackers) and ``task_postrun`` see eager attempts too."""
     task = app.tasks.get(d.activity_name)
     if task is None:
-        return
+        return None
     state = "IGNORED" if not ran else ("FAILURE" if error is not None else "SUCCESS")
-    if error is not None:
-        shown = for_celery(runtime, error, task_id)
-        tb = shown.__traceback__ if shown is error else None
+    shown = for_celery(runtime, error, task_id) if error is not None else None
+    if shown is not None:
+        tb = shown.__traceback__
         signals.task_failure.send(sender=task, task_id=task_id, exception=shown, args=args,
                                   kwargs={}, traceback=tb,
                                   einfo=ExceptionInfo((type(shown), shown, tb)))
     signals.task_postrun.send(sender=task, task_id=task_id, task=task, args=args, kwargs={},
-                              retval=error, state=state)
+                              retval=shown, state=state)
+    return shown
 
 
 @contextmanager
@@ -101,19 +101,20 @@ def _run_one(app: Any, hostname: str | None, events: Any, runtime: Runtime, d: D
     if events is not None:
         events.send("task-received", uuid=task_id, name=d.activity_name, args=repr(args),
                     kwargs="{}", root_id=task_id, parent_id=None, retries=d.attempt - 1,
-                    eta=None, expires=None, queue=d.queue, eager=True)
-        events.send("task-started", uuid=task_id, pid=os.getpid())
+                    eta=None, expires=None, routing_key=d.queue, exchange="", eager=True)
+        events.send("task-started", uuid=task_id)  # the dispatcher adds this process's pid
     started = time.monotonic()
     with _as_current_task(app, d, task_id, args, hostname):
         claimed = claims.claim(runtime, d.execution_id, d.activity_id, d.attempt)
         ran, error = claims.run_claimed(runtime, claimed, wrap(fn))
     METRICS.inc("activity_eager", {"queue": d.queue})
-    _signal_outcome(app, runtime, d, task_id, args, ran, error)
+    shown = _signal_outcome(app, runtime, d, task_id, args, ran, error)
+    del error  # what Celery may see is ``shown`` (redacted under celery_error_detail="type")
     if events is None or not ran:
         return
-    if error is None:
+    if shown is None:
         events.send("task-succeeded", uuid=task_id, result="None",
                     runtime=time.monotonic() - started)
     else:
-        events.send("task-failed", uuid=task_id, exception=repr(error),
-                    traceback="".join(traceback.format_exception(error)))
+        events.send("task-failed", uuid=task_id, exception=repr(shown),
+                    traceback="".join(traceback.format_exception(shown)))

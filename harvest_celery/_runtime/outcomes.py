@@ -22,12 +22,22 @@ def settle(runtime: Runtime, ran: bool, error: BaseException | None, task_id: st
         return
     shown = for_celery(runtime, error, task_id)
     if shown is not error:
-        raise shown from None
+        del error  # a redacted failure's frames must not hold the original (error trackers
+        raise shown from None  # record frame locals)
     raise error
 
 
 def for_celery(runtime: Runtime, error: BaseException, task_id: str | None) -> BaseException:
-    """The exception Celery is shown for a failed attempt (see ``settle``)."""
-    if runtime.settings.celery_error_detail == "type":
-        return RedactedActivityError(type(error).__name__, task_id or "")
-    return error
+    """The exception Celery is shown for a failed attempt (see ``settle``): the error itself, or
+    with ``celery_error_detail == "type"`` a ``RedactedActivityError`` raised from a frame that
+    holds nothing of the attempt, so it has a traceback of its own and none of the body's."""
+    if runtime.settings.celery_error_detail != "type":
+        return error
+    return _raised(RedactedActivityError(type(error).__name__, task_id or ""))
+
+
+def _raised(exc: BaseException) -> BaseException:
+    try:
+        raise exc
+    except BaseException as caught:  # noqa: BLE001 - only to give it a traceback
+        return caught

@@ -28,6 +28,7 @@ from harvest_celery._core.commands import Decision, Failed
 from harvest_celery._core.engine import Activation, EngineConfig, Session
 from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.registry import Registry
+from harvest_celery._runtime import activity_context
 from harvest_celery._runtime.leases import LeaseKeeper
 from harvest_celery._runtime.messages import Message, encode
 from harvest_celery._runtime.metrics import METRICS
@@ -53,6 +54,9 @@ class Settings:
     sweep_interval: float = 1.0
     relay_after: float = 10.0  # an outbox row (older builds) older than this is relayed
     sticky_sessions: bool = True  # keep warm executions' replays between decisions
+    # route a run's decision requests to the worker process holding its warm replay (its own
+    # queue, consumed by that process only; a thread or solo pool — prefork children share one)
+    sticky_routing: bool = True
     max_sessions: int = 1000
     # decide in the completing worker's transaction (False: always through the decision task)
     inline_decisions: bool = True
@@ -119,7 +123,8 @@ class Runtime:
         self.dispatcher: Dispatcher | None = None
         self.sessions = SessionCache(settings.max_sessions)
         self.leases = LeaseKeeper(store, settings.timings.default_lease)
-        self.sweeper = Sweeper(store, settings, self._after_commit, self.send_message)
+        self.sweeper = Sweeper(store, settings, self._after_commit, self.send_message,
+                               lambda: sorted(self.registry.workflows))
         # a pool child forked while another thread held a lock must not inherit it held
         if hasattr(os, "register_at_fork"):
             me = weakref.ref(self)  # the hook must not keep every Runtime alive
@@ -138,8 +143,19 @@ class Runtime:
         # outside a worker) and whether it sends task events
         self.local_queues: frozenset[str] = frozenset()
         self.send_task_events = False
+        self.event_source: Any = None  # the worker's consumer, once ready (its event dispatcher)
         self.shutting_down = threading.Event()  # set by the worker on a warm or cold shutdown
+        self.sticky_queue: str | None = None  # this process's own decision queue, if routed to
         self._local = threading.local()  # .accept: take one eager dispatch; .held: the taken one
+
+    def task_events_on(self) -> bool:
+        """Does this worker send task events now? ``-E`` at start, or switched on later (Flower's
+        ``enable_events``): read from the consumer's event dispatcher when this process has it."""
+        dispatcher = getattr(self.event_source, "event_dispatcher", None)
+        if dispatcher is None:
+            return self.send_task_events
+        groups = getattr(dispatcher, "groups", None)
+        return bool(dispatcher.enabled) and (not groups or "task" in groups)
 
     def _reset_after_fork(self) -> None:
         self.sessions = SessionCache(self.settings.max_sessions)
@@ -234,9 +250,11 @@ class Runtime:
             # nothing is written; the decision is taken again after the restart
             session.close()
             raise SystemExit("worker shutting down in the middle of a decision")
+        keeps = session.reusable and self.settings.sticky_sessions
         written = tx.apply_decision(row, session.events, decision, self.registry, utcnow(),
                                     self.settings.timings, row.workflow_type,
-                                    leading=[h.event for h in pending])
+                                    leading=[h.event for h in pending],
+                                    sticky=self.sticky_queue if keeps else None)
 
         tx.metrics.append(("decisions", {"workflow": row.workflow_type, "path": path}))
         if decision.nd is not None:
@@ -281,11 +299,21 @@ class Runtime:
             raise decided.reraise
 
     def _decides_inline(self, row: RunRow) -> bool:
-        """Whether this process should decide the run in the completion's transaction."""
+        """Whether this process should decide the run in the completion's transaction: it can
+        (registered here, decidable, no decision pending) and it is cheap — its replay is warm
+        here, or the history is short enough to replay cold. A replay this process kept is
+        stale when the run names another process as the holder of its warm replay: then a long
+        run's decision goes to that process (``RunRow.decide_on``), not to a cold replay here."""
         s = self.settings
-        return (s.inline_decisions and row.decidable and row.decision_requested_at is None
-                and self.registry.has_workflow(row.workflow_type)
-                and (row.id in self.sessions or row.next_seq <= s.inline_cold_max_events))
+        if not (s.inline_decisions and row.decidable and row.decision_requested_at is None
+                and self.registry.has_workflow(row.workflow_type)):
+            return False
+        held_elsewhere = row.sticky_queue is not None and row.sticky_queue != self.sticky_queue
+        if held_elsewhere:
+            stale = self.sessions.take(row.id)
+            if stale is not None:
+                stale.close()
+        return (row.id in self.sessions and not held_elsewhere) or row.next_seq <= s.inline_cold_max_events
 
     # ── activities ───────────────────────────────────────────────────────────────────────────
     def claim(self, execution_id: str, activity_id: str, attempt: int) -> Claim | None:
@@ -410,13 +438,14 @@ class Runtime:
         With no ``start_to_close`` the claim's lease is renewed while the body runs and until
         its outcome commits (the process's one heartbeat thread): only a vanished worker lets it
         expire, so a long body is never run again beside itself. With one, the lease is the
-        deadline."""
+        deadline. The body can reach its attempt through ``activity_context()``."""
         renewed = claim.start_to_close is None
         if renewed:
             self.leases.hold(claim)
         try:
             try:
-                output = fn(claim.input)
+                with activity_context.running(self.store, claim, self.settings.timings.default_lease):
+                    output = fn(claim.input)
             except Exception as exc:  # noqa: BLE001 - recorded as the attempt's failure
                 self._fail_with(claim, exc)
                 return exc

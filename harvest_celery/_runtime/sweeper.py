@@ -2,18 +2,24 @@
 fires what is due — retry backoffs, expired leases (a vanished worker, an overrun
 start_to_close), durable timers, lost messages (a task row still scheduled, a decision request
 never taken), nd-block retries — and relays outbox rows an older build left unsent. It runs on
-the decision worker (a daemon thread), or in-process in embedded mode."""
+the decision worker (a daemon thread), or in-process in embedded mode.
+
+Between passes it listens for starts written inside applications' transactions (Postgres: the
+process's listener, ``harvest_runs_started``) and claims each one addressed to its decision queue
+at once, so such a run's first decision does not wait for the lost-message pass
+(``_store.starts``)."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
 from harvest_celery._runtime.messages import Message, relayed
-from harvest_celery._store import sweeps, tasks
+from harvest_celery._store import starts, sweeps, tasks
 from harvest_celery._store.records import Timings, utcnow
 from harvest_celery._store.store import Store
 from harvest_celery._store.tx import Tx
@@ -30,12 +36,17 @@ class SweepSettings(Protocol):
 
 class Sweeper:
     def __init__(self, store: Store, settings: SweepSettings, after_commit: Callable[[Tx], None],
-                 send_message: Callable[[Message], bool]) -> None:
+                 send_message: Callable[[Message], bool],
+                 kinds: Callable[[], list[str]] | None = None) -> None:
         self.store = store
+        # the workflow types this sweeper answers for (its app's registry): another app sharing
+        # the database sweeps its own runs through its own queues
+        self._kinds = kinds
         self.settings = settings
         self._after_commit = after_commit
         self._send_message = send_message
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by a start announcement, or by stop()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -46,26 +57,60 @@ class Sweeper:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.settings.sweep_interval):
-            try:
-                self.sweep_once()
-            except Exception:  # noqa: BLE001 - keep sweeping; the next pass retries
-                log.exception("sweep failed")
+        listener = self.store.listener
+        feed = listener.starts() if listener is not None else None
+        if feed is not None:
+            self._wake = feed.ready
+        next_sweep = time.monotonic() + self.settings.sweep_interval
+        try:
+            while not self._stop.is_set():
+                self._wake.wait(max(0.0, next_sweep - time.monotonic()))
+                if self._stop.is_set():
+                    break
+                if feed is not None and feed.ready.is_set():
+                    feed.ready.clear()
+                    self.take_started(feed.drain())
+                if time.monotonic() >= next_sweep:
+                    try:
+                        self.sweep_once()
+                    except Exception:  # noqa: BLE001 - keep sweeping; the next pass retries
+                        log.exception("sweep failed")
+                    next_sweep = time.monotonic() + self.settings.sweep_interval
+        finally:
+            if listener is not None and feed is not None:
+                listener.unsubscribe(feed)
+
+    def take_started(self, notices: list[str]) -> None:
+        """Claim the announced starts addressed to this decision queue, and send their first
+        decision (one claimant wins each: ``starts.take_started``)."""
+        mine = [(n[0], n[1]) for n in map(starts.parse_notice, notices)
+                if n is not None and n[2] == self.settings.decision_queue]
+        if not mine:
+            return
+        try:
+            with self.store.begin() as tx:
+                starts.take_started(tx, mine, utcnow(), self.settings.decision_queue)
+        except Exception:  # noqa: BLE001 - the lost-message pass requests them later
+            log.exception("sweeper: claiming %d announced start(s) failed", len(mine))
+            return
+        self._after_commit(tx)
 
     def sweep_once(self) -> None:
         """One pass. Each row is its own transaction, and one row that fails is logged and
         skipped: it must never stop the sweep for every other run."""
         s = self.settings
         now = utcnow()
+        kinds = self._kinds() if self._kinds is not None else None
         with self.store.begin() as tx:
-            due = sweeps.due_retries(tx, now)
-            expired = sweeps.expired_leases(tx, now)
-            timers = sweeps.due_timers(tx, now)
+            due = sweeps.due_retries(tx, now, kinds=kinds)
+            expired = sweeps.expired_leases(tx, now, kinds=kinds)
+            timers = sweeps.due_timers(tx, now, kinds=kinds)
         for execution_id, activity_id in due:
             self._row("retry", execution_id, partial(
                 tasks.redispatch_next_attempt, execution_id=execution_id, activity_id=activity_id))
@@ -78,9 +123,11 @@ class Sweeper:
             self._row("timer", execution_id, partial(
                 sweeps.fire_timer, execution_id=execution_id, timer_id=timer_id,
                 decision_queue=s.decision_queue))
-        self._row("lost messages", "*", partial(sweeps.stale_scheduled, timings=s.timings))
+        self._row("lost messages", "*", partial(sweeps.stale_scheduled, timings=s.timings,
+                                                kinds=kinds))
         self._row("lost decisions", "*", partial(
-            sweeps.stale_decisions, timings=s.timings, decision_queue=s.decision_queue))
+            sweeps.stale_decisions, timings=s.timings, decision_queue=s.decision_queue,
+            kinds=kinds))
         self._relay_outbox()
 
     def _row(self, what: str, execution_id: str, work: Callable[..., Any]) -> None:

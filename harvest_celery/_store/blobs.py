@@ -4,6 +4,7 @@ the store layer; the protocol and the file-system store live in ``_payloads.stor
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -23,6 +24,14 @@ class PostgresPayloadStore:
     def bind(self, database_url: str) -> None:
         if self._url is None:
             self._url = database_url
+
+    def lives_in(self, database_url: str) -> bool:
+        """Its blobs are in that database (the harvest database, by default)."""
+        return self._url is None or self._url == database_url
+
+    def on_connection(self, conn: Any) -> ConnectionBlobs:
+        """This store with its writes made on ``conn``, inside that connection's transaction."""
+        return ConnectionBlobs(self, conn)
 
     @property
     def engine(self) -> sa.Engine:
@@ -48,3 +57,24 @@ class PostgresPayloadStore:
     def delete(self, key: str) -> None:
         with self.engine.begin() as conn:
             conn.execute(blobs.delete().where(blobs.c.key == key))
+
+
+class ConnectionBlobs:
+    """The Postgres payload store writing on a given SQLAlchemy connection — an application's,
+    inside its transaction — so a start that rolls back leaves no blob behind. Reads and deletes
+    go to the store's own engine."""
+
+    def __init__(self, store: PostgresPayloadStore, conn: Any) -> None:
+        self.store = store
+        self.store_id = store.store_id
+        self.conn = conn
+
+    def put(self, key: str, data: bytes) -> None:
+        self.conn.execute(blobs.delete().where(blobs.c.key == key))
+        self.conn.execute(blobs.insert().values(key=key, store_id=self.store_id, data=data))
+
+    def get(self, key: str) -> bytes:
+        return self.store.get(key)
+
+    def delete(self, key: str) -> None:
+        self.store.delete(key)

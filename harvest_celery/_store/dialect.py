@@ -40,6 +40,11 @@ class Dialect:
         conn.execute(sa.text("SELECT pg_notify('harvest_runs', :execution_id)"),
                      {"execution_id": execution_id})
 
+    def announce_start(self, conn: Any, notice: str) -> None:
+        """A start written in an application's transaction: heard by the decision workers once
+        (and only if) that transaction commits (``_store.starts``)."""
+        conn.execute(sa.text("SELECT pg_notify('harvest_runs_started', :notice)"), {"notice": notice})
+
 
 class SqliteDialect(Dialect):
     """Embedded mode: one process, one writer at a time; no row locks (SQLite locks the file)."""
@@ -67,6 +72,9 @@ class SqliteDialect(Dialect):
 
     def notify(self, conn: Any, execution_id: str) -> None:
         """One process: its waiters poll (embedded mode drains before it reads)."""
+
+    def announce_start(self, conn: Any, notice: str) -> None:
+        """No listener: the application's after-commit hook, or the sweeper, requests it."""
 
 
 def dialect_for(url: str) -> Dialect:

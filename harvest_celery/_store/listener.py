@@ -6,6 +6,11 @@ commits. One listening connection per process (a daemon thread) wakes every wait
 so 64 threads waiting on ``result()`` hold one connection, not 64. A waiter still re-reads the
 run every ``fallback`` seconds (a slow poll), so a lost notification — the listener reconnecting
 after a database restart — costs latency, never correctness.
+
+The same connection also listens on ``harvest_runs_started`` once a decision worker's sweeper
+subscribes (``starts()``): a start written inside an application's transaction announces itself
+there, and the sweeper claims and dispatches it at once (``_store.starts``). A lost announcement
+costs ``Timings.redispatch_after``: the run's decision request is durable.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 import os
 import select
 import threading
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -24,7 +30,27 @@ from sqlalchemy.pool import NullPool
 log = logging.getLogger("harvest_celery")
 
 CHANNEL = "harvest_runs"
+STARTS_CHANNEL = "harvest_runs_started"
 NOTIFY = sa.text("SELECT pg_notify('harvest_runs', :execution_id)")
+
+
+class StartFeed:
+    """The announcements of starts made in applications' transactions, for one subscriber (a
+    sweeper): ``ready`` is set when some arrived (or the subscriber is told to look)."""
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self._items: deque[str] = deque()
+
+    def push(self, payload: str) -> None:
+        self._items.append(payload)
+        self.ready.set()
+
+    def drain(self) -> list[str]:
+        out = []
+        while self._items:
+            out.append(self._items.popleft())
+        return out
 
 
 class Listener:
@@ -32,8 +58,27 @@ class Listener:
         self.database_url = database_url
         self._lock = threading.Lock()
         self._waiters: dict[str, list[threading.Event]] = {}
+        self._feeds: list[StartFeed] = []
+        self._poke: tuple[int, int] | None = None  # a pipe that wakes the listening thread
         self._pid = -1
         self.connected = threading.Event()
+        self.listening_starts = threading.Event()
+
+    def starts(self) -> StartFeed:
+        """Subscribe to start announcements (the listening connection adds the channel)."""
+        feed = StartFeed()
+        with self._lock:
+            self._feeds.append(feed)
+            self._ensure_thread()
+            poke = self._poke
+        if poke is not None:
+            os.write(poke[1], b"s")
+        return feed
+
+    def unsubscribe(self, feed: StartFeed) -> None:
+        with self._lock:
+            if feed in self._feeds:
+                self._feeds.remove(feed)
 
     @contextmanager
     def watch(self, execution_id: str) -> Iterator[threading.Event]:
@@ -57,6 +102,9 @@ class Listener:
         if self._pid != os.getpid():  # one listener per process; a forked child starts its own
             self._pid = os.getpid()
             self.connected.clear()
+            self.listening_starts.clear()
+            self._poke = os.pipe()
+            os.set_blocking(self._poke[0], False)
             threading.Thread(target=self._run, name="harvest-listen", daemon=True).start()
 
     def _wake(self, execution_id: str) -> None:
@@ -70,6 +118,11 @@ class Listener:
                 for event in events:
                     event.set()
 
+    def _started(self, payload: str) -> None:
+        with self._lock:
+            for feed in self._feeds:
+                feed.push(payload)
+
     def _run(self) -> None:
         backoff = 0.5
         while True:
@@ -78,6 +131,7 @@ class Listener:
             except Exception as exc:  # noqa: BLE001 - reconnect; waiters poll meanwhile
                 log.warning("harvest listener lost its connection (%s); reconnecting", exc)
             self.connected.clear()
+            self.listening_starts.clear()
             self._wake_all()  # whatever was notified while we were away: look again
             threading.Event().wait(backoff)
             backoff = min(backoff * 2, 10.0)
@@ -91,16 +145,34 @@ class Listener:
             with dbapi.cursor() as cursor:
                 cursor.execute(f"LISTEN {CHANNEL}")
             self.connected.set()
+            poke = self._poke
+            assert poke is not None
             while True:
-                ready, _, _ = select.select([dbapi], [], [], 5.0)
+                if self._feeds and not self.listening_starts.is_set():
+                    with dbapi.cursor() as cursor:
+                        cursor.execute(f"LISTEN {STARTS_CHANNEL}")
+                    self.listening_starts.set()
+                ready, _, _ = select.select([dbapi, poke[0]], [], [], 5.0)
+                if poke[0] in ready:
+                    _drain_pipe(poke[0])
                 dbapi.poll()  # also notices a dead connection (raises)
-                if not ready:
-                    continue
                 while dbapi.notifies:
-                    self._wake(dbapi.notifies.pop(0).payload)
+                    notice = dbapi.notifies.pop(0)
+                    if notice.channel == STARTS_CHANNEL:
+                        self._started(notice.payload)
+                    else:
+                        self._wake(notice.payload)
         finally:
             conn.close()
             engine.dispose()
+
+
+def _drain_pipe(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
 
 
 _SHARED: dict[str, Listener] = {}

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from harvest_celery._core.lifecycle import RUNNING
+from harvest_celery._core.lifecycle import RUNNING, cancel_branch_failure, display_status
+from harvest_celery._core.names import CANCELLED_ERROR
 
 
 def utcnow() -> datetime:
@@ -42,13 +43,19 @@ class RunRow:
     nd_retry_at: datetime | None
     nd_block_count: int
     forked_to: str | None
+    sticky_queue: str | None = None  # where its warm replay lives (a worker's own queue)
+    cancel_requested_at: datetime | None = None  # an open cooperative cancellation request
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> RunRow:
         return cls(m["id"], m["workflow_type"], m["status"], int(m["next_seq"]), m["input"],
                    m["result"], m["error"], m["decision_requested_at"], m["cancelled_at"], m["paused_at"],
                    m["erased_at"], m["nd_blocked_at"], m["nd_retry_at"], m["nd_block_count"] or 0,
-                   m["forked_to"])
+                   m["forked_to"], m.get("sticky_queue"), m.get("cancel_requested_at"))
+
+    def decide_on(self, queue: str) -> str:
+        """Where this run's decision requests go: the worker holding its warm replay, if any."""
+        return self.sticky_queue or queue
 
     @property
     def accepts_results(self) -> bool:
@@ -143,6 +150,7 @@ class Execution:
     paused_at: datetime | None = None
     forked_from: str | None = None
     forked_to: str | None = None
+    cancel_requested_at: datetime | None = None
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> Execution:
@@ -155,11 +163,29 @@ class Execution:
             nd_block_count=m["nd_block_count"] or 0, nd_details=m["nd_details"],
             history_length=m["next_seq"], erased_at=aware(m["erased_at"]),
             paused_at=aware(m["paused_at"]), forked_from=m["forked_from"], forked_to=m["forked_to"],
+            cancel_requested_at=aware(m.get("cancel_requested_at")),
         )
 
     @property
     def nd_blocked(self) -> bool:
         return self.nd_blocked_at is not None
+
+    @property
+    def cancelling(self) -> bool:
+        """A cooperative cancellation request is open (the stored status stays RUNNING)."""
+        return self.status == RUNNING and self.cancel_requested_at is not None
+
+    @property
+    def cancel_branch_error(self) -> str | None:
+        """``"<type>: <message>"`` when the run was cancelled and its cancel branch failed."""
+        return cancel_branch_failure(self.status, self.cancel_requested_at is not None
+                                     or self.cancelled_at is not None, self.error)
+
+    @property
+    def display_status(self) -> str:
+        """``CANCELLING``, ``CANCELLED (cancel branch failed: …)`` or the stored status."""
+        return display_status(self.status, self.cancelled_at is not None,
+                              self.cancel_requested_at is not None, self.error)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -167,7 +193,37 @@ class Execution:
             value = getattr(self, name)
             out[name] = value.isoformat() if isinstance(value, datetime) else value
         out["nd_blocked"] = self.nd_blocked
+        out["display_status"] = self.display_status
+        out["cancel_branch_error"] = self.cancel_branch_error
         return out
+
+
+@dataclass(frozen=True)
+class CancelBranch:
+    """What the post-cancel decision of a sealed run did: ``settled`` once no decision is
+    pending and no body is running; ``outcome`` returned · cancelled (raised ``Cancelled``) ·
+    failed (``error``: ``"<type>: <message>"``) · stopped (no outcome: it waits on something that
+    can no longer arrive) · pending (not settled yet)."""
+
+    reason: str
+    settled: bool
+    outcome: str
+    error: str | None = None
+
+
+def cancel_branch_of(reason: str, settled: bool, terminal: str | None, error: Any) -> CancelBranch:
+    """Classify a sealed run's branch from its terminal event type (None: none recorded) and
+    its error column (set by a ``WorkflowFailed``)."""
+    if not settled:
+        return CancelBranch(reason, False, "pending")
+    if terminal == "WorkflowCompleted":
+        return CancelBranch(reason, True, "returned")
+    if terminal == "WorkflowFailed":
+        error = error if isinstance(error, dict) else {}
+        text = f"{error.get('type', 'Error')}: {error.get('message', '')}"
+        return CancelBranch(reason, True, "cancelled" if error.get("type") == CANCELLED_ERROR else "failed",
+                            text)
+    return CancelBranch(reason, True, "stopped")
 
 
 @dataclass(frozen=True)

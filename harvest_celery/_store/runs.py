@@ -1,6 +1,7 @@
-"""Every mutation of a run as a whole, in SQL: start, signal, **cancel** (the seal), terminate,
-pause/resume, the fork mechanism (DAG retry-from-node, reset), PII **erasure** and retention.
-Each function works inside one ``Tx`` (one transaction, the run row locked first)."""
+"""Every mutation of a run as a whole, in SQL: start, signal, **cancel** (the seal), the
+cooperative cancellation request, terminate, pause/resume, the fork mechanism (DAG
+retry-from-node, reset), PII **erasure** and retention. Each function works inside one ``Tx``
+(one transaction, the run row locked first)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from harvest_celery._core.registry import Registry
 from harvest_celery._dag.folds import OPEN, fold_dispatches
 from harvest_celery._dag.retry import erased_refusal
 from harvest_celery._errors import ExecutionAlreadyExists, InvalidState, RetryRefused
+from harvest_celery._payloads.digest import input_digest
 from harvest_celery._payloads.erasure import (
     ERASED,
     ERASED_TEXT,
@@ -39,20 +41,8 @@ from harvest_celery._store.schema import (
 from harvest_celery._store.tx import Tx
 
 
-# ── start, signal, cancel ───────────────────────────────────────────────────────────────────
-def start(tx: Tx, execution_id: str, workflow_type: str, input: Any, now: datetime,
-          decision_queue: str) -> bool:
-    """Create a run with its WorkflowStarted. False if it already exists (idempotent)."""
-    row = tx.lock(execution_id)
-    if row is not None:
-        if row.workflow_type != workflow_type:
-            raise ExecutionAlreadyExists(execution_id, row.workflow_type)
-        return False
-    row = _insert_run(tx, execution_id, workflow_type, input, now)
-    tx.append(row, [ev.WorkflowStarted(workflow_type, input)], now, decide_on=decision_queue)
-    return True
-
-
+# ── start (``starts``: id reuse, concurrent starts, starts in an app's transaction), signal,
+# cancel ──────────────────────────────────────────────────────────────────────────────────────
 def signal(tx: Tx, execution_id: str, name: str, payload: Any, now: datetime, decision_queue: str) -> None:
     row = tx.lock_existing(execution_id)
     if row.status != RUNNING:
@@ -75,6 +65,21 @@ def cancel(tx: Tx, execution_id: str, reason: str, now: datetime, decision_queue
     tx.abandon_open_tasks(execution_id, now, f"workflow cancelled: {reason}")
     tx.request_decision(execution_id, now, decision_queue, force=True)
     return new_status
+
+
+def request_cancellation(tx: Tx, execution_id: str, reason: str, now: datetime,
+                         decision_queue: str) -> bool:
+    """Cooperative cancel: append ``WorkflowCancelRequested`` and request a decision, without
+    sealing — the run stays RUNNING (shown CANCELLING) and may still schedule durable work.
+    False if a request is already open (idempotent: no second event)."""
+    row = tx.lock_existing(execution_id)
+    if row.status != RUNNING:
+        raise InvalidState(execution_id, row.status, "request the cancellation of")
+    if row.cancel_requested_at is not None:
+        return False
+    tx.append(row, [ev.WorkflowCancelRequested(reason)], now, decide_on=decision_queue,
+              cancel_requested_at=now, cancel_reason=reason)
+    return True
 
 
 # ── the fork mechanism (retry-from-node, reset) and operator actions ─────────────────────
@@ -106,6 +111,7 @@ def _insert_run(tx: Tx, execution_id: str, workflow_type: str, input: Any, now: 
     tx.conn.execute(executions.insert().values(
         id=execution_id, workflow_type=workflow_type, status=RUNNING,
         input=tx.payloads.encode_value(input, f"{execution_id}/input"), next_seq=0,
+        input_digest=None if is_erased(input) else input_digest(execution_id, input),
         created_at=now, updated_at=now, nd_block_count=0, forked_from=forked_from))
     return tx.lock_existing(execution_id)
 
@@ -137,6 +143,9 @@ def reset(tx: Tx, source_id: str, new_id: str, to_seq: int, registry: Registry, 
     row = _create_run(tx, new_id, m.workflow_type, first.input, source_id, now)
     prefix[0] = dataclasses.replace(first, forked_from=source_id)
     tx.append(row, prefix, now)
+    requested = [e for e in prefix if isinstance(e, ev.WorkflowCancelRequested)]
+    if requested:  # the copied request is open on the new run too
+        tx.update_run(new_id, cancel_requested_at=now, cancel_reason=requested[0].reason)
     for dispatch in fold_dispatches(history[:to_seq]).dispatches:  # the open ones run again
         if dispatch.outcome == OPEN:
             s = dispatch.scheduled

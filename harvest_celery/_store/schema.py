@@ -40,6 +40,8 @@ executions = Table(
     Column("closed_at", Ts),
     Column("cancelled_at", Ts),
     Column("cancel_reason", Text),
+    # an open cooperative cancellation request (its reason is cancel_reason): derived CANCELLING
+    Column("cancel_requested_at", Ts),
     # set while a decision is requested and not yet taken (the decision "outbox" flag)
     Column("decision_requested_at", Ts),
     Column("nd_blocked_at", Ts),
@@ -52,6 +54,11 @@ executions = Table(
     # the fork mechanism (DAG retry-from-node, reset): recorded on both rows
     Column("forked_from", String(200)),
     Column("forked_to", String(200)),
+    # the decision queue of the worker process holding the run's warm replay (sticky routing)
+    Column("sticky_queue", String(300)),
+    # sha256 of the id and the canonical JSON of the input, taken before any codec: a second
+    # start of the id is compared with it (survives encryption and erasure; _payloads.digest)
+    Column("input_digest", String(80)),
     Index("ix_harvest_executions_status", "status"),
     Index("ix_harvest_executions_workflow_type", "workflow_type"),
     Index("ix_harvest_executions_decision_requested_at", "decision_requested_at"),

@@ -18,14 +18,24 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from harvest_celery._core import events as ev
-from harvest_celery._errors import ExecutionNotFound, HarvestError
+from harvest_celery._core.lifecycle import CANCELLING, RUNNING, TERMINATED
+from harvest_celery._core.names import TaskStatus
+from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._store import runs
 from harvest_celery._store.dialect import Dialect, dialect_for
 from harvest_celery._store.listener import listener_for
-from harvest_celery._store.records import AttemptError, Execution, Timings, aware, utcnow
-from harvest_celery._store.schema import activity_tasks, attempt_errors, executions
+from harvest_celery._store.records import (
+    AttemptError,
+    CancelBranch,
+    Execution,
+    Timings,
+    aware,
+    cancel_branch_of,
+    utcnow,
+)
+from harvest_celery._store.schema import activity_tasks, attempt_errors, events, executions
 from harvest_celery._store.tx import RawEvent, Tx
 
 log = logging.getLogger("harvest_celery")
@@ -153,7 +163,7 @@ class Store:
         for column in EXECUTION_PAYLOAD_COLUMNS:  # a read-only view: degrade, never fail
             try:
                 decoded[column] = self.payloads.decode_value(getattr(execution, column))
-            except HarvestError as exc:
+            except Exception as exc:  # noqa: BLE001 - any store or codec failure: degrade
                 log.warning("execution %s: %s stays encoded: %s", execution_id, column, exc)
         return dataclasses.replace(execution, **decoded) if decoded else execution
 
@@ -165,6 +175,16 @@ class Store:
         if status is None:
             raise ExecutionNotFound(execution_id)
         return str(status)
+
+    def cancelled(self, execution_id: str) -> bool:
+        """Was the run sealed by a cancel, asked to cancel, or terminated (or is it gone)? One
+        read of the run row: what an activity polls (``activity_context().is_cancelled()``)."""
+        q = sa.select(executions.c.status, executions.c.cancelled_at,
+                      executions.c.cancel_requested_at).where(executions.c.id == execution_id)
+        with self.engine.connect() as conn:
+            row = conn.execute(q).first()
+        return (row is None or row.cancelled_at is not None or row.cancel_requested_at is not None
+                or row.status == TERMINATED)
 
     def history(self, execution_id: str, *, strict: bool = True) -> list[ev.HistoryEvent]:
         """The history, decoded. Blobs are inflated after the connection is released. ``strict``
@@ -178,17 +198,27 @@ class Store:
         seq, data, recorded_at = raw
         try:
             data = self.payloads.decode_event(data)
-        except HarvestError as exc:
+        except Exception as exc:  # noqa: BLE001 - any store or codec failure
             if strict:
-                raise
+                raise  # the pipeline raises every decode failure as a HarvestError (503)
             log.warning("event %s stays encoded: %s", seq, exc)
         return ev.HistoryEvent(seq, ev.event_from_data(data), recorded_at)
 
     def list(self, *, status: str | None = None, workflow_type: str | None = None,
-             nd_blocked: bool | None = None, limit: int = 100, offset: int = 0) -> builtins.list[Execution]:
-        """Runs, newest first. Reads no payload column: ``input`` and ``result`` are None."""
+             nd_blocked: bool | None = None, limit: int = 100, offset: int = 0,
+             created_after: datetime | None = None,
+             created_before: datetime | None = None) -> builtins.list[Execution]:
+        """Runs, newest first. Reads no payload column: ``input`` and ``result`` are None.
+        ``status="CANCELLING"`` selects live runs with an open cancellation request;
+        ``created_after``/``created_before`` bound the creation time (inclusive/exclusive)."""
         q = sa.select(*_LIST_COLUMNS).order_by(executions.c.created_at.desc(), executions.c.id)
-        if status:
+        if created_after is not None:
+            q = q.where(executions.c.created_at >= created_after)
+        if created_before is not None:
+            q = q.where(executions.c.created_at < created_before)
+        if status == CANCELLING:  # derived: live, with an open cancellation request
+            q = q.where((executions.c.status == RUNNING) & executions.c.cancel_requested_at.is_not(None))
+        elif status:
             q = q.where(executions.c.status == status)
         if workflow_type:
             q = q.where(executions.c.workflow_type == workflow_type)
@@ -218,7 +248,7 @@ class Store:
             detail = r.detail
             try:
                 detail = self.payloads.decode_value(detail)
-            except HarvestError as exc:
+            except Exception as exc:  # noqa: BLE001 - a read-only view degrades
                 log.warning("attempt error %s/%s/%s stays encoded: %s", execution_id,
                             r.activity_id, r.attempt, exc)
             detail = detail if isinstance(detail, dict) else {}
@@ -259,6 +289,28 @@ class Store:
             else:
                 log.warning("blob %s lives in payload store %r, which is not configured: not deleted",
                             key, store_id)
+
+    def cancel_branch(self, execution_id: str) -> CancelBranch | None:
+        """The post-cancel branch of a sealed run (None: the run was never sealed by a cancel),
+        from the run row, its running task rows and its terminal event — no history load."""
+        running = (sa.select(sa.func.count()).select_from(activity_tasks)
+                   .where((activity_tasks.c.execution_id == execution_id)
+                          & (activity_tasks.c.status == TaskStatus.RUNNING.value)).scalar_subquery())
+        terminal = (sa.select(events.c.type).where(
+            (events.c.execution_id == execution_id)
+            & events.c.type.in_([ev.WorkflowCompleted.type, ev.WorkflowFailed.type]))
+            .order_by(events.c.seq).limit(1).scalar_subquery())
+        q = sa.select(executions.c.cancelled_at, executions.c.cancel_reason, executions.c.error,
+                      executions.c.decision_requested_at, running.label("running"),
+                      terminal.label("terminal")).where(executions.c.id == execution_id)
+        with self.engine.connect() as conn:
+            row = conn.execute(q).first()
+        if row is None:
+            raise ExecutionNotFound(execution_id)
+        if row.cancelled_at is None:
+            return None
+        return cancel_branch_of(row.cancel_reason or "", row.decision_requested_at is None
+                                and not row.running, row.terminal, row.error)
 
     def decision_request(self, execution_id: str) -> tuple[str, datetime | None, datetime]:
         """The run's status, when its pending decision request was made (None: none pending; the

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -16,23 +17,37 @@ from harvest_celery._store.records import RelayedMessage, TaskRow, Timings
 from harvest_celery._store.schema import activity_tasks, executions, outbox, timers
 from harvest_celery._store.tx import Tx
 
+Kinds = Sequence[str] | None  # the workflow types a sweeper answers for (None: every run)
 
-def due_retries(tx: Tx, now: datetime, limit: int = 100) -> list[tuple[str, str]]:
+
+def _of(column: Any, kinds: Kinds) -> Any:
+    """Rows of runs of these workflow types: a sweeper sweeps what its app knows, so two apps
+    sharing one database never send each other's work through their own queues."""
+    if kinds is None:
+        return sa.true()
+    return column.in_(sa.select(executions.c.id).where(executions.c.workflow_type.in_(list(kinds))))
+
+
+def due_retries(tx: Tx, now: datetime, limit: int = 100, kinds: Kinds = None) -> list[tuple[str, str]]:
     q = sa.select(activity_tasks.c.execution_id, activity_tasks.c.activity_id).where(
-        (activity_tasks.c.status == TaskStatus.RETRY_WAIT.value) & (activity_tasks.c.due_at <= now)).limit(limit)
+        (activity_tasks.c.status == TaskStatus.RETRY_WAIT.value) & (activity_tasks.c.due_at <= now)
+        & _of(activity_tasks.c.execution_id, kinds)).limit(limit)
     return [(r[0], r[1]) for r in tx.conn.execute(q)]
 
 
-def expired_leases(tx: Tx, now: datetime, limit: int = 100) -> list[tuple[str, str, int]]:
+def expired_leases(tx: Tx, now: datetime, limit: int = 100,
+                   kinds: Kinds = None) -> list[tuple[str, str, int]]:
     q = sa.select(activity_tasks.c.execution_id, activity_tasks.c.activity_id,
                   activity_tasks.c.attempt).where(
-        (activity_tasks.c.status == TaskStatus.RUNNING.value) & (activity_tasks.c.lease_expires_at <= now)).limit(limit)
+        (activity_tasks.c.status == TaskStatus.RUNNING.value) & (activity_tasks.c.lease_expires_at <= now)
+        & _of(activity_tasks.c.execution_id, kinds)).limit(limit)
     return [(r[0], r[1], r[2]) for r in tx.conn.execute(q)]
 
 
-def due_timers(tx: Tx, now: datetime, limit: int = 100) -> list[tuple[str, str]]:
+def due_timers(tx: Tx, now: datetime, limit: int = 100, kinds: Kinds = None) -> list[tuple[str, str]]:
     q = sa.select(timers.c.execution_id, timers.c.timer_id).where(
-        (timers.c.fired.is_(False)) & (timers.c.fire_at <= now)).limit(limit)
+        (timers.c.fired.is_(False)) & (timers.c.fire_at <= now)
+        & _of(timers.c.execution_id, kinds)).limit(limit)
     return [(r[0], r[1]) for r in tx.conn.execute(q)]
 
 
@@ -47,13 +62,14 @@ def fire_timer(tx: Tx, execution_id: str, timer_id: str, now: datetime, decision
         tx.append(row, [ev.TimerFired(timer_id)], now, decide_on=decision_queue)
 
 
-def stale_scheduled(tx: Tx, now: datetime, timings: Timings, limit: int = 100) -> None:
+def stale_scheduled(tx: Tx, now: datetime, timings: Timings, limit: int = 100,
+                    kinds: Kinds = None) -> None:
     """Re-send scheduled rows whose message seems lost (a crash between commit and send, a Redis
     restart, a refused claim). Duplicates are harmless: the claim lets one through."""
     cutoff = now - timedelta(seconds=timings.redispatch_after)
     q = tx.dialect.lock(sa.select(activity_tasks).where(
-        (activity_tasks.c.status == TaskStatus.SCHEDULED.value) & (activity_tasks.c.dispatched_at < cutoff))
-        .limit(limit), skip_locked=True)
+        (activity_tasks.c.status == TaskStatus.SCHEDULED.value) & (activity_tasks.c.dispatched_at < cutoff)
+        & _of(activity_tasks.c.execution_id, kinds)).limit(limit), skip_locked=True)
     for found in tx.conn.execute(q).fetchall():
         t = TaskRow.from_mapping(found._mapping)
         # back off: the next re-send waits as long again as this row has waited so far (a
@@ -66,16 +82,19 @@ def stale_scheduled(tx: Tx, now: datetime, timings: Timings, limit: int = 100) -
                              t.adopted, t.start_to_close)
 
 
-def stale_decisions(tx: Tx, now: datetime, timings: Timings, decision_queue: str, limit: int = 100) -> None:
+def stale_decisions(tx: Tx, now: datetime, timings: Timings, decision_queue: str, limit: int = 100,
+                    kinds: Kinds = None) -> None:
     """Re-request decisions whose message seems lost, and retry nd-blocked runs whose backoff
     is due."""
     cutoff = now - timedelta(seconds=timings.redispatch_after)
     q = tx.dialect.lock(sa.select(executions.c.id).where(
-        (executions.c.decision_requested_at < cutoff)
-        | ((executions.c.nd_retry_at <= now) & (executions.c.status == RUNNING))).limit(limit),
+        ((executions.c.decision_requested_at < cutoff)
+         | ((executions.c.nd_retry_at <= now) & (executions.c.status == RUNNING)))
+        & (sa.true() if kinds is None else executions.c.workflow_type.in_(list(kinds)))).limit(limit),
         skip_locked=True)
     for (execution_id,) in tx.conn.execute(q).fetchall():
-        tx.update_run(execution_id, nd_retry_at=None)
+        # the worker that held its warm replay did not take it (gone?): any decision worker may
+        tx.update_run(execution_id, nd_retry_at=None, sticky_queue=None)
         tx.request_decision(execution_id, now, decision_queue, force=True)
 
 

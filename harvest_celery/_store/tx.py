@@ -18,7 +18,12 @@ from sqlalchemy.engine import Connection
 
 from harvest_celery._core import events as ev
 from harvest_celery._core.commands import Decision, Failed, ScheduleActivity, StartTimer
-from harvest_celery._core.lifecycle import TERMINAL_STATUSES, decision_events, status_for_outcome
+from harvest_celery._core.lifecycle import (
+    TERMINAL_STATUSES,
+    cancel_branch_failure,
+    decision_events,
+    status_for_outcome,
+)
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
 from harvest_celery._errors import ExecutionNotFound
@@ -108,7 +113,7 @@ class Tx:
         write.values.update(values)
         if decide_on is not None and row.decision_requested_at is None:
             write.values["decision_requested_at"] = now
-            self._decide(row.id, decide_on, now)
+            self._decide(row.id, row.decide_on(decide_on), now)
         self.write(write)
         return first
 
@@ -158,8 +163,10 @@ class Tx:
         cond = executions.c.id == execution_id
         if not force:
             cond = cond & executions.c.decision_requested_at.is_(None)
-        if self.conn.execute(executions.update().where(cond).values(decision_requested_at=now)).rowcount:
-            self._decide(execution_id, queue, now)
+        found = self.conn.execute(executions.update().where(cond).values(decision_requested_at=now)
+                                  .returning(executions.c.sticky_queue)).first()
+        if found is not None:
+            self._decide(execution_id, found.sticky_queue or queue, now)
 
     def abandon_open_tasks(self, execution_id: str, now: datetime, why: str) -> None:
         """Rows that have not started never will (no event: their body never ran); timers stop."""
@@ -186,18 +193,21 @@ class Tx:
 
     def apply_decision(self, row: RunRow, history: Sequence[ev.Event], decision: Decision,
                        registry: Registry, now: datetime, timings: Timings, workflow_label: str, *,
-                       leading: Sequence[ev.Event] = ()) -> list[ev.HistoryEvent]:
+                       leading: Sequence[ev.Event] = (),
+                       sticky: str | None = None) -> list[ev.HistoryEvent]:
         """Write one decision. ``leading``: events recorded just before it in the same write
         (the completion a worker decides on), so completion and decision are one statement.
         Returns the events its commands wrote (a warm replay absorbs them once committed)."""
         write = RunWrite(row.id)
         self.stage_events(write, row, leading, now)
+        if sticky != row.sticky_queue:
+            write.values["sticky_queue"] = sticky  # the process that will hold its warm replay
         if decision.nd is not None:
             self._nd_block(write, row, decision.nd, now, timings, workflow_label)
             self.write(write)
             return []
         new_events = decision_events(decision, history)
-        status = status_for_outcome(decision, row.status)
+        status = status_for_outcome(decision, row.status, row.cancel_requested_at is not None)
         first = self.stage_events(write, row, new_events, now)
         write.values.update(self._decision_values(row, status, new_events, now))
         outcome = decision.outcome
@@ -213,11 +223,17 @@ class Tx:
             elif isinstance(command, StartTimer):
                 write.timers.append(timer_row(row.id, command.timer_id, command.fire_at))
         self.write(write)
+        if row.cancelled_at is not None:
+            # a post-cancel decision may settle the cancel branch: wake result() waiters
+            self.dialect.notify(self.conn, row.id)
         for metric in decision.metrics:
             self.metrics.append((metric, {"workflow": workflow_label}))
         if status != row.status and status in TERMINAL_STATUSES:
-            ended = "completed" if status == "COMPLETED" else "failed"
+            ended = status.lower()  # completed · failed · cancelled (a cooperative cancel)
             self.metrics.append(("workflow_terminal", {"workflow": workflow_label, "outcome": ended}))
+        if (row.cancelled_at is not None or row.cancel_requested_at is not None) and \
+                cancel_branch_failure(status, True, write.values.get("error")):
+            self.metrics.append(("cancel_branch_failed", {"workflow": workflow_label}))
         return [ev.HistoryEvent(first + i, e, now) for i, e in enumerate(new_events)]
 
     def _nd_block(self, write: RunWrite, row: RunRow, nd: dict[str, Any], now: datetime,

@@ -1,65 +1,73 @@
 """The operator HTTP API (FastAPI) over one ``Harvest``: ``create_app(harvest)`` builds the app,
-its bearer-token guard of mutating endpoints and its JSON error handlers, and includes the
-routers of ``harvest_celery._web.routers`` and the DAG run page.
+its auth (``auth``: the bearer token, the console's session and CSRF token), its guards and
+error handlers (``hardening``: the cross-site refusal, the request-size and JSON-depth limits,
+503 for a database that does not answer, a JSON 500 for anything else), the routers of
+``harvest_celery._web.routers``, the DAG run page and the web console (``console``).
 
 Run it with ``harvest api`` (uvicorn) or mount the app in your own ASGI server. Every endpoint is
 a thin edge over the client: inputs are validated at the edge (pydantic models, ids, storable
 JSON) before anything touches the database, so a rejected request writes nothing. The error
-contract is described in ``harvest_celery._web.errors``.
+contract is described in ``harvest_celery._web.errors`` and ``harvest_celery._web.hardening``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import secrets
-from typing import Annotated
 
-from fastapi import Depends, FastAPI
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import FastAPI
 
 from harvest_celery._client import Harvest
+from harvest_celery._web.auth import Auth
+from harvest_celery._web.console import register_console
 from harvest_celery._web.deps import Guard
-from harvest_celery._web.errors import ApiError, install_error_handlers
+from harvest_celery._web.errors import error_responses, install_error_handlers
+from harvest_celery._web.hardening import install_failure_handlers, install_guards, max_body_from_env
 from harvest_celery._web.pages import register_pages
 from harvest_celery._web.routers import dags, meta, operator, runs, signals
 
 TOKEN_ENV = "HARVEST_API_TOKEN"
-
-# module-level: FastAPI resolves the (postponed) annotations of the auth dependency here
-_BEARER = HTTPBearer(auto_error=False, description="the API token (HARVEST_API_TOKEN)")
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
+log = logging.getLogger("harvest_celery.api")
 
 
-def _guard(token: str | None) -> Guard:
-    """Mutating endpoints need ``Authorization: Bearer <token>`` when there is a token (and then
-    publish a 401); without one they are open."""
-    if not token:
-        return Guard(dependencies=[], errors=(400, 404, 409, 422))
-
-    def authorized(credentials: Credentials) -> None:
-        if credentials is None or not secrets.compare_digest(
-                credentials.credentials.encode("utf-8", "surrogateescape"),
-                token.encode("utf-8", "surrogateescape")):
-            raise ApiError(401, "Unauthorized", "a valid 'Authorization: Bearer <token>' header is required",
-                           headers={"WWW-Authenticate": "Bearer"})
-
-    return Guard(dependencies=[Depends(authorized)], errors=(400, 401, 404, 409, 422))
+def _guard(auth: Auth) -> Guard:
+    """Mutating endpoints publish 401 with a token, and 403 (a cross-site or CSRF refusal) and
+    413 in every mode; the auth itself is a dependency of every router (``create_app``)."""
+    errors = (400, 401, 403, 404, 409, 413, 422) if auth.enabled else (400, 403, 404, 409, 413, 422)
+    return Guard(dependencies=[], errors=errors)
 
 
-def create_app(harvest: Harvest, *, token: str | None = None) -> FastAPI:
-    """The operator API over ``harvest``. Mutating endpoints need ``Authorization: Bearer
-    <token>`` when a token is given (or ``HARVEST_API_TOKEN`` is set)."""
+def create_app(harvest: Harvest, *, token: str | None = None,
+               max_body_bytes: int | None = None) -> FastAPI:
+    """The operator API and console over ``harvest``.
+
+    With a token (``token``, else ``HARVEST_API_TOKEN``) every endpoint but ``/healthz`` needs
+    ``Authorization: Bearer <token>`` or a console session (see ``harvest_celery._web.auth``).
+    Without one, every caller is let in: for tests and ``harvest api --insecure-no-auth``, which
+    binds to loopback only. ``max_body_bytes`` (else ``HARVEST_API_MAX_BODY_BYTES``, else 4 MiB)
+    caps a request body (413)."""
     token = token if token is not None else (os.environ.get(TOKEN_ENV) or None)
+    auth = Auth(token)
+    if not auth.enabled:
+        log.warning("the operator API has no token: every caller may read and change runs")
     app = FastAPI(title="harvest-celery operator API", version="1.0.0",
-                  description="Start, signal, cancel and inspect durable workflows and DAG runs.")
+                  description="Start, signal, cancel and inspect durable workflows and DAG runs.",
+                  docs_url=None, redoc_url=None, openapi_url=None)  # served by the console, with auth
     app.state.harvest = harvest  # the routers' HarvestDep reads it
+    app.state.auth = auth
     install_error_handlers(app)
-    guard = _guard(token)
+    install_failure_handlers(app)
+    install_guards(app, max_body_bytes if max_body_bytes is not None else max_body_from_env())
+    guard = _guard(auth)
+    access = [auth.api_dependency()]
+    denied = error_responses(401, 403) if auth.enabled else error_responses(403)
     # this order is the order of the published OpenAPI paths
     for router in (runs.router(guard), signals.router(guard), operator.router(guard),
-                   dags.router(guard), operator.admin_router(guard), meta.router()):
-        app.include_router(router)
-    register_pages(app, harvest)  # the DAG run page, /ui/dags/{name}/runs/{id}
+                   dags.router(guard), operator.admin_router(guard)):
+        app.include_router(router, dependencies=access, responses=denied)
+    app.include_router(meta.router(access))  # /metrics behind the auth; /healthz open
+    register_pages(app, harvest, [auth.page_dependency()])  # the DAG run page
+    register_console(app, harvest, auth)  # /console, /docs, /openapi.json
     return app
 
 

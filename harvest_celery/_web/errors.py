@@ -21,16 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from harvest_celery._errors import (
-    ExecutionAlreadyExists,
-    ExecutionNotFound,
-    HarvestError,
-    InvalidState,
-    PayloadCodecError,
-    PayloadStoreError,
-    RegistrationError,
-    RetryRefused,
-)
+from harvest_celery._errors import HarvestError, error_body, http_status
 from harvest_celery._web.models import ErrorBody
 
 
@@ -44,14 +35,10 @@ class ApiError(Exception):
 
 
 def status_for(exc: BaseException) -> int:
-    """404 unknown, 409 conflict, 503 an undecodable stored payload, 400 anything else."""
-    if isinstance(exc, (ExecutionNotFound, RegistrationError)):
-        return 404
-    if isinstance(exc, (ExecutionAlreadyExists, InvalidState, RetryRefused)):
-        return 409
-    if isinstance(exc, (PayloadStoreError, PayloadCodecError)):
-        return 503  # the server cannot decode a stored payload: its configuration, not the request
-    return 400  # PayloadNotSerializable, PayloadTooLarge, UnknownNode and every other client error
+    """404 unknown, 409 conflict, 503 an undecodable stored payload, 400 anything else: the one
+    mapping, ``harvest_celery._errors.http_status``, which the Django and Flask integrations
+    answer with too."""
+    return http_status(exc)
 
 
 def error_response(status_code: int, error: str, detail: Any,
@@ -74,18 +61,17 @@ def _json_safe(value: Any) -> Any:
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI ``responses`` entries of these error statuses, each an ``ErrorBody``."""
     text = {400: "a malformed id or payload", 401: "a missing or wrong bearer token",
+            403: "a cross-site request, or a session mutation without its CSRF token",
             404: "unknown workflow, DAG or execution", 409: "the run's state forbids it",
-            422: "the request does not match the schema",
+            413: "the request body is over the size limit",
+            422: "the request does not match the schema, or its JSON nests over 100 deep",
             503: "a stored payload cannot be decoded here (e.g. its payload store is not configured)"}
     return {code: {"model": ErrorBody, "description": text[code]} for code in codes}
 
 
 # ── handlers ─────────────────────────────────────────────────────────────────────────────────
 def _harvest_error(_request: Request, exc: HarvestError) -> JSONResponse:
-    if isinstance(exc, RetryRefused):
-        return JSONResponse({"error": type(exc).__name__, "detail": str(exc), "reason": exc.reason},
-                            status_code=status_for(exc))
-    return error_response(status_for(exc), type(exc).__name__, str(exc))
+    return JSONResponse(error_body(exc), status_code=http_status(exc))
 
 
 def _value_error(_request: Request, exc: ValueError) -> JSONResponse:

@@ -13,6 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 # the run statuses of _lifecycle and the node statuses of _rungraph (a unit test pins both)
 Status = Literal["RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED"]
+# what a list may filter on: a stored status, or the derived CANCELLING (an open cancel request)
+StatusFilter = Literal["RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "CANCELLING"]
+# outcomes of a sealed run's cancel branch (WorkflowCancelledError.OUTCOMES)
+BranchOutcome = Literal["returned", "cancelled", "failed", "stopped", "pending"]
 NodeStatus = Literal["succeeded", "failed", "timed_out", "cancelled", "running", "pending", "skipped"]
 # every reason a RetryRefused carries (a unit test pins them against the raisers)
 RetryRefusalReason = Literal["compensated", "erased", "running", "completed", "retried"]
@@ -53,6 +57,14 @@ class CancelRequest(_Model):
 class CancelResponse(BaseModel):
     execution_id: str
     status: Status
+
+
+class RequestCancelResponse(BaseModel):
+    execution_id: str
+    requested: bool = Field(description="false if a cancellation request was already open "
+                                        "(idempotent: nothing recorded)")
+    display_status: str = Field(description="the run's status as shown: CANCELLING while the "
+                                            "request is open and the run has not finished")
 
 
 class TerminateRequest(_Model):
@@ -128,7 +140,15 @@ class NdDetails(BaseModel):
 class WorkflowSummary(BaseModel):
     execution_id: str
     workflow_type: str
-    status: Status
+    status: Status = Field(description="the stored status (a CANCELLING run is stored RUNNING)")
+    display_status: str = Field(
+        description="the status as operators read it: CANCELLING while a cooperative cancellation "
+                    "request is open; 'CANCELLED (cancel branch failed: <error>)' (or FAILED …) when "
+                    "a cancelled run's cancel branch failed, leaving dangling state; else status")
+    cancel_requested_at: datetime | None = Field(
+        default=None, description="when a cooperative cancellation was requested")
+    cancel_branch_error: str | None = Field(
+        default=None, description="'<type>: <message>' when a cancelled run's cancel branch failed")
     created_at: datetime
     updated_at: datetime
     closed_at: datetime | None
@@ -151,8 +171,16 @@ class WaitingHint(BaseModel):
     waiting_seconds: float = Field(description="how long it has waited")
 
 
+class CancelBranchBody(BaseModel):
+    outcome: BranchOutcome = Field(description="what the post-cancel decision of a sealed run did")
+    settled: bool = Field(description="no decision pending and no body running")
+    error: str | None = Field(default=None, description="'<type>: <message>' (cancelled, failed)")
+
+
 class WorkflowDescription(WorkflowSummary):
     cancel_reason: str | None
+    cancel_branch: CancelBranchBody | None = Field(
+        default=None, description="the cancel branch of a run sealed by a cancel (null otherwise)")
     nd_details: NdDetails | None
     result: Any = None
     error: Any = None

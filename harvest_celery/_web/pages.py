@@ -341,6 +341,19 @@ def render_dag_page(graph: dict[str, Any], timeline: list[str], compensation: di
     return _document(title, body, refresh=state == "RUNNING")
 
 
+def render_graph(graph: dict[str, Any], compensation: dict[str, str]) -> str:
+    """The graph as the DAG page draws it (SVG, legend, node table) for embedding in another
+    page, e.g. the console's run page, which styles it with ``GRAPH_CSS``."""
+    return (f'<div class="graph">{_svg(graph, compensation)}</div>{_legend()}'
+            f'{_table(graph, compensation)}')
+
+
+# the rules of CSS that the embedded graph needs (served as the console's graph.css)
+GRAPH_CSS = "\n".join(rule + "}" for rule in CSS.replace("\n", "").split("}")
+                      if rule.startswith(("svg", ".legend", ".pill", "table.nodes", ".dot", ".mono",
+                                          ".graph"))) + DOT_CSS
+
+
 def render_error_page(status_code: int, message: str) -> str:
     body = (f'<header><h1>{status_code}</h1><div class="meta" id="error">{_e(message)}</div></header>')
     return _document(f"{status_code} · harvest", body)
@@ -354,15 +367,17 @@ def _valid(value: str) -> bool:
     return bool(value.strip()) and len(value) <= MAX_PATH_PART and storable_text(value)
 
 
-def register_pages(app: FastAPI, harvest: Any) -> None:
+def register_pages(app: FastAPI, harvest: Any, dependencies: Sequence[Any] = ()) -> None:
     """Serve the DAG run page at ``GET /ui/dags/{name}/runs/{run_id}`` from ``app``.
 
-    Read-only and unauthenticated like the other reads; errors are HTML pages too: 400 a
-    malformed name or id, 404 an unknown DAG (or a workflow that is not a DAG), an unknown run or
-    a run of another DAG, 503 a history the server cannot read.
+    Read-only, behind ``dependencies`` (the app's page auth: with a token, a console session or
+    the bearer header); errors are HTML pages too: 400 a malformed name or id, 404 an unknown
+    DAG (or a workflow that is not a DAG), an unknown run or a run of another DAG, 503 a history
+    the server cannot read.
     """
 
     @app.get("/ui/dags/{name}/runs/{run_id}", response_class=HTMLResponse, tags=["ui"],
+             dependencies=list(dependencies),
              responses={400: {"description": "a malformed name or id", "content": _HTML},
                         404: {"description": "unknown DAG or run", "content": _HTML},
                         503: {"description": "the run's history cannot be read", "content": _HTML}})

@@ -291,3 +291,9 @@ async def waits_on_nobody(ctx: WorkflowContext, data: dict) -> str:
 
 
 harvest.register(unheard, waits_on_nobody)
+
+
+# ── the cancellation tests' workflows, activities and DAGs (test_cancel.py) ──────────────────
+from . import cancels  # noqa: E402  (they need record() and r from this module)
+
+harvest.register(*cancels.ALL)

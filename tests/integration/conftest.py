@@ -52,11 +52,12 @@ def _fresh_database() -> None:
 
 class Worker:
     def __init__(self, name: str, queues: str, extra_env: dict[str, str] | None = None,
-                 app: str = "tests.integration.app") -> None:
+                 app: str = "tests.integration.app", extra_args: list[str] | None = None) -> None:
         self.name = name
         self.app = app
         self.queues = queues
         self.extra_env = extra_env or {}
+        self.extra_args = list(extra_args or [])  # more `celery worker` options, e.g. ["-E"]
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = LOG_DIR / f"{name}.log"
 
@@ -66,7 +67,7 @@ class Worker:
         cmd = [sys.executable, "-m", "celery", "-A", self.app, "worker",
                "-Q", self.queues, "-n", f"{self.name}-{uuid.uuid4().hex[:6]}@%h", "-P", "threads",
                "-c", "4", "--without-gossip", "--without-mingle", "--without-heartbeat",
-               "-l", "INFO"]
+               "-l", "INFO", *self.extra_args]
         with open(self.log, "ab") as out:
             out.write(f"\n===== start {time.time()} =====\n".encode())
             out.flush()
@@ -174,3 +175,19 @@ def scrape(worker: str, metric: str, **labels: str) -> float:
             if sample.name == metric and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
     return 0.0
+
+
+@pytest.fixture(scope="session")
+def webapps(harvest: Any) -> Iterator[Any]:
+    """The Flask shop of ``webapps.py`` (its tables made) with its own worker on its own queues:
+    test_flask.py and test_transactional_start.py."""
+    from tests.integration import webapps as module
+
+    with module.app.app_context():
+        module.db.create_all()
+    worker = Worker("webapps", f"{module.DECISION_QUEUE},{module.QUEUE}", app="tests.integration.webapps:celery")
+    worker.start()
+    try:
+        yield module
+    finally:
+        worker.stop()

@@ -218,6 +218,7 @@ def test_openapi_names_every_endpoint(client):
     assert set(paths) == {
         "/workflows", "/workflows/{execution_id}", "/workflows/{execution_id}/history",
         "/workflows/{execution_id}/signals/{name}", "/workflows/{execution_id}/cancel",
+        "/workflows/{execution_id}/request-cancel",
         "/dags/{name}/runs/{execution_id}", "/metrics", "/healthz",
         "/workflows/{execution_id}/terminate", "/workflows/{execution_id}/pause",
         "/workflows/{execution_id}/resume", "/workflows/{execution_id}/reset",

@@ -16,7 +16,7 @@ from harvest_celery import Harvest, RetryPolicy, Saga, WorkflowContext, activity
 from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._store.tx import Tx
 
-from .conftest import DATABASE_URL
+from .conftest import DATABASE_URL, wait_for
 
 BODIES: list[str] = []
 
@@ -374,3 +374,30 @@ def test_a_late_completion_is_accepted_until_a_later_attempt_claims_the_row(harv
     assert h.runtime.claim(rid2, "1", 2) is not None
     h.runtime.complete(old, 0)
     assert _completions(h, rid2) == []
+
+
+# ── sticky routing: a run's decisions go to the process holding its warm replay ────────────────
+def _sticky(harvest: Any, rid: str) -> str | None:
+    with harvest.store.begin() as tx:
+        row = tx.lock(rid)
+    assert row is not None
+    return row.sticky_queue
+
+
+def test_decisions_are_routed_to_the_process_holding_the_warm_replay(harvest, workers, tag):
+    rid = harvest.start_workflow("approval", {"tag": tag})
+    holder = wait_for(lambda: _sticky(harvest, rid), what="a warm replay held by a worker")
+    assert holder.startswith("harvest@w1-")  # the decision worker's own queue
+    harvest.signal(rid, "decision", "yes")  # its decision request goes to that queue
+    assert harvest.result(rid, timeout=30) == f"{tag}:yes"
+    assert _sticky(harvest, rid) is None  # a finished run holds no replay anywhere
+
+
+def test_a_decision_routed_to_a_vanished_process_is_taken_by_any_decision_worker(harvest, workers, tag):
+    rid = harvest.start_workflow("approval", {"tag": tag})
+    wait_for(lambda: _sticky(harvest, rid), what="a warm replay held by a worker")
+    with harvest.store.begin() as tx:  # as if its holder died
+        tx.update_run(rid, sticky_queue="harvest@gone@nowhere")
+    harvest.signal(rid, "decision", "late")  # sent to a queue nobody consumes...
+    # ...re-requested by the sweeper on the decision queue after redispatch_after (3 s here)
+    assert harvest.result(rid, timeout=30) == f"{tag}:late"

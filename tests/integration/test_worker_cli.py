@@ -88,7 +88,8 @@ def test_harvest_worker_passes_celery_options_through(harvest: Any) -> None:
             assert stats["pool"]["max-concurrency"] == 2  # -c 2
             assert "threads" in stats["pool"]  # -P threads: the thread pool's own stat
             active = app.control.inspect(destination=[node], timeout=5).active_queues()[node]
-            assert [q["name"] for q in active] == [queue]
+            # its -Q queue, plus its own sticky-routing queue (decisions for runs it holds warm)
+            assert sorted(q["name"] for q in active) == sorted([queue, f"harvest@{node}"])
 
             # Our receiver hears the node (heartbeats are sent every 2 s), so it is bound; then a
             # task on the node's queue must raise task events, which only -E turns on.

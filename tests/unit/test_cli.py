@@ -64,6 +64,10 @@ def test_demo_runs_the_four_runs(capsys):
     assert "expected ActivityScheduled(release_reservation), got WorkflowCancelled" in out
     assert "ch_4=charged, rsv_4=reserved" in out
     assert "known limitation" in out
+    assert "demo-checkout-4  checkout  CANCELLED (cancel branch failed: SagaCompensationFailed" in out
+    # (d2) the same cancel, cooperative: the release and the refund run as activities
+    assert "(d2) checkout        CANCELLED  (Cancelled)" in summary
+    assert "ch_7=refunded, rsv_7=released" in out
 
 
 def test_start_then_show_prints_the_timeline(db, capsys):

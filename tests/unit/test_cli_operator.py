@@ -113,7 +113,7 @@ def test_reset_forks_a_run_and_prints_the_new_id(app, db, capsys):
     (["--to-seq", "0"], "--to-seq must be at least 1"),
     (["--to-seq", "-3"], "--to-seq must be at least 1"),
     (["--to-seq", "99"], "reset point must be between 1 and"),
-    (["--to-seq", "2", "--new-id", "x" * 201], "an execution id is a non-empty string"),
+    (["--to-seq", "2", "--new-id", "x" * 201], "an id has at most 200 characters"),
     (["--to-seq", "2", "--new-id", "taken"], "already exists"),
 ])
 def test_a_refused_reset_exits_2_and_writes_nothing(app, db, capsys, argv, message):

@@ -483,14 +483,36 @@ def test_cancel_landing_mid_unwind_terminates_and_never_nd_blocks():
     run.start_activity(id_of(run, "undo", "c"))  # comp_c is running when the cancel lands
     run.cancel("operator")
     assert run.status == "FAILED"
+    assert run.types()[-1] == "WorkflowCancelled"  # the unwind waits on the running comp_c
     run.complete(id_of(run, "undo", "c"), None, started=False)
     run.decide()
     assert run.status == "FAILED" and run.nd is None
     assert comps(run) == ["c"]  # comp_b and comp_a are never dispatched
     types = run.types()
     assert types.count("WorkflowFailed") == 1 and types.index("WorkflowCancelled") < types.index("WorkflowFailed")
-    assert types[-1] == "ActivityCompleted"  # the running comp_c's completion is still recorded
+    # the running comp_c's completion is still recorded, then the unwind fails past the seal
+    assert types[types.index("WorkflowCancelled") + 1] == "ActivityCompleted"
     assert run.replay().nd is None
+
+
+def test_a_cancel_mid_dag_unwind_counts_as_a_hand_written_saga_does():
+    """The unwind that began before the seal replays: comp_c (recorded, completed) matches, comp_b
+    and comp_a diverge against the seal and are collected, so the failure marker is recorded
+    past the seal and both counters fire once — the dangling state pages, as in the saga case."""
+    run = new_sim().start("diamond", {})
+    diamond_to_unwind(run)
+    run.start_activity(id_of(run, "undo", "c"))
+    run.cancel("operator")
+    run.complete(id_of(run, "undo", "c"), None, started=False)
+    run.decide()
+    assert markers(run) == ["saga_compensated:1", "saga_compensation_failed:1"]
+    assert run.metrics == [COMPENSATED, FAILED_METRIC]
+    failed = outcome(run)
+    assert failed.error_type == "SagaCompensationFailed"
+    assert failed.message.startswith(f"saga compensation failed after original error: {DAG_FAILED};")
+    assert failed.message.count("expected ActivityScheduled(undo), got WorkflowCancelled") == 2
+    run.decide()  # replays observe both markers and count nothing twice
+    assert run.metrics == [COMPENSATED, FAILED_METRIC]
 
 
 def test_compensator_failure_surfaces_saga_compensation_failed():

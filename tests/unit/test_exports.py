@@ -17,14 +17,14 @@ def test_the_design_contract_names_are_exported():
 
 def test_the_exported_list_is_exactly_this():
     assert sorted(harvest_celery.__all__) == sorted([
-        "ActivityError", "Cancelled", "CollectAll", "CompensatorNameCollidesWithNode", "DagBuildError",
+        "ActivityContext", "ActivityError", "AsyncHarvest", "Cancelled", "CollectAll", "CompensatorNameCollidesWithNode", "DagBuildError",
         "DagBuilder", "DagTaskFailed", "DuplicateRegistration", "ExecutionAlreadyExists",
         "ExecutionNotFound", "FailFast", "FernetCodec", "FileSystemPayloadStore", "Harvest",
-        "HarvestError", "InvalidState", "NonDeterministic", "NotInWorkflow", "PayloadCodecError",
+        "HarvestError", "InvalidExecutionId", "InvalidState", "NonDeterministic", "NotInActivity", "NotInWorkflow", "PayloadCodecError",
         "PayloadNotSerializable", "PayloadStoreError", "PayloadTooLarge", "PostgresPayloadStore",
         "RedactedActivityError", "RegistrationError", "RetryPolicy", "RetryRefused", "StartToCloseTimeout", "UnknownEventType", "UnknownNode", "Saga", "SagaCompensationFailed", "UnknownActivity",
         "UnknownWorkflow", "UnregisteredActivity", "WorkflowCancelledError", "WorkflowContext",
-        "WorkflowFailed", "activity", "configure_celery", "dag", "workflow",
+        "WorkflowFailed", "activity", "activity_context", "configure_celery", "dag", "workflow",
     ])
 
 

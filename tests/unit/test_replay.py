@@ -534,7 +534,9 @@ SAMPLE_ARGS = {
     "PayloadNotSerializable": ("input of activity 'a'", "set is not JSON"),
     "ActivityError": ("charge", "RuntimeError", "card declined", 3),
     "WorkflowFailed": ("run-1", "ActivityError", "boom"),
-    "WorkflowCancelledError": ("run-1", "customer asked"),
+    "WorkflowCancelledError": ("run-1", "customer asked", "SagaCompensationFailed: saga compensation "
+                               "failed after original error: x", "failed", {"refunded": ["ch_1"]}),
+    "NotInActivity": ("harvest_celery.activity_context()",),
     "RegistrationError": ("bad registration",),
     "UnknownWorkflow": ("nope",),
     "UnknownActivity": ("nope",),
@@ -542,6 +544,7 @@ SAMPLE_ARGS = {
     "NotInWorkflow": ("ctx.sleep",),
     "ExecutionNotFound": ("run-9",),
     "ExecutionAlreadyExists": ("run-1", "checkout"),
+    "InvalidExecutionId": ("a:b", "an id may not hold a ':'"),
     "InvalidState": ("run-1", "COMPLETED", "cancel"),
     "PayloadCodecError": ("unknown key id 'k9'",),
     "PayloadStoreError": ("no payload store is configured",),

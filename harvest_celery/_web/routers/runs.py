@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
+from harvest_celery._client import Harvest
 from harvest_celery._core import events as ev
 from harvest_celery._core.jsonvalues import check_storable
 from harvest_celery._store.store import Execution
@@ -22,7 +23,7 @@ from harvest_celery._web.models import (
     HistoryResponse,
     StartWorkflowRequest,
     StartWorkflowResponse,
-    Status,
+    StatusFilter,
     WorkflowDescription,
     WorkflowList,
 )
@@ -32,6 +33,8 @@ from harvest_celery._web.models import (
 def _summary(x: Execution) -> dict[str, Any]:
     return {
         "execution_id": x.id, "workflow_type": x.workflow_type, "status": x.status,
+        "display_status": x.display_status, "cancel_requested_at": x.cancel_requested_at,
+        "cancel_branch_error": x.cancel_branch_error,
         "created_at": x.created_at, "updated_at": x.updated_at, "closed_at": x.closed_at,
         "cancelled_at": x.cancelled_at, "history_length": x.history_length,
         "nd_blocked": x.nd_blocked, "nd_blocked_at": x.nd_blocked_at,
@@ -44,6 +47,13 @@ def _summary(x: Execution) -> dict[str, Any]:
 def _description(x: Execution) -> dict[str, Any]:
     return {**_summary(x), "cancel_reason": x.cancel_reason, "nd_details": x.nd_details,
             "result": x.result, "error": x.error}
+
+
+def _branch(harvest: Harvest, x: Execution) -> dict[str, Any] | None:
+    branch = harvest.store.cancel_branch(x.id) if x.cancelled_at is not None else None
+    if branch is None:
+        return None
+    return {"outcome": branch.outcome, "settled": branch.settled, "error": branch.error}
 
 
 def _history_item(item: ev.HistoryEvent) -> dict[str, Any]:
@@ -66,7 +76,8 @@ def start_workflow(harvest: HarvestDep, body: StartWorkflowRequest) -> dict[str,
 
 def list_workflows(
     harvest: HarvestDep,
-    status: Annotated[Status | None, Query(description="only runs in this status")] = None,
+    status: Annotated[StatusFilter | None, Query(
+        description="only runs in this status (CANCELLING: live with an open cancel request)")] = None,
     workflow: Annotated[str | None, Query(max_length=MAX_NAME_LENGTH, description="only runs of this workflow")] = None,
     nd_blocked: Annotated[bool | None, Query(description="only runs blocked (true) or not blocked (false) on a replay divergence")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -83,7 +94,9 @@ def list_workflows(
 def describe(harvest: HarvestDep, execution_id: ExecutionIdPath) -> dict[str, Any]:
     """Status, timestamps, result or error, and the nd-blocked fields of one run."""
     # ``waiting``: Harvest.stuck (asks the workers, cached; null when they cannot be asked)
-    return {**_description(harvest.describe(check_id(execution_id))), "waiting": harvest.stuck(execution_id)}
+    x = harvest.describe(check_id(execution_id))
+    return {**_description(x), "cancel_branch": _branch(harvest, x),
+            "waiting": harvest.stuck(execution_id)}
 
 
 def history(harvest: HarvestDep, execution_id: ExecutionIdPath) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""attempt errors: every failed attempt's error with its traceback
+"""attempt errors: every failed attempt's error with its traceback; sticky decision routing
 
 Revision ID: 0004
 Revises: 0003
@@ -25,7 +25,9 @@ def upgrade() -> None:
     sa.ForeignKeyConstraint(['execution_id'], ['harvest_executions.id'], ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('execution_id', 'activity_id', 'attempt')
     )
+    op.add_column('harvest_executions', sa.Column('sticky_queue', sa.String(length=300), nullable=True))
 
 
 def downgrade() -> None:
+    op.drop_column('harvest_executions', 'sticky_queue')
     op.drop_table('harvest_attempt_errors')

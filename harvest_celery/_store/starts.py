@@ -1,0 +1,171 @@
+"""Starting a run: the id-reuse rules, the one ``INSERT … ON CONFLICT DO NOTHING`` that keeps
+concurrent starts of one id from ever colliding, and the announcement of a start made inside an
+application's own transaction.
+
+A start first inserts the run row, skipping it if the id exists. Postgres makes a second inserter
+of the same id wait for the first transaction and then skip, so eighty concurrent starts of one
+id give one run and seventy-nine answers read from it, never a unique violation. Only once the
+row is known to be new is the input encoded (so an offloaded blob is never written over another
+run's) and ``WorkflowStarted`` appended.
+
+An existing id is then judged by the caller's ``id_reuse`` policy (``ID_REUSE``):
+
+* ``"idempotent"`` (the default): the same workflow with the same input is the same start, and
+  answers the existing run; a different input raises ``ExecutionAlreadyExists(conflict="input")``.
+  Inputs are compared by their digest (``_payloads.digest``), stored at start before any codec,
+  so the rule holds for encrypted, offloaded and erased runs;
+* ``"use_existing"``: any existing run of that workflow is the answer, whatever its input (first
+  start wins; ``signal_with_start`` uses it, its input only matters when it creates the run);
+* ``"reject"``: an existing id always raises ``ExecutionAlreadyExists(conflict="exists")``.
+
+An id taken by another workflow always raises ``ExecutionAlreadyExists(conflict="workflow")``.
+
+A start written on an application's connection cannot send its decision request (nothing may be
+sent before the application commits). It is *announced* instead: ``pg_notify`` on
+``harvest_runs_started``, which Postgres delivers only if that transaction commits. Whoever hears
+it first — a decision worker's sweeper listening on the channel, or the application's own
+after-commit hook — *claims* it (``take_started``: an UPDATE that only one claimant can win) and
+sends the one decision message. If nobody does, the run's ``decision_requested_at`` is the durable
+record and the sweeper re-requests it after ``Timings.redispatch_after``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+
+from harvest_celery._core import events as ev
+from harvest_celery._core.lifecycle import RUNNING
+from harvest_celery._errors import ExecutionAlreadyExists, PayloadCodecError, PayloadStoreError
+from harvest_celery._payloads.digest import input_digest
+from harvest_celery._payloads.erasure import is_erased
+from harvest_celery._store.records import Dispatch, RunRow
+from harvest_celery._store.schema import executions
+from harvest_celery._store.tx import Tx
+
+log = logging.getLogger("harvest_celery")
+
+ID_REUSE = ("idempotent", "use_existing", "reject")
+STARTS_CHANNEL = "harvest_runs_started"
+
+
+def check_policy(id_reuse: str) -> str:
+    if id_reuse not in ID_REUSE:
+        raise ValueError(f"id_reuse must be one of {', '.join(ID_REUSE)}, not {id_reuse!r}")
+    return id_reuse
+
+
+def new_run_values(execution_id: str, workflow_type: str, digest: str, now: datetime) -> dict[str, Any]:
+    """The run row of a new start, before its input is encoded."""
+    return {"id": execution_id, "workflow_type": workflow_type, "status": RUNNING, "input": None,
+            "input_digest": digest, "next_seq": 0, "created_at": now, "updated_at": now,
+            "nd_block_count": 0}
+
+
+def start(tx: Tx, execution_id: str, workflow_type: str, input: Any, now: datetime,
+          decision_queue: str, *, id_reuse: str = "idempotent", announce: bool = False) -> bool:
+    """Create a run with its ``WorkflowStarted`` and request its first decision. False if the id
+    exists and ``id_reuse`` accepts it (nothing written); ``ExecutionAlreadyExists`` if not.
+    ``announce``: the transaction is the application's, so the request is also announced (see
+    the module docstring)."""
+    check_policy(id_reuse)
+    digest = input_digest(execution_id, input)
+    insert = (tx.dialect.insert_ignore(executions)
+              .values(**new_run_values(execution_id, workflow_type, digest, now))
+              .returning(*executions.c))
+    for _ in range(3):  # the existing row may vanish between the two statements (purged): again
+        inserted = tx.conn.execute(insert).first()
+        if inserted is not None:
+            break
+        found = tx.conn.execute(sa.select(executions.c.workflow_type, executions.c.status,
+                                          executions.c.input_digest)
+                                .where(executions.c.id == execution_id)).first()
+        if found is not None:
+            check_reuse(execution_id, found[0], found[1], found[2], workflow_type, digest, id_reuse,
+                        lambda: _legacy_digest(tx, execution_id))
+            return False
+    else:
+        raise ExecutionAlreadyExists(execution_id, "?", "exists")
+    row = RunRow.from_mapping(inserted._mapping)
+    encoded = tx.payloads.encode_value(input, f"{execution_id}/input")
+    tx.append(row, [ev.WorkflowStarted(workflow_type, input)], now, decide_on=decision_queue,
+              input=encoded)
+    if announce:
+        tx.dialect.announce_start(tx.conn, start_notice(execution_id, now, decision_queue))
+    return True
+
+
+def check_reuse(execution_id: str, existing_type: str, status: str, existing_digest: str | None,
+                workflow_type: str, digest: str, id_reuse: str,
+                legacy_digest: Callable[[], str | None]) -> None:
+    """Judge a start of an id that exists (module docstring); returns if it may answer it.
+    ``legacy_digest``: the digest of a run started before digests were stored, from its decoded
+    input (None when that can no longer be read: erased, or its key or store is gone)."""
+    if existing_type != workflow_type:
+        raise ExecutionAlreadyExists(execution_id, existing_type, "workflow", requested=workflow_type,
+                                     status=status)
+    if id_reuse == "reject":
+        raise ExecutionAlreadyExists(execution_id, existing_type, "exists", status=status)
+    if id_reuse == "use_existing":
+        return
+    stored = existing_digest if existing_digest is not None else legacy_digest()
+    if stored is not None and stored != digest:
+        raise ExecutionAlreadyExists(execution_id, existing_type, "input", status=status)
+
+
+def legacy_digest_of(execution_id: str, stored_input: Any, decode: Callable[[Any], Any]) -> str | None:
+    if stored_input is None:  # the input was null (encoding keeps null as null)
+        return input_digest(execution_id, None)
+    if is_erased(stored_input):
+        return None
+    try:
+        return input_digest(execution_id, decode(stored_input))
+    except (PayloadStoreError, PayloadCodecError) as exc:
+        log.warning("cannot compare the input of a second start of %s with the first (%s): "
+                    "answered with the existing run", execution_id, exc)
+        return None
+
+
+def _legacy_digest(tx: Tx, execution_id: str) -> str | None:
+    stored = tx.conn.execute(sa.select(executions.c.input).where(executions.c.id == execution_id)).scalar()
+    return legacy_digest_of(execution_id, stored, tx.payloads.decode_value)
+
+
+# ── the announcement and its claim ───────────────────────────────────────────────────────────
+def start_notice(execution_id: str, requested_at: datetime, decision_queue: str) -> str:
+    """The payload of ``NOTIFY harvest_runs_started``: the run, the exact request time written
+    (what a claim matches) and the decision queue it is for (a worker claims only its own)."""
+    return json.dumps({"id": execution_id, "at": requested_at.isoformat(), "q": decision_queue},
+                      separators=(",", ":"))
+
+
+def parse_notice(text: str) -> tuple[str, datetime, str] | None:
+    try:
+        data = json.loads(text)
+        return str(data["id"]), datetime.fromisoformat(data["at"]), str(data["q"])
+    except (ValueError, KeyError, TypeError):
+        log.warning("ignoring a malformed %s notification: %r", STARTS_CHANNEL, text[:200])
+        return None
+
+
+def take_started(tx: Tx, started: Sequence[tuple[str, datetime]], now: datetime,
+                 decision_queue: str) -> int:
+    """Claim announced starts: a run whose decision request is still the one its start wrote
+    gets a fresh request time (the sweeper's lost-message clock restarts) and one decision
+    dispatch. Two claimants of one start race on that row; only the first matches. Returns how
+    many were claimed."""
+    claimed = 0
+    for execution_id, requested_at in started:
+        updated = tx.conn.execute(executions.update().where(
+            (executions.c.id == execution_id) & (executions.c.decision_requested_at == requested_at)
+            & (executions.c.status == RUNNING)).values(decision_requested_at=now)).rowcount
+        if updated:
+            tx.dispatches.append(Dispatch(Dispatch.DECIDE, execution_id, decision_queue,
+                                          requested_at=now.timestamp()))
+            claimed += 1
+    return claimed
