@@ -465,35 +465,20 @@ def _print_result(harvest: Harvest, execution_id: str, timeout: float) -> int:
 
 
 def cmd_api(args: argparse.Namespace) -> int:
-    """Every endpoint but /healthz needs ``$HARVEST_API_TOKEN`` (the bearer header, or a console
-    session signed in with it). Without a token the API refuses to start, unless
-    ``--insecure-no-auth``, which serves every caller and so binds to loopback only."""
-    import ipaddress
-
+    """Every endpoint but /healthz needs ``$HARVEST_API_TOKEN``; without it the API refuses to
+    start, unless ``--insecure-no-auth``, which binds to loopback only (``serving_token``)."""
     harvest = _harvest(args)
-    token = os.environ.get("HARVEST_API_TOKEN") or None
-    if token is None and not args.insecure_no_auth:
-        raise CliError("HARVEST_API_TOKEN is not set: the API would let anyone read and change runs. "
-                       "Set it (python -c 'import secrets; print(secrets.token_urlsafe(32))'), or "
-                       "pass --insecure-no-auth to serve without auth on 127.0.0.1 only")
-    if token is None:
-        try:
-            loopback = args.host.lower() == "localhost" or ipaddress.ip_address(args.host.strip("[]")).is_loopback
-        except ValueError:
-            loopback = False
-        if not loopback:
-            raise CliError(f"--insecure-no-auth binds to loopback only (127.0.0.1, ::1, localhost), "
-                           f"not {args.host!r}: set HARVEST_API_TOKEN to serve on another address")
     try:
         import uvicorn
 
-        from harvest_celery._web.api import create_app
+        from harvest_celery._web.api import create_app, serving_token
     except ImportError as exc:
         raise CliError(f"'{PROG} api' needs the api extra (pip install 'harvest-celery[api]'): {exc}") from None
-    if token is None:
-        logging.getLogger("harvest_celery").warning(
-            "--insecure-no-auth: the API and its console accept any caller on %s", args.host)
-    uvicorn.run(create_app(harvest, token=token or ""), host=args.host, port=args.port)
+    try:
+        token = serving_token(os.environ.get("HARVEST_API_TOKEN"), args.host, insecure=args.insecure_no_auth)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    uvicorn.run(create_app(harvest, token=token), host=args.host, port=args.port)
     return 0
 
 

@@ -12,6 +12,7 @@ contract is described in ``harvest_celery._web.errors`` and ``harvest_celery._we
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 
@@ -71,4 +72,25 @@ def create_app(harvest: Harvest, *, token: str | None = None,
     return app
 
 
-__all__ = ["TOKEN_ENV", "create_app"]
+def serving_token(token: str | None, host: str, *, insecure: bool = False) -> str:
+    """The token ``harvest api`` serves with: ``token`` if set; else, only with ``insecure``
+    (``--insecure-no-auth``) and a loopback ``host``, ``""`` (no auth). ``ValueError`` otherwise,
+    with the message the CLI prints."""
+    if token:
+        return token
+    if not insecure:
+        raise ValueError("HARVEST_API_TOKEN is not set: the API would let anyone read and change "
+                         "runs. Set it (python -c 'import secrets; print(secrets.token_urlsafe(32))'), "
+                         "or pass --insecure-no-auth to serve without auth on 127.0.0.1 only")
+    try:
+        loopback = host.lower() == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise ValueError(f"--insecure-no-auth binds to loopback only (127.0.0.1, ::1, localhost), "
+                         f"not {host!r}: set HARVEST_API_TOKEN to serve on another address")
+    log.warning("--insecure-no-auth: the API and its console accept any caller on %s", host)
+    return ""
+
+
+__all__ = ["TOKEN_ENV", "create_app", "serving_token"]

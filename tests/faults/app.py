@@ -41,8 +41,8 @@ from harvest_celery._client import Harvest, configure_celery
 from harvest_celery._store.records import Timings
 
 DATABASE_URL = os.environ.get("HARVEST_FAULTS_DATABASE_URL",
-                              "postgresql+psycopg2://postgres@127.0.0.1:55432/harvest_faults")
-BROKER_URL = os.environ.get("HARVEST_FAULTS_BROKER_URL", "redis://127.0.0.1:56379/0")
+                              "postgresql+psycopg2://postgres@127.0.0.1:25432/harvest_faults")
+BROKER_URL = os.environ.get("HARVEST_FAULTS_BROKER_URL", "redis://127.0.0.1:26379/0")
 FULL = os.environ.get("HARVEST_FAULTS_FULL") == "1"
 QUEUE = "faults"
 

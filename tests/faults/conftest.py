@@ -1,5 +1,5 @@
 """Fixtures of the fault suite: a Postgres cluster and a Redis server of its own (temp
-directories, ports ``HARVEST_FAULTS_PG_PORT`` = 55432 and ``HARVEST_FAULTS_REDIS_PORT`` = 56379
+directories, ports ``HARVEST_FAULTS_PG_PORT`` = 25432 and ``HARVEST_FAULTS_REDIS_PORT`` = 26379
 by default), both stopped and wiped at the end of the session; the test app
 ``tests.faults.app`` migrated into them; two workers — ``decider`` (queue ``harvest``: decisions
 and the sweeper) and ``acts`` (queue ``faults``: every activity and compensation) — restarted
@@ -20,8 +20,10 @@ import sqlalchemy as sa
 from .harness import FULL, LOG_DIR, RESULTS, Faults, Worker
 from .servers import Postgres, Redis
 
-PG_PORT = int(os.environ.get("HARVEST_FAULTS_PG_PORT", "55432"))
-REDIS_PORT = int(os.environ.get("HARVEST_FAULTS_REDIS_PORT", "56379"))
+# below the kernel's ephemeral range (32768-60999 here): a port in it can be held by any
+# client connection's local end, and a listener then fails to bind
+PG_PORT = int(os.environ.get("HARVEST_FAULTS_PG_PORT", "25432"))
+REDIS_PORT = int(os.environ.get("HARVEST_FAULTS_REDIS_PORT", "26379"))
 DB_NAME = "harvest_faults"
 
 

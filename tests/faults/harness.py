@@ -29,6 +29,9 @@ RESULTS = Path(os.environ.get("HARVEST_FAULTS_RESULTS", str(LOG_DIR / "results.j
 # (30 s) timings need minutes; the CI timings seconds
 RECOVERY_TIMEOUT = float(os.environ.get("HARVEST_FAULTS_RECOVERY_TIMEOUT", "600" if FULL else "90"))
 RUNS = int(os.environ.get("HARVEST_FAULTS_RUNS", "4"))
+# the kill tests need "threads" (the hooked pid is the worker's); "prefork" serves the broker
+# tests (test_services.py -k redis), e.g. to check a Celery/kombu/redis-py combination
+POOL = os.environ.get("HARVEST_FAULTS_POOL", "threads")
 
 
 class Worker:
@@ -48,7 +51,7 @@ class Worker:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONPATH=str(ROOT), **self.env)
         cmd = [sys.executable, "-m", "celery", "-A", "tests.faults.app", "worker", "-Q", self.queues,
-               "-n", f"{self.name}-{uuid.uuid4().hex[:6]}@%h", "-P", "threads", "-c", "4",
+               "-n", f"{self.name}-{uuid.uuid4().hex[:6]}@%h", "-P", POOL, "-c", "4",
                "--without-mingle", "-l", "INFO"]
         with open(self.log, "ab") as out:
             out.write(f"\n===== start {time.time()} =====\n".encode())

@@ -66,30 +66,42 @@ def _server_versions() -> str:
     try:
         pg = subprocess.run([str(pg_bin() / "postgres"), "--version"], capture_output=True, text=True).stdout
     except (OSError, RuntimeError):
-        pg = "?"
-    return f"PostgreSQL {pg.split()[-1] if pg.strip() else '?'}, Redis {out[0]}"
+        pg = ""
+    words = pg.split()
+    return f"PostgreSQL {words[2] if len(words) > 2 else '?'}, Redis {out[0]}"
 
 
 def _cell(value: object) -> str:
     return "—" if value is None else str(value)
 
 
-def render(rows: list[dict], full: bool, summary: str, wall: float) -> str:
-    mode = "full (library default timings)" if full else "CI (short timings)"
+SECTIONS = ("full", "ci", "broker")
+HEADER = [
+    "# Reliability: the fault suite's measurements",
+    "",
+    "Written by `python -m tests.faults.report` (library default timings) and "
+    "`python -m tests.faults.report --ci` (CI timings) from actual runs of `tests/faults/` "
+    "(see [tests/faults/README.md](../tests/faults/README.md)); each command rewrites its own "
+    "section. Do not edit by hand.",
+    "",
+    "Workload, per fault: 4-step sagas (every second run fails at its last step and unwinds steps "
+    "3, 2, 1); a `decider` worker (queue `harvest`, the sweeper) and an `acts` worker (every "
+    "activity and compensation), both `celery worker -P threads -c 4`, on a Postgres and a Redis "
+    "the suite starts and owns.",
+    "",
+]
+
+
+def render_section(rows: list[dict], full: bool, summary: str, wall: float) -> str:
+    title = "Library default timings" if full else "CI timings"
     lines = [
-        "# Reliability: the fault suite's measurements",
+        f"## {title}",
         "",
-        "Written by `python -m tests.faults.report` from an actual run of `tests/faults/` "
-        "(see [tests/faults/README.md](../tests/faults/README.md)); do not edit by hand.",
-        "",
-        f"* **This run:** {mode}: {FULL_TIMINGS if full else CI_TIMINGS}.",
-        f"* **Result:** {summary}; wall time {wall:.0f} s on {os.cpu_count()} cores "
-        f"({platform.python_implementation()} {platform.python_version()}).",
+        f"* **Timings:** {FULL_TIMINGS if full else CI_TIMINGS}.",
+        f"* **Run:** {time.strftime('%Y-%m-%d', time.gmtime())}: {summary}; wall time {wall:.0f} s "
+        f"on {os.cpu_count()} cores ({platform.python_implementation()} {platform.python_version()}).",
         f"* **Versions:** celery {_version('celery')}, kombu {_version('kombu')}, "
         f"redis-py {_version('redis')}, SQLAlchemy {_version('SQLAlchemy')}, {_server_versions()}.",
-        "* **Workload:** per fault, 4-step sagas (every second run fails at its last step and "
-        "unwinds steps 3, 2, 1); a `decider` worker (queue `harvest`, the sweeper) and an `acts` "
-        "worker (every activity and compensation), both `celery worker -P threads -c 4`.",
         "",
         "| fault | runs | lost | duplicated | uncompensated | recovery (s) | note |",
         "|---|---:|---:|---:|---:|---:|---|",
@@ -99,8 +111,21 @@ def render(rows: list[dict], full: bool, summary: str, wall: float) -> str:
         note = note if len(note) <= 300 else note[:297] + "..."
         lines.append(f"| {row['fault']} | {row['runs']} | {row['lost']} | {row['duplicated']} | "
                      f"{row['uncompensated']} | {_cell(row['recovery_s'])} | {note} |")
-    lines += ["", *COLUMNS]
     return "\n".join(lines) + "\n"
+
+
+def merge(existing: str, section: str, full: bool) -> str:
+    """The document with this mode's section replaced; the other sections (the other mode's,
+    the hand-written broker matrix) kept as they were."""
+    sections = {}
+    for mode in SECTIONS:
+        start, end = f"<!-- section:{mode} -->", f"<!-- /section:{mode} -->"
+        if start in existing and end in existing:
+            sections[mode] = existing[existing.index(start) + len(start):existing.index(end)].strip("\n")
+    sections["full" if full else "ci"] = section.strip("\n")
+    body = [f"<!-- section:{mode} -->\n{sections[mode]}\n<!-- /section:{mode} -->\n"
+            for mode in SECTIONS if mode in sections]
+    return "\n".join(HEADER) + "\n" + "\n".join(body) + "\n" + "\n".join(COLUMNS) + "\n"
 
 
 COLUMNS = [
@@ -135,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print("no fault rows were written: docs not updated", file=sys.stderr)
         return code or 1
-    args.output.write_text(render(rows, not args.ci, summary, wall))
+    existing = args.output.read_text() if args.output.exists() else ""
+    args.output.write_text(merge(existing, render_section(rows, not args.ci, summary, wall), not args.ci))
     print(f"wrote {args.output} ({len(rows)} faults, {wall:.0f} s)")
     return code
 

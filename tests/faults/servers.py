@@ -85,7 +85,11 @@ class Postgres:
         self.start()
 
     def start(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start")
+        out = self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start",
+                        check=False)
+        if out.returncode != 0:
+            log = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
+            raise RuntimeError(f"pg_ctl start failed ({out.returncode}): {out.stderr.decode()}\n{log}")
         _wait(lambda: _port_open(self.port), 30, "Postgres did not answer")
 
     def crash(self) -> None:

@@ -297,3 +297,22 @@ harvest.register(unheard, waits_on_nobody)
 from . import cancels  # noqa: E402  (they need record() and r from this module)
 
 harvest.register(*cancels.ALL)
+
+
+# ── the console's browser test (test_console.py): an activity error that holds markup ─────────
+XSS_MESSAGE = "<script>window.__xss = 1</script><img src=x onerror=\"window.__xss = 2\">"
+
+
+@activity(queue="alpha", retry=RetryPolicy(max_attempts=2, initial_interval=0.2))
+def console_xss(data: dict) -> str:
+    record(data["tag"], "console_xss", data)
+    raise ValueError(XSS_MESSAGE)
+
+
+@workflow
+async def console_probe(ctx: WorkflowContext, data: dict) -> str:
+    """Runs ``console_xss``, which always fails: the run fails with a markup-laden error."""
+    return await ctx.execute_activity(console_xss, data)  # type: ignore[no-any-return]
+
+
+harvest.register(console_xss, console_probe)

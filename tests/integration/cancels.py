@@ -90,6 +90,12 @@ async def seal_checkout(ctx: WorkflowContext, data: dict) -> str:
     return "shipped"
 
 
+@workflow(name="cx_parked")
+async def cx_parked(ctx: WorkflowContext, data: dict) -> str:
+    """Waits for a signal that, once the run is sealed, can never come."""
+    return await ctx.wait_signal("go")  # type: ignore[no-any-return]
+
+
 # ── an activity that learns of a cancel ───────────────────────────────────────────────────────
 @activity(name="cx_watch", queue="beta", retry=ONCE)
 def cx_watch(data: dict) -> str:
@@ -152,5 +158,5 @@ def cancel_edge(g: DagBuilder) -> None:
     g.activity(ce_e).upstream(c).compensate(ce_undo)
 
 
-ALL = [cx_charge, cx_refund, cx_pack, coop_checkout, seal_checkout, cx_watch, watched,
+ALL = [cx_charge, cx_refund, cx_pack, coop_checkout, seal_checkout, cx_parked, cx_watch, watched,
        ce_a, ce_b, ce_c, ce_e, ce_undo, cancel_edge]

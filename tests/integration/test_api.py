@@ -116,7 +116,8 @@ def test_mutating_endpoints_need_the_token_when_one_is_configured(harvest, worke
     run_id = ok.json()["execution_id"]
     assert client.post(f"/workflows/{run_id}/cancel", json={}).status_code == 401
     assert client.post(f"/workflows/{run_id}/signals/decision", json={}).status_code == 401
-    assert client.get(f"/workflows/{run_id}").json()["status"] == "RUNNING"  # reads need no token
+    assert client.get(f"/workflows/{run_id}").status_code == 401  # reads need the token too
+    assert client.get(f"/workflows/{run_id}", headers={"Authorization": "Bearer s3cret"}).json()["status"] == "RUNNING"
     cancelled = client.post(f"/workflows/{run_id}/cancel", headers={"Authorization": "Bearer s3cret"})
     assert cancelled.status_code == 200
 

@@ -46,7 +46,10 @@ def test_no_request_breaks_the_api(harvest, monkeypatch):
 def test_the_schema_declares_bearer_auth_when_a_token_is_configured(harvest, token):
     from fastapi.testclient import TestClient
 
-    spec = TestClient(create_app(harvest, token=token)).get("/openapi.json").json()
+    client = TestClient(create_app(harvest, token=token))
+    assert client.get("/openapi.json").status_code == 401  # the document needs the token too
+    spec = client.get("/openapi.json", headers={"Authorization": f"Bearer {token}"}).json()
     assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     assert spec["paths"]["/workflows"]["post"]["security"] == [{"HTTPBearer": []}]
-    assert "security" not in spec["paths"]["/workflows"]["get"]
+    assert spec["paths"]["/workflows"]["get"]["security"] == [{"HTTPBearer": []}]  # reads too
+    assert "security" not in spec["paths"]["/healthz"]["get"]

@@ -23,6 +23,11 @@ from .conftest import DATABASE_URL, effects, scrape_all, wait_for
 pytestmark = pytest.mark.integration
 
 
+@pytest.fixture(autouse=True)
+def _open_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HARVEST_API_TOKEN", raising=False)  # the API clients here send no token
+
+
 def release(redis_client: Any, tag: str, name: str) -> None:
     """Let the body held on ``name`` finish (``cancels.hold``)."""
     redis_client.set(f"release:{tag}:{name}", 1, ex=600)
@@ -97,7 +102,7 @@ def test_harvest_list_and_show_flag_a_failed_cancel_branch(harvest, workers, red
 
 
 def test_result_of_a_branch_left_waiting_is_stopped(harvest, workers, redis_client, tag):
-    run_id = harvest.start_workflow("approval", {"tag": tag})
+    run_id = harvest.start_workflow("cx_parked", {"tag": tag})
     wait_for(lambda: harvest.store.decision_request(run_id)[1] is None, what="the first decision")
     harvest.cancel_workflow_execution(run_id, reason="nobody approves")
     err = cancelled(harvest, run_id)

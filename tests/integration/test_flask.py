@@ -122,3 +122,37 @@ def test_flask_harvest_is_the_command_line(app, tag):
     assert result.exit_code == 0 and "cli" in result.output
     unknown = runner.invoke(args=["harvest", "show", f"nope-{tag}"])
     assert unknown.exit_code == 2
+
+
+def test_flask_harvest_worker_runs_celery_on_the_apps_harvest(app, monkeypatch):
+    """``flask harvest worker`` execs ``celery -A harvest_celery._cli:celery_app``, which loads the
+    Flask app again in that process (``HARVEST_FLASK_APP``) and finds its Celery app."""
+    import os
+    import subprocess
+    import sys
+
+    import harvest_celery._cli as cli
+
+    from .conftest import ROOT
+
+    execs: list[tuple[list[str], dict[str, str]]] = []
+    monkeypatch.setattr(cli, "_exec", lambda argv, env: execs.append((argv, env)))
+    monkeypatch.delenv("HARVEST_FLASK_APP", raising=False)
+    runner = app.test_cli_runner()
+    from flask.cli import ScriptInfo
+
+    info = ScriptInfo(app_import_path="tests.integration.webapps:app", create_app=lambda: app)
+    result = runner.invoke(args=["harvest", "worker", "-Q", "wa_decide,wa_q"], obj=info)
+    assert result.exit_code == 0, result.output
+    argv, env = execs[0]
+    assert argv[argv.index("-A") + 1] == "harvest_celery._cli:celery_app"
+    assert env["HARVEST_APP"] == "harvest_celery.contrib.flask:current_harvest"
+    assert env["HARVEST_FLASK_APP"] == "tests.integration.webapps:app"
+    probe = ("from harvest_celery._cli import celery_app; "
+             "print(celery_app.main, sorted(t for t in celery_app.tasks if not t.startswith('celery.')))")
+    child = dict(os.environ, HARVEST_APP=env["HARVEST_APP"], HARVEST_FLASK_APP=env["HARVEST_FLASK_APP"],
+                 PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=child, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("webapps ") and "wa_charge" in out.stdout and "harvest.decide" in out.stdout

@@ -59,8 +59,8 @@ def test_a_run_waiting_on_a_queue_nobody_consumes_says_so(harvest, stuck_run, ca
     assert f"no live worker consumes '{QUEUE}' (start one: harvest worker -A {APP} -Q {QUEUE})" in out
     assert out.index("waiting:") < out.index("timeline:")
 
-    # the API (reads need no token)
-    client = TestClient(create_app(harvest, token="s3cret"))
+    # the API (reads need the token too)
+    client = TestClient(create_app(harvest, token="s3cret"), headers={"Authorization": "Bearer s3cret"})
     body = client.get(f"/workflows/{stuck_run}").json()
     assert body["status"] == "RUNNING"
     assert [(w["kind"], w["activity"], w["queue"]) for w in body["waiting"]] == [("activity", "unheard", QUEUE)]

@@ -218,8 +218,8 @@ def test_concurrent_starts_on_application_connections_make_one_run(engine, h, ta
         finally:
             conn.close()
 
-    results, errors = _concurrently(16, start)
-    assert errors == [] and results == [run_id] * 16
+    results, errors = _concurrently(8, start)  # (a connection each: Postgres has ~100)
+    assert errors == [] and results == [run_id] * 8
     assert runs(engine, run_id) == 1
     assert h.result(run_id, timeout=FAST) == f"charged:{tag}"
 

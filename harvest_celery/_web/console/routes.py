@@ -13,6 +13,7 @@ the bearer header; the sign-in page and the static files are the only ones open 
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -33,6 +34,7 @@ from harvest_celery._web.deps import check_id
 from harvest_celery._web.pages import compensation_states, render_graph
 
 Form = Annotated[dict[str, str], Depends(form_fields)]
+log = logging.getLogger("harvest_celery.api")
 
 
 def _version(x: Any) -> str:
@@ -95,7 +97,11 @@ class Console:
         definition = self.harvest.registry.workflows.get(x.workflow_type)
         if definition is None or definition.kind != "dag" or definition.extra is None:
             return None, None, None
-        graph = build_run_graph(definition.extra, x, history)
+        try:
+            graph = build_run_graph(definition.extra, x, history)
+        except Exception as exc:  # noqa: BLE001 - a read-only view degrades: the rest still shows
+            log.warning("run %s: the DAG graph cannot be drawn: %s", x.id, exc)
+            return '<p class="empty">the graph cannot be drawn from this history</p>', None, None
         link = f"/ui/dags/{quote(x.workflow_type, safe='')}/runs/{quote(x.id, safe='')}"
         return (render_graph(graph, compensation_states(history)),
                 [n["node_name"] for n in graph["nodes"]], link)

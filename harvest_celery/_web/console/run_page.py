@@ -133,9 +133,9 @@ def _attempts(act: Activity) -> str:
 
 
 def _activities(view: RunView) -> str:
-    rows = [f'<tr data-activity="{e(a.name)}" data-status="{e(a.status)}"><td class="mono">#{e(a.activity_id)}</td>'
+    rows = [f'<tr data-activity="{e(a.name)}" data-status="{e(a.status)}"><td class="mono nw">#{e(a.activity_id)}</td>'
             f'<td>{e(a.name)}{" <span class=tag>compensation</span>" if a.compensation else ""}</td>'
-            f'<td>{e(a.queue)}</td><td>{e(a.status)}</td><td>{e(when(a.scheduled_at))}</td>'
+            f'<td>{e(a.queue)}</td><td class="nw">{e(a.status)}</td><td>{e(when(a.scheduled_at))}</td>'
             f'<td>{_attempts(a)}</td><td><code class="snip">{e(snippet(a.input, 120))}</code></td></tr>'
             for a in view.activities]
     return ('<section id="activities"><h2>Activities</h2>'

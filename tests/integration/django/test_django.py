@@ -168,3 +168,26 @@ def test_the_same_tests_pass_on_psycopg2(django_worker):
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
+
+
+def test_manage_py_harvest_worker_runs_celery_on_the_projects_app(monkeypatch, tag):
+    """``manage.py harvest worker`` execs ``celery -A harvest_celery._cli:celery_app``, which
+    resolves, in that new process, to the project's Celery app with the harvest tasks on it."""
+    import harvest_celery._cli as cli
+    from django.core.management import call_command
+
+    execs: list[tuple[list[str], dict[str, str]]] = []
+    monkeypatch.setattr(cli, "_exec", lambda argv, env: execs.append((argv, env)))
+    call_command("harvest", "worker", "-Q", "dj_decide,dj_q")
+    argv, env = execs[0]
+    assert argv[argv.index("-A") + 1] == "harvest_celery._cli:celery_app"
+    assert env["HARVEST_APP"] == "harvest_celery.contrib.django:get_harvest"
+    probe = ("from harvest_celery._cli import celery_app; "
+             "print(celery_app.main, sorted(t for t in celery_app.tasks if not t.startswith('celery.')))")
+    child = dict(os.environ, HARVEST_APP=env["HARVEST_APP"], PYTHONPATH=str(ROOT),
+                 DJANGO_SETTINGS_MODULE="tests.integration.django.settings")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=child, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("djshop ")
+    assert all(name in out.stdout for name in ("harvest.decide", "dj_charge", "dj_step"))
