@@ -28,6 +28,7 @@
     ├── InvalidExecutionId             an id that cannot name a run (also a ValueError)
     ├── InvalidState                   an operation the run's status forbids
     ├── UnknownEventType               a history event this build does not know
+    ├── CorruptHistory                 a stored history that cannot be replayed as it is
     ├── DagBuildError                  build-time DAG misuse (raised at decoration)
     │   └── CompensatorNameCollidesWithNode
     ├── UnregisteredActivity           preflight: a DAG names an unregistered activity
@@ -403,3 +404,8 @@ def error_body(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, ExecutionAlreadyExists):
         body["conflict"] = exc.conflict
     return body
+
+
+class CorruptHistory(HarvestError):
+    """A stored history that cannot be replayed as it is: an event missing a field or holding
+    one of the wrong type, or a history that does not start with ``WorkflowStarted``."""

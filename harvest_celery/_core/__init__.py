@@ -1,6 +1,6 @@
 """The pure core: events, commands, the run lifecycle rules, the registry and retry policy, the
 decision engine (replay), the ``WorkflowContext`` (over a port the engine implements), ``Saga``,
-the JSON checks at the edges and the history timeline.
+the JSON checks at the edges, what may name a run (``ids``) and the history timeline.
 
 Owns: every rule that decides what a run does next. Stdlib only; deterministic; no I/O.
 May not import: SQLAlchemy, Celery, kombu, redis, FastAPI, pydantic, prometheus, nor any other

@@ -54,6 +54,7 @@ from harvest_celery._core.retry import RetryPolicy
 from harvest_celery._errors import (
     ActivityError,
     Cancelled,
+    CorruptHistory,
     HarvestError,
     NonDeterministic,
     NotInWorkflow,
@@ -131,7 +132,7 @@ class Replay:
 
     def __init__(self, definition: WorkflowDefinition, activation: Activation, registry: Registry) -> None:
         if not activation.history or not isinstance(activation.history[0].event, ev.WorkflowStarted):
-            raise ValueError("a history starts with WorkflowStarted")
+            raise CorruptHistory("a history starts with WorkflowStarted")
         self.definition = definition
         self.activation = activation
         self.registry = registry
@@ -470,9 +471,12 @@ class Session:
     def __init__(self, definition: WorkflowDefinition, activation: Activation, registry: Registry) -> None:
         self.replay = replay = Replay(definition, activation, registry)
         started = replay.events[0]
-        assert isinstance(started, ev.WorkflowStarted)
+        assert isinstance(started, ev.WorkflowStarted)  # Replay checked it
+        carried = started.carried or {}
+        if not isinstance(carried, dict):
+            raise CorruptHistory(f"WorkflowStarted.carried holds {type(carried).__name__}, not an object")
         info = WorkflowInfo(activation.execution_id, activation.workflow_type, replay.times[0],
-                            dict(started.carried or {}))
+                            dict(carried))
         self.main = _Task(replay, definition.fn(WorkflowContext(replay, info), started.input))
         replay.run_ready()
         self.decision = self._drive(range(1, len(replay.events)))
@@ -576,8 +580,9 @@ def replay_history(definition: WorkflowDefinition, execution_id: str,
                    config: EngineConfig | None = None) -> Decision:
     """Replay a recorded history as a probe (a pure read): raises nothing, returns the decision
     whose ``nd`` says whether the current code still matches the history."""
-    started = history[0].event
-    assert isinstance(started, ev.WorkflowStarted)
+    started = history[0].event if history else None
+    if not isinstance(started, ev.WorkflowStarted):
+        raise CorruptHistory("a history starts with WorkflowStarted")
     activation = Activation(execution_id, started.workflow_type, history,
                             config or EngineConfig(), probe=True)
     return decide(definition, activation, registry)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
 
-from harvest_celery._errors import UnknownEventType
+from harvest_celery._errors import CorruptHistory, UnknownEventType
 
 EVENT_VERSION = 1
 
@@ -161,13 +161,33 @@ INPUT_EVENTS = (SignalReceived, WorkflowCancelRequested)
 
 
 
+_PLAIN = {"str": str, "int": int, "bool": bool, "str | None": (str, type(None))}
+
+
 def event_from_data(data: dict[str, Any]) -> Event:
-    """Rebuild an event from its stored JSON (unknown keys from newer versions are ignored)."""
+    """Rebuild an event from its stored JSON (unknown keys from newer versions are ignored).
+    A stored event missing a field, or with a field of the wrong JSON type, is a
+    ``CorruptHistory`` — never an error of another kind from deep inside a replay."""
+    if not isinstance(data, dict):
+        raise CorruptHistory(f"a stored event is not a JSON object: {type(data).__name__}")
     cls = EVENT_TYPES.get(data.get("type", ""))
     if cls is None:
         raise UnknownEventType(str(data.get("type")))
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in names})
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        expected = _PLAIN.get(str(f.type))
+        value = data[f.name]
+        if expected is not None and (not isinstance(value, expected)
+                                     or (expected is int and isinstance(value, bool))):
+            raise CorruptHistory(f"{cls.type} event: field {f.name!r} holds "
+                                 f"{type(value).__name__}, not {f.type}")
+        values[f.name] = value
+    try:
+        return cls(**values)
+    except TypeError as exc:  # a required field missing
+        raise CorruptHistory(f"{cls.type} event: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,11 @@
 transactions (``store``, ``tx``), typed rows out (``records``: never a SQLAlchemy row), the one
 dialect seam (SQLite for embedded mode, Postgres), the activity side (``tasks``: claim,
 completion, retries, leases), what the sweeper finds due (``sweeps``), every run mutation in
-one module (``runs``: start, signal, cancel, terminate, pause, resume, reset, fork, erase,
-purge) and the Postgres payload store (``blobs``).
+one module (``runs``: signal, cancel, terminate, pause, resume, reset, fork, erase, purge),
+starting a run (``starts``: id reuse, concurrent starts, the announcement of a start made in an
+application's transaction; ``appconn`` and ``dbapi``: that start on the application's own
+SQLAlchemy, psycopg or Django connection), the process's ``LISTEN`` connection (``listener``)
+and the Postgres payload store (``blobs``).
 
 Owns: all SQL. What a transaction asks to send is a neutral ``Dispatch`` record.
 May not import: Celery, kombu, redis, FastAPI, pydantic, ``_runtime``, ``_web``, ``_client``,

@@ -429,18 +429,12 @@ def _matcher_sees(mutation: tuple[str, Any], items: list[dict[str, Any]]) -> boo
 
 
 # ── findings: engine behaviour the properties flagged (see the report of issue 14) ───────────
-@pytest.mark.xfail(strict=True, reason="event_from_data lets a TypeError out for a stored event "
-                   "missing a required field (e.g. ActivityScheduled without activity_id); a "
-                   "corrupt history should give a clean HarvestError")
 def test_an_event_missing_a_required_field_is_a_clean_harvest_error():
     data = {"type": "ActivityScheduled", "v": 1, "activity_name": "p_act0"}
     with pytest.raises(HarvestError):
         ev.event_from_data(data)
 
 
-@pytest.mark.xfail(strict=True, reason="a history whose first event is not WorkflowStarted (the "
-                   "first event dropped) raises ValueError/AssertionError out of the engine, not "
-                   "a HarvestError")
 def test_a_history_without_its_workflow_started_is_a_clean_harvest_error():
     run = new_sim().start(WF, [{"k": "act", "n": 0, "catch": False}])
     run.decide()
@@ -452,11 +446,6 @@ def test_a_history_without_its_workflow_started_is_a_clean_harvest_error():
         replay_history(new_sim().registry.workflow(WF), run.execution_id, headless, new_sim().registry)
 
 
-@pytest.mark.xfail(strict=True, reason="events are not type-checked when decoded: a field of the "
-                   "wrong JSON type (here ActivityCompleted.activity_id a list) escapes the engine as "
-                   "TypeError: unhashable type (SignalReceived.name, TimerFired.timer_id likewise; "
-                   "MarkerRecorded.name a list gives AttributeError, WorkflowStarted.carried an int "
-                   "TypeError)")
 def test_an_event_field_of_the_wrong_type_is_a_clean_harvest_error():
     run = new_sim().start(WF, [{"k": "act", "n": 0, "catch": False}])
     run.decide()

@@ -173,8 +173,9 @@ def test_the_same_tests_pass_on_psycopg2(django_worker):
 def test_manage_py_harvest_worker_runs_celery_on_the_projects_app(monkeypatch, tag):
     """``manage.py harvest worker`` execs ``celery -A harvest_celery._cli:celery_app``, which
     resolves, in that new process, to the project's Celery app with the harvest tasks on it."""
-    import harvest_celery._cli as cli
     from django.core.management import call_command
+
+    import harvest_celery._cli as cli
 
     execs: list[tuple[list[str], dict[str, str]]] = []
     monkeypatch.setattr(cli, "_exec", lambda argv, env: execs.append((argv, env)))
