@@ -161,7 +161,8 @@ INPUT_EVENTS = (SignalReceived, WorkflowCancelRequested)
 
 
 
-_PLAIN = {"str": str, "int": int, "bool": bool, "str | None": (str, type(None))}
+_PLAIN: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "bool": bool,
+                                            "str | None": (str, type(None))}
 
 
 def event_from_data(data: dict[str, Any]) -> Event:
