@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from harvest_celery._cli_replay import replay_commands
 from harvest_celery._client import Harvest
-from harvest_celery._core.timeline import render_status, render_timeline
+from harvest_celery._core.timeline import render_errors, render_status, render_timeline
 from harvest_celery._demo import run_demo
 from harvest_celery._errors import HarvestError, WorkflowCancelledError, WorkflowFailed
 from harvest_celery._store.migrate import upgrade
@@ -327,6 +327,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     print("  timeline:")
     for line in render_timeline(store.history(args.execution_id)):
         print("  " + line)
+    errors = render_errors(store.attempt_errors(args.execution_id))
+    if errors:
+        print("  errors (every attempt):\n" + "\n".join("  " + line for line in errors))
     return 0
 
 

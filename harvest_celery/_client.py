@@ -39,7 +39,7 @@ from harvest_celery._store import runs as ops
 from harvest_celery._store import starts
 from harvest_celery._store.appconn import after_session_commit, payloads_on, start_on
 from harvest_celery._store.migrate import upgrade
-from harvest_celery._store.records import CancelBranch, Execution, Timings, utcnow
+from harvest_celery._store.records import AttemptError, CancelBranch, Execution, Timings, utcnow
 from harvest_celery._store.starts import check_policy
 from harvest_celery._store.store import Store
 
@@ -394,6 +394,12 @@ class Harvest:
         cannot be decoded raw instead of raising."""
         self.store.get(execution_id)
         return self.store.history(execution_id, strict=strict)
+
+    def attempt_errors(self, execution_id: str) -> list[AttemptError]:
+        """Every failed attempt's error with its traceback, oldest first (activity "" and
+        attempt 0: the workflow's own failure). Raises ``ExecutionNotFound``."""
+        self.store.status(execution_id)
+        return self.store.attempt_errors(execution_id)
 
     def list(self, *, status: str | None = None, workflow: str | None = None,
              nd_blocked: bool | None = None, limit: int = 100, offset: int = 0,

@@ -125,3 +125,15 @@ def render_status(execution: Any) -> list[str]:
         lines.append(f"  result    {short(x.result, 200)}")
     lines.append(f"  events    {x.history_length}")
     return lines
+
+
+def render_errors(errors: list[Any]) -> list[str]:
+    """Every failed attempt (``AttemptError`` records), oldest first, with the innermost lines of
+    its traceback: what ``harvest show`` prints under the timeline."""
+    lines = []
+    for e in errors:
+        who = "workflow" if not e.activity_id else f"activity #{e.activity_id} attempt {e.attempt}"
+        lines.append(f"{who}: {e.error_type}: {e.message}")
+        tail = [line for line in e.traceback.rstrip().splitlines() if line.strip()][-4:]
+        lines.extend("    " + line for line in tail)
+    return lines

@@ -40,7 +40,9 @@ class StartFeed:
 
     def __init__(self) -> None:
         self.ready = threading.Event()
-        self._items: deque[str] = deque()
+        # bounded: a subscriber that stopped draining loses the oldest (the sweeper's lost-message
+        # pass requests them), never the process's memory
+        self._items: deque[str] = deque(maxlen=10_000)
 
     def push(self, payload: str) -> None:
         self._items.append(payload)
@@ -68,8 +70,8 @@ class Listener:
         """Subscribe to start announcements (the listening connection adds the channel)."""
         feed = StartFeed()
         with self._lock:
-            self._feeds.append(feed)
             self._ensure_thread()
+            self._feeds.append(feed)
             poke = self._poke
         if poke is not None:
             os.write(poke[1], b"s")
@@ -103,6 +105,7 @@ class Listener:
             self._pid = os.getpid()
             self.connected.clear()
             self.listening_starts.clear()
+            self._feeds = []  # a forked child's subscribers are its own, not its parent's
             self._poke = os.pipe()
             os.set_blocking(self._poke[0], False)
             threading.Thread(target=self._run, name="harvest-listen", daemon=True).start()

@@ -207,6 +207,20 @@ class HistoryResponse(BaseModel):
     events: list[HistoryItem]
 
 
+class AttemptErrorItem(BaseModel):
+    activity_id: str = Field(description='the activity; "" for the workflow\'s own failure')
+    attempt: int = Field(description="the attempt (0 for the workflow's own failure)")
+    error_type: str
+    message: str
+    traceback: str
+    recorded_at: str
+
+
+class AttemptErrors(BaseModel):
+    execution_id: str
+    errors: list[AttemptErrorItem]
+
+
 class RunGraphNode(BaseModel):
     node_name: str
     status: NodeStatus

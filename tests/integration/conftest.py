@@ -177,14 +177,16 @@ def scrape(worker: str, metric: str, **labels: str) -> float:
     return 0.0
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def webapps(harvest: Any) -> Iterator[Any]:
     """The Flask shop of ``webapps.py`` (its tables made) with its own worker on its own queues:
-    test_flask.py and test_transactional_start.py."""
+    test_flask.py and test_transactional_start.py. Per module, so its worker's connections are
+    given back before the next module (Postgres allows ~100 in all)."""
     from tests.integration import webapps as module
 
     with module.app.app_context():
         module.db.create_all()
+        module.db.engine.dispose()
     worker = Worker("webapps", f"{module.DECISION_QUEUE},{module.QUEUE}", app="tests.integration.webapps:celery")
     worker.start()
     try:

@@ -87,3 +87,25 @@ def test_every_attempts_error_is_kept_with_its_traceback(shop):
     # the history is unchanged: one ActivityFailed for the awaited result, no new event type
     types = [h.event.type for h in shop.harvest.history(rid)]
     assert types.count("ActivityFailed") == 1 and "WorkflowFailed" in types
+
+
+def test_harvest_show_and_the_api_show_every_attempts_error(shop, capsys):
+    from fastapi.testclient import TestClient
+
+    from harvest_celery._cli import main
+    from harvest_celery._web.app import create_app
+
+    rid = shop.harvest.start_workflow("shop_checkout", {"tag": "show"})
+    with pytest.raises(WorkflowFailed):
+        shop.harvest.result(rid, timeout=30)
+    assert main(["--database-url", shop.DATABASE_URL, "show", rid]) == 0
+    out = capsys.readouterr().out
+    assert "errors (every attempt):" in out
+    assert "activity #2 attempt 1: ValueError: card declined for show" in out
+    assert "activity #2 attempt 2: ValueError: card declined for show" in out
+    assert "in shop_declines" in out
+    client = TestClient(create_app(shop.harvest, token="t0ken"))
+    assert client.get(f"/workflows/{rid}/errors").status_code == 401  # reads need the token too
+    body = client.get(f"/workflows/{rid}/errors", headers={"Authorization": "Bearer t0ken"}).json()
+    assert [(e["activity_id"], e["attempt"]) for e in body["errors"]] == [("2", 1), ("2", 2), ("", 0)]
+    assert "shop_declines" in body["errors"][0]["traceback"]

@@ -28,11 +28,21 @@ def engine() -> Any:
     engine.dispose()
 
 
+@pytest.fixture(scope="module")
+def apps(webapps: Any) -> Any:
+    """One app per driver for the module (each has its engine: disposed at the end)."""
+    made = {driver: webapps.create_app(driver) for driver in DRIVERS}
+    for app in made.values():
+        app.testing = True
+    yield made
+    for app in made.values():
+        with app.app_context():
+            webapps.db.engine.dispose()
+
+
 @pytest.fixture(params=DRIVERS, ids=["psycopg2", "psycopg3"])
-def app(request: Any, webapps: Any) -> Any:
-    app = webapps.create_app(request.param)
-    app.testing = True
-    return app
+def app(request: Any, apps: Any) -> Any:
+    return apps[request.param]
 
 
 def count(engine: Any, sql: str, **params: Any) -> int:

@@ -36,7 +36,9 @@ def engine() -> Any:
 
 @pytest.fixture
 def h(webapps: Any) -> Any:
-    return webapps.app.extensions["harvest"].harvest
+    harvest = webapps.app.extensions["harvest"].harvest
+    yield harvest
+    harvest.store.dispose()  # the pool the concurrent starts filled: give it back
 
 
 def count(engine: Any, sql: str, **params: Any) -> int:

@@ -20,6 +20,7 @@ from harvest_celery._web.deps import (
 )
 from harvest_celery._web.errors import error_responses
 from harvest_celery._web.models import (
+    AttemptErrors,
     HistoryResponse,
     StartWorkflowRequest,
     StartWorkflowResponse,
@@ -106,6 +107,13 @@ def history(harvest: HarvestDep, execution_id: ExecutionIdPath) -> dict[str, Any
     return {"execution_id": execution_id, "events": [_history_item(h) for h in events]}
 
 
+def attempt_errors(harvest: HarvestDep, execution_id: ExecutionIdPath) -> dict[str, Any]:
+    """Every failed attempt's error with its traceback, oldest first — not only the last one
+    the history records (activity "" and attempt 0: the workflow's own failure)."""
+    errors = harvest.attempt_errors(check_id(execution_id))
+    return {"execution_id": execution_id, "errors": [e.to_dict() for e in errors]}
+
+
 def router(guard: Guard) -> APIRouter:
     """``POST /workflows`` (mutating), ``GET /workflows``, ``GET /workflows/{id}`` and
     ``GET /workflows/{id}/history``."""
@@ -120,5 +128,8 @@ def router(guard: Guard) -> APIRouter:
                     tags=["workflows"])
     r.add_api_route("/workflows/{execution_id}/history", history, methods=["GET"],
                     response_model=HistoryResponse, responses=error_responses(400, 404, 422),
+                    tags=["workflows"])
+    r.add_api_route("/workflows/{execution_id}/errors", attempt_errors, methods=["GET"],
+                    response_model=AttemptErrors, responses=error_responses(400, 404, 422),
                     tags=["workflows"])
     return r

@@ -53,9 +53,10 @@ def django_db_setup(harvest_database: None, django_db_blocker: Any) -> None:
         call_command("migrate", run_syncdb=True, verbosity=0)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def django_worker(harvest_database: None) -> Iterator[Worker | None]:
-    """``celery -A tests.integration.django.djproject worker``, as the project runs it."""
+    """``celery -A tests.integration.django.djproject worker``, as the project runs it (per module:
+    its connections are given back when the module is done)."""
     if CHILD:
         yield None  # the parent's worker is running
         return
