@@ -117,7 +117,8 @@ def faults(request: Any, fa: Any, workers: dict[str, Worker], servers: Servers,
         if not w.alive():
             w.start()
     xfail = request.node.get_closest_marker("xfail")
-    known_bug = f"known engine bug (xfail): {xfail.kwargs.get('reason', '')}" if xfail else ""
+    reason = str(xfail.kwargs.get("reason", "")).removeprefix("engine bug: ") if xfail else ""
+    known_bug = f"known engine bug (xfail): {reason}" if xfail else ""
     yield Faults(fa, workers, client, engine, servers, known_bug)
     client.delete("faults:dup")
     for w in workers.values():

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.faults
 # CI shortens the outage (HARVEST_FAULTS_OUTAGE seconds); the full run holds it 20 s. Either
 # way it outlasts the CI lease (3 s + 5 s), so a body's outcome is retried past its lease.
 OUTAGE = float(os.environ.get("HARVEST_FAULTS_OUTAGE", "20" if FULL else "10"))
+LOST_COMMIT_DOWN = float(os.environ.get("HARVEST_FAULTS_LOST_COMMIT_DOWN", "3"))
 REDIS_RESTARTS = int(os.environ.get("HARVEST_FAULTS_REDIS_RESTARTS", "3"))
 
 
@@ -64,16 +65,19 @@ def test_postgres_outage(faults):
 
 
 def test_a_completion_whose_commit_is_lost(faults):
-    """Step 3 (no retries: ``max_attempts=1``) completes; Postgres restarts while its
-    completion's transaction is open. The outcome must be retried and recorded — not left to
-    the lease as a StartToCloseTimeout that fails the step with its effect done and never
-    compensated."""
+    """Step 3 (no retries: ``max_attempts=1``) completes; Postgres goes down while its
+    completion's transaction is open and stays down for LOST_COMMIT_DOWN seconds, so the
+    completion and its fallback (the completion alone) both fail. The outcome must be retried
+    and recorded — not left to the lease as a StartToCloseTimeout that fails the step with its
+    effect done and never compensated (issue 14, item 3)."""
     runs = faults.start(plan="commit@3", once=True)
     faults.wait_hung(runs)
-    faults.servers.pg.restart()
-    t0 = time.monotonic()
+    faults.servers.pg.stop()
     faults.release(runs)
-    faults.assert_clean("completion commit lost to a Postgres restart", faults.wait_finished(since=t0))
+    time.sleep(LOST_COMMIT_DOWN)
+    faults.servers.pg.start()
+    t0 = time.monotonic()
+    faults.assert_clean("completion commit lost to a Postgres outage", faults.wait_finished(since=t0))
     for run in runs:
         results = [(t, d.get("attempt")) for t, d in faults.history(run)
                    if t in ("ActivityCompleted", "ActivityFailed") and d.get("activity_id") == "3"]
