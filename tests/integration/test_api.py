@@ -218,6 +218,7 @@ def test_openapi_names_every_endpoint(client):
     paths = client.get("/openapi.json").json()["paths"]
     assert set(paths) == {
         "/workflows", "/workflows/{execution_id}", "/workflows/{execution_id}/history",
+        "/workflows/{execution_id}/errors",
         "/workflows/{execution_id}/signals/{name}", "/workflows/{execution_id}/cancel",
         "/workflows/{execution_id}/request-cancel",
         "/dags/{name}/runs/{execution_id}", "/metrics", "/healthz",
