@@ -10,6 +10,7 @@ from harvest_celery._dag.builder import DagBuilder, dag
 from harvest_celery._dag.model import CollectAll, FailFast
 from harvest_celery._errors import (
     ActivityError,
+    BodyInterrupted,
     Cancelled,
     CompensatorNameCollidesWithNode,
     CorruptHistory,
@@ -51,6 +52,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ActivityContext",
     "ActivityError",
+    "BodyInterrupted",
     "AsyncHarvest",
     "Cancelled",
     "CollectAll",

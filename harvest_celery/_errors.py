@@ -12,6 +12,8 @@
     ├── PayloadStoreError              an offloaded payload cannot be inflated
     ├── ActivityError                  an activity failed for good (seen by the workflow)
     ├── StartToCloseTimeout            an attempt ran past its start_to_close
+    ├── BodyInterrupted                what Celery sees of an attempt whose body raised a
+    │                                  BaseException (SystemExit, KeyboardInterrupt, …)
     ├── RedactedActivityError          what Celery sees of a failed attempt when error detail
     │                                  is limited to the exception type
     ├── WorkflowFailed                 the run ended FAILED (raised by Harvest.result)
@@ -409,3 +411,20 @@ def error_body(exc: BaseException) -> dict[str, Any]:
 class CorruptHistory(HarvestError):
     """A stored history that cannot be replayed as it is: an event missing a field or holding
     one of the wrong type, or a history that does not start with ``WorkflowStarted``."""
+
+
+class BodyInterrupted(HarvestError):
+    """An activity body raised a ``BaseException`` that is not an ``Exception`` (``SystemExit``,
+    ``KeyboardInterrupt``, a class of its own) outside a worker shutdown. The attempt's failure
+    is recorded (and retried by its policy); Celery is handed this ordinary exception instead,
+    because a ``BaseException`` escaping a task wedges Celery's thread pool."""
+
+    def __init__(self, error_type: str, message: str = "") -> None:
+        super().__init__(f"the activity body raised {error_type}"
+                         + (f": {message}" if message else "")
+                         + " (recorded as a failed attempt)")
+        self.error_type = error_type
+        self.error_message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.error_type, self.error_message))

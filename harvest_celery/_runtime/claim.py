@@ -37,7 +37,10 @@ def run_claimed(runtime: Runtime, claimed: Claim | None,
     the error it raised (already recorded as the attempt's failure), if any."""
     if claimed is None:
         return False, None
-    return True, runtime.execute(claimed, body)
+    try:
+        return True, runtime.execute(claimed, body)
+    except BaseException as exc:  # noqa: BLE001 - not an Exception: its failure is recorded
+        return True, exc  # the caller decides what goes on (a shutdown, or a wrapped failure)
 
 
 def claim_and_run(runtime: Runtime, execution_id: str, activity_id: str, attempt: int,

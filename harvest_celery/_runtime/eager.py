@@ -31,7 +31,7 @@ from celery._state import _task_stack
 from harvest_celery._runtime import claim as claims
 from harvest_celery._runtime.messages import activity_task_id
 from harvest_celery._runtime.metrics import METRICS
-from harvest_celery._runtime.outcomes import for_celery
+from harvest_celery._runtime.outcomes import for_celery, stops_the_worker
 from harvest_celery._runtime.runtime import Runtime
 from harvest_celery._store.records import Dispatch
 
@@ -108,6 +108,8 @@ def _run_one(app: Any, hostname: str | None, events: Any, runtime: Runtime, d: D
         claimed = claims.claim(runtime, d.execution_id, d.activity_id, d.attempt)
         ran, error = claims.run_claimed(runtime, claimed, wrap(fn))
     METRICS.inc("activity_eager", {"queue": d.queue})
+    if error is not None and stops_the_worker(runtime, error):
+        raise error  # the worker is shutting down: the chain stops here
     shown = _signal_outcome(app, runtime, d, task_id, args, ran, error)
     del error  # what Celery may see is ``shown`` (redacted under celery_error_detail="type")
     if events is None or not ran:

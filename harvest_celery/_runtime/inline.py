@@ -28,4 +28,6 @@ class InlineDispatcher:
             definition = registry.activity(message.task_name)
             ref = activity_ref(message.args, message.headers)
             if ref is not None and definition.fn is not None:
-                claim_and_run(runtime, *ref, definition.fn)
+                _ran, error = claim_and_run(runtime, *ref, definition.fn)
+                if error is not None and not isinstance(error, Exception):
+                    raise error  # a BaseException from a body: recorded, then it goes on

@@ -46,13 +46,6 @@ def test_base_exceptions_in_workflow_code(faults):
     faults.assert_clean("BaseException in workflow code", faults.wait_finished(since=t0))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine bug: a body's BaseException is re-raised into Celery after its failure is recorded "
-    "(outcomes.settle / the eager chain); Celery's tracer lets a BaseException escape, and in the "
-    "threads pool apply_target hands on_success an ExceptionInfo it cannot unpack (SystemExit and "
-    "KeyboardInterrupt: on_success re-raises them) inside the executor thread, whose future "
-    "swallows the error: the message is never acked nor the request marked done, so each one "
-    "holds a prefetch slot for good and after -c of them the worker consumes nothing (alive, wedged)"))
 def test_base_exceptions_in_activity_code(faults):
     """Each BaseException raised by step 2's body on its first attempt fails that attempt (with
     the exception's type) and the step is retried; every run ends as planned and the activity

@@ -17,7 +17,7 @@ def test_the_design_contract_names_are_exported():
 
 def test_the_exported_list_is_exactly_this():
     assert sorted(harvest_celery.__all__) == sorted([
-        "ActivityContext", "ActivityError", "AsyncHarvest", "Cancelled", "CollectAll", "CompensatorNameCollidesWithNode", "CorruptHistory", "DagBuildError",
+        "ActivityContext", "ActivityError", "BodyInterrupted", "AsyncHarvest", "Cancelled", "CollectAll", "CompensatorNameCollidesWithNode", "CorruptHistory", "DagBuildError",
         "DagBuilder", "DagTaskFailed", "DuplicateRegistration", "ExecutionAlreadyExists",
         "ExecutionNotFound", "FailFast", "FernetCodec", "FileSystemPayloadStore", "Harvest",
         "HarvestError", "InvalidExecutionId", "InvalidState", "NonDeterministic", "NotInActivity", "NotInWorkflow", "PayloadCodecError",

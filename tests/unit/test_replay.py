@@ -557,6 +557,7 @@ SAMPLE_ARGS = {
     "DagTaskFailed": ("one or more DAG tasks failed",),
     "StartToCloseTimeout": ("start_to_close exceeded",),
     "RedactedActivityError": ("RuntimeError", "order-7:2:1"),
+    "BodyInterrupted": ("SystemExit", "3"),
     "CorruptHistory": ("ActivityScheduled event: field 'activity_id' holds list, not str",),
 }
 
