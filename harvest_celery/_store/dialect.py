@@ -3,6 +3,7 @@ rows can be locked. Everything else in the store is written once for both."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import sqlalchemy as sa
@@ -18,15 +19,19 @@ class Dialect:
     dml_ctes = True  # INSERT … inside an UPDATE's WITH: one round trip for a whole run write
 
     def create_engine(self, url: str, echo: bool, *, autocommit: bool = False) -> Engine:
-        # No pool ping: a connection that died while idle fails its first statement, and the
-        # transaction is retried once (``Store.transaction``) when that happened before COMMIT
-        # was sent. ``autocommit``: a pool for one-statement operations (the claim).
+        # No pool ping on the hot path: a connection in constant use is not pinged. One idle
+        # longer than IDLE_PING seconds (the likely victims of a database restart) is pinged on
+        # checkout and replaced if dead; a busy one that died fails its first statement, and
+        # ``Store.transaction`` runs the transaction once more when that came before COMMIT.
+        # ``autocommit``: a pool for one-statement operations (the claim).
+        options: dict[str, Any] = {"echo": echo, "pool_pre_ping": False, "max_overflow": 10,
+                                   "hide_parameters": True}
         if autocommit:
-            return sa.create_engine(url, echo=echo, pool_pre_ping=False, pool_size=2,
-                                    max_overflow=10, hide_parameters=True,
-                                    isolation_level="AUTOCOMMIT")
-        return sa.create_engine(url, echo=echo, pool_pre_ping=False, pool_size=5, max_overflow=10,
-                                hide_parameters=True)
+            engine = sa.create_engine(url, pool_size=2, isolation_level="AUTOCOMMIT", **options)
+        else:
+            engine = sa.create_engine(url, pool_size=5, **options)
+        _ping_when_idle(engine)
+        return engine
 
     def lock(self, query: Any, *, skip_locked: bool = False) -> Any:
         return query.with_for_update(skip_locked=skip_locked)
@@ -75,6 +80,28 @@ class SqliteDialect(Dialect):
 
     def announce_start(self, conn: Any, notice: str) -> None:
         """No listener: the application's after-commit hook, or the sweeper, requests it."""
+
+
+IDLE_PING = 30.0  # seconds a pooled connection may sit unused before it is pinged on checkout
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    @sa.event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi: Any, record: Any) -> None:
+        record.info["harvest_idle_since"] = time.monotonic()
+
+    @sa.event.listens_for(engine, "checkout")
+    def _checked_out(dbapi: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("harvest_idle_since")
+        if since is None or time.monotonic() - since < IDLE_PING:
+            return
+        try:
+            with dbapi.cursor() as cursor:
+                cursor.execute("SELECT 1")
+            if not dbapi.autocommit:
+                dbapi.rollback()
+        except Exception as exc:  # noqa: BLE001 - dead: the pool replaces it and tries again
+            raise sa.exc.DisconnectionError() from exc
 
 
 def dialect_for(url: str) -> Dialect:
