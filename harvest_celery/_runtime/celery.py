@@ -22,7 +22,7 @@ from harvest_celery._runtime import claim as claims
 from harvest_celery._runtime import eager
 from harvest_celery._runtime.messages import DECIDE_TASK, Message
 from harvest_celery._runtime.metrics import serve
-from harvest_celery._runtime.outcomes import settle
+from harvest_celery._runtime.outcomes import settle, stops_the_worker
 from harvest_celery._runtime.runtime import Runtime
 from harvest_celery._store.records import Claim
 
@@ -71,7 +71,8 @@ class ActivityTask(Task):  # type: ignore[misc]
         with runtime.eager_scope(claim is not None and claim.start_to_close is None) as take:
             ran, error = claims.run_claimed(runtime, claim, _timeout_as_failure(fn))
             del claim  # its input must not sit in a frame an error tracker captures
-            eager.run_chain(self.app, self.request.hostname, runtime, take, _timeout_as_failure)
+            if error is None or not stops_the_worker(runtime, error):  # no new body at shutdown
+                eager.run_chain(self.app, self.request.hostname, runtime, take, _timeout_as_failure)
         settle(runtime, ran, error, self.request.id)
 
 

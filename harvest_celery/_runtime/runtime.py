@@ -3,8 +3,11 @@
 Glue between the pure engine, the store and a ``Dispatcher`` (Celery, or the in-process one of
 embedded mode). Every operation is one transaction; messages and metrics go out only after it
 commits. **The next decision rides on the completion**: a worker that records an activity's
-completion and has the workflow registered decides in the same transaction (inside a SAVEPOINT,
-so a decision bug falls back to the decision task and never loses the completion).
+completion and has the workflow registered decides in the same transaction. Nothing of the
+decision is written until its one write statement, so a decision that raises before it leaves
+the transaction as it was and the completion is recorded alone with a decision request; one that
+fails in the database aborts the transaction, and ``_outcome_transaction`` records the completion
+alone in a fresh one. A decision bug never loses a completion or runs a body again.
 """
 
 from __future__ import annotations
@@ -397,13 +400,16 @@ class Runtime:
             if claim.started_seq is not None and claim.started_at is not None:
                 known = [ev.HistoryEvent(claim.started_seq, ev.ActivityStarted(
                     claim.activity_id, claim.attempt, claim.worker_id), claim.started_at)]
+            marks = len(tx.dispatches), len(tx.metrics)
             try:
                 if self.before_inline_decision is not None:
                     self.before_inline_decision(row.id)
                 return self._decide(tx, row, "inline", pending, known)
             except BaseException as exc:  # noqa: BLE001 - a decision bug never loses a result
                 # Nothing of the decision is written until its one statement: what failed here
-                # left no trace in the transaction, so the result is recorded alone.
+                # left no row behind, and the messages and counts it staged are dropped, so
+                # the result is recorded alone.
+                del tx.dispatches[marks[0]:], tx.metrics[marks[1]:]
                 log.warning("inline decision of %s failed (%s: %s); the decision task takes over",
                             row.id, type(exc).__name__, exc)
                 if not isinstance(exc, Exception):

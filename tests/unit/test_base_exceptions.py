@@ -75,3 +75,46 @@ def test_a_base_exception_from_an_activity_fails_the_attempt_then_propagates(h, 
     rows = h.store.activity_rows(f"be-{kind}")
     assert rows[0]["status"] == "retry_wait"  # failed and retried per policy, not left running
     assert [e.error_type for e in h.store.attempt_errors(f"be-{kind}")] == [kind]
+
+
+@activity(name="be_ok")
+def be_ok(x: Any) -> Any:
+    return x
+
+
+@workflow(name="be_two")
+async def be_two(ctx: WorkflowContext, x: Any) -> Any:
+    await ctx.execute_activity(be_ok, x)
+    return await ctx.execute_activity(be_ok, x)
+
+
+def test_a_decision_that_fails_after_staging_its_messages_sends_none_of_them(tmp_path, monkeypatch):
+    """An inline decision that raises after it staged its messages and counts (before its one
+    write) leaves none of them behind: the completion alone is recorded, and only its decision
+    request goes out — no message for a task row that was never written."""
+    from harvest_celery._store.tx import Tx
+
+    h = Harvest(f"sqlite:///{tmp_path / 's.db'}").register(be_ok, be_two)
+    h.migrate()
+    real_write, broken = Tx.write, [True]
+
+    def write(self: Tx, w: Any) -> None:
+        if broken and w.events and w.tasks and w.events[0]["type"] == "ActivityCompleted":
+            broken.pop()
+            raise RuntimeError("a decision bug after the messages were staged")
+        real_write(self, w)
+
+    monkeypatch.setattr(Tx, "write", write)
+    sent: list[str] = []
+    real_send = h.runtime.dispatcher.send
+
+    def send(message: Any) -> None:
+        sent.append(message.task_name)
+        real_send(message)
+
+    monkeypatch.setattr(h.runtime.dispatcher, "send", send)
+    rid = h.start_workflow("be_two", 1)
+    assert h.result(rid, timeout=10) == 1 and broken == []
+    # start's decision, activity 1, then (the inline decision failed) a decision request, then
+    # activity 2 from the decision task: never a phantom activity message in between
+    assert sent == ["harvest.decide", "be_ok", "harvest.decide", "be_ok"]
