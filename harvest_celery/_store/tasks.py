@@ -157,17 +157,6 @@ def finish_completed(tx: Tx, execution_id: str, activity_id: str, attempt: int,
     return located[0]
 
 
-def complete(tx: Tx, execution_id: str, activity_id: str, attempt: int, output: Any,
-             now: datetime, decide_on: str) -> bool:
-    """Record a completion and request the next decision. False for a duplicate."""
-    row = finish_completed(tx, execution_id, activity_id, attempt, now)
-    if row is None:
-        return False
-    if row.accepts_results:
-        tx.append(row, [ev.ActivityCompleted(activity_id, output, attempt)], now, decide_on=decide_on)
-    return True
-
-
 def fail(tx: Tx, execution_id: str, activity_id: str, attempt: int, error_type: str,
          message: str, now: datetime, decision_queue: str, traceback: str = "") -> str:
     """Record a failed attempt: schedule a retry (no event) or fail for good (``ActivityFailed``

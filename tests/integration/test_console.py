@@ -10,87 +10,39 @@ nothing. Nothing here skips: a missing chromium or playwright fails the test.
 from __future__ import annotations
 
 import http.server
-import os
 import re
-import shutil
-import socket
-import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import pytest
-import uvicorn
 
 from harvest_celery._errors import WorkflowFailed
 from harvest_celery._web.api import create_app
 from tests.integration.app import XSS_MESSAGE
+from tests.integration.browser import chromium, serving
 from tests.integration.conftest import wait_for
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TOKEN = "console-t0ken-" + "x" * 20
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def server(harvest: Any, workers: Any, redis_client: Any) -> Iterator[str]:
     """uvicorn serving create_app(harvest, token=TOKEN) on 127.0.0.1, in a background thread."""
     app = create_app(harvest, token=TOKEN)
-    port = _free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                        lifespan="off"))
-    thread = threading.Thread(target=srv.run, name="uvicorn-console", daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 15
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/healthz", timeout=2):
-                break
-        except OSError:
-            if time.monotonic() > deadline or not thread.is_alive():
-                raise RuntimeError(f"uvicorn did not come up on {base}") from None
-            time.sleep(0.05)
-    try:
+    with serving(app, "console") as base:
         yield base
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
-        pytest.fail(f"chromium is required for the console browser test and was not found at {CHROMIUM} "
-                    "(Debian: apt-get install chromium)", pytrace=False)
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError as exc:  # pragma: no cover - the environment's fault, said plainly
-        pytest.fail(f"the Python 'playwright' package is required for the console browser test: {exc}",
-                    pytrace=False)
-    profile = tempfile.mkdtemp(prefix="harvest-console-chromium-")
-    with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            profile, executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
-            viewport={"width": 1360, "height": 900}, device_scale_factor=1)
-        try:
-            yield context
-        finally:
-            context.close()
-            shutil.rmtree(profile, ignore_errors=True)
+    with chromium("console", width=1360) as context:
+        yield context
 
 
 @pytest.fixture(scope="module")
