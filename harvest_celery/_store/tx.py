@@ -28,6 +28,7 @@ from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
 from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.pipeline import Payloads
+from harvest_celery._store import pgwrite
 from harvest_celery._store.dialect import Dialect
 from harvest_celery._store.records import Dispatch, RunRow, Timings, aware
 from harvest_celery._store.schema import activity_tasks, attempt_errors, events, executions, timers
@@ -138,19 +139,33 @@ class Tx:
         inserts = [(table, rows) for table, rows in inserts if rows]
         if not inserts and not w.values:
             return
-        update = executions.update().where(executions.c.id == w.execution_id).values(
-            **(w.values or {"next_seq": executions.c.next_seq}))
         if self.dialect.dml_ctes:
-            ctes = [table.insert().values(rows).cte(f"new_{table.name}") for table, rows in inserts]
-            self.conn.execute(update.add_cte(*ctes) if ctes else update)
+            self._write_one_statement(w.execution_id, inserts, w.values)
         else:
             for table, rows in inserts:
                 self.conn.execute(table.insert(), rows)
             if w.values:
-                self.conn.execute(update)
+                self.conn.execute(self._update_run(w.execution_id, w.values))
         if w.abandon is not None:
             self.abandon_open_tasks(w.execution_id, *w.abandon)
         self._notify_if_closed(w.execution_id, w.values)
+
+    def _write_one_statement(self, execution_id: str, inserts: list[tuple[sa.Table, Any]],
+                             values: dict[str, Any]) -> None:
+        """Postgres: the inserts as data-modifying CTEs of the run-row UPDATE. The hot path's
+        shapes go as plain SQL cached by shape (``pgwrite``); anything else through Core."""
+        fast = pgwrite.statement(execution_id, inserts, values)
+        if fast is not None:
+            self.conn.exec_driver_sql(*fast)
+            return
+        ctes = [table.insert().values(rows).cte(f"new_{table.name}") for table, rows in inserts]
+        update = self._update_run(execution_id, values)
+        self.conn.execute(update.add_cte(*ctes) if ctes else update)
+
+    @staticmethod
+    def _update_run(execution_id: str, values: dict[str, Any]) -> Any:
+        return executions.update().where(executions.c.id == execution_id).values(
+            **(values or {"next_seq": executions.c.next_seq}))
 
     def _decide(self, execution_id: str, queue: str, now: datetime) -> None:
         self.dispatches.append(Dispatch(Dispatch.DECIDE, execution_id, queue,

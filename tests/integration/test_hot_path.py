@@ -14,7 +14,8 @@ import sqlalchemy as sa
 
 from harvest_celery import Harvest, RetryPolicy, Saga, WorkflowContext, activity, workflow
 from harvest_celery._runtime.metrics import METRICS
-from harvest_celery._store.tx import Tx
+from harvest_celery._store import pgwrite
+from harvest_celery._store.tx import RunWrite, Tx
 
 from .conftest import DATABASE_URL, wait_for
 
@@ -226,6 +227,54 @@ def test_sqlite_and_postgres_write_identical_histories(harvest, tmp_path, data):
     pg.start_workflow("hp_saga", data, execution_id=b)
     assert lite.describe(a).status == pg.describe(b).status
     assert shape(lite, a) == shape(pg, b)
+
+
+def _stored(h: Harvest, execution_id: str) -> dict[str, Any]:
+    """The run's rows as stored, without ids, times and worker ids."""
+    skip = {"id", "execution_id", "created_at", "updated_at", "closed_at", "started_at",
+            "finished_at", "dispatched_at", "lease_expires_at", "worker_id", "input_digest",
+            "recorded_at", "retry_at", "at"}
+    out: dict[str, Any] = {}
+    with h.store.engine.connect() as conn:
+        for table in ("harvest_executions", "harvest_activity_tasks", "harvest_attempt_errors"):
+            key = "id" if table == "harvest_executions" else "execution_id"
+            rows = conn.execute(sa.text(f"SELECT * FROM {table} WHERE {key} = :id"),
+                                {"id": execution_id}).mappings().all()
+            out[table] = sorted((sorted((k, repr(v)) for k, v in r.items() if k not in skip)
+                                 for r in rows), key=repr)
+    out["history"] = shape(h, execution_id)
+    return out
+
+
+@pytest.mark.parametrize("data", [{"n": 3}, {"n": 2, "fail": True}], ids=["completes", "unwinds"])
+def test_the_plain_sql_run_write_stores_what_the_core_statement_stores(harvest, monkeypatch, data):
+    """Postgres run writes go as plain SQL cached by shape (``_store.pgwrite``); SQLAlchemy
+    Core builds the same statement when that declines. Both store the same rows, JSON nulls
+    included."""
+    real = pgwrite.statement
+    used = []
+
+    def counted(*args: Any) -> Any:
+        found = real(*args)
+        used.append(found is not None)
+        return found
+
+    monkeypatch.setattr(pgwrite, "statement", counted)
+    h = make()
+    fast = h.start_workflow("hp_saga", data, execution_id=run_id())
+    assert h.describe(fast).status in ("COMPLETED", "FAILED")
+    assert used and all(used)  # every write of that run took the plain-SQL path
+    monkeypatch.setattr(pgwrite, "statement", lambda *_a: None)
+    core = h.start_workflow("hp_saga", data, execution_id=run_id())
+    # a JSON column set to None: Core stores JSON null, not SQL NULL; so must the plain SQL
+    for rid, statement in ((fast, real), (core, lambda *_a: None)):
+        monkeypatch.setattr(pgwrite, "statement", statement)
+        h.store.transaction(lambda tx, rid=rid: tx.write(RunWrite(rid, values={"nd_details": None})))
+    assert _stored(h, fast) == _stored(h, core)
+    with h.store.engine.connect() as conn:
+        sql_null = conn.execute(sa.text("SELECT id, nd_details IS NULL FROM harvest_executions "
+                                        "WHERE id IN (:a, :b)"), {"a": fast, "b": core}).all()
+    assert sorted(null for _id, null in sql_null) == [False, False]
 
 
 # ── result() waits on LISTEN/NOTIFY, one listening connection per process ─────────────────────
