@@ -2,8 +2,10 @@
 ``task_prerun`` hook, or ``__call__`` when called without it), an adopted existing task, an eager
 local run, embedded mode's drain — goes through ``claim`` with one failure policy: an error while
 claiming is logged and means the body does not run (the task row stays scheduled and the sweeper
-re-dispatches it); a refusal (re-sent, redelivered, stale or cancelled) is logged at INFO. Then
-``run_claimed`` runs the body under the claim and records its outcome."""
+re-dispatches it); a refusal (re-sent, redelivered, stale or cancelled) is logged at INFO. The
+one shortcut: an eager run whose decision this very thread wrote was claimed inside that write,
+under the same guard (``claim_dispatch``; ``records.EagerClaim``). Then ``run_claimed`` runs the
+body under the claim and records its outcome."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harvest_celery._runtime.runtime import Runtime
-from harvest_celery._store.records import Claim
+from harvest_celery._store.records import Claim, Dispatch
 
 log = logging.getLogger("harvest_celery")
 
@@ -29,6 +31,14 @@ def claim(runtime: Runtime, execution_id: str, activity_id: str, attempt: int) -
         log.info("claim of %s/%s attempt %s refused (duplicate, stale or cancelled)",
                  execution_id, activity_id, attempt)
     return claimed
+
+
+def claim_dispatch(runtime: Runtime, dispatch: Dispatch) -> Claim | None:
+    """An eager attempt's claim: the one its decision's write took for this thread
+    (``EagerClaim``), else taken now by ``claim``."""
+    if dispatch.claimed is not None:
+        return dispatch.claimed
+    return claim(runtime, dispatch.execution_id, dispatch.activity_id, dispatch.attempt)
 
 
 def run_claimed(runtime: Runtime, claimed: Claim | None,

@@ -3,11 +3,15 @@
 When a worker thread records a completion and takes the next decision inline, and that decision
 schedules an activity on a queue this worker consumes, the activity runs here, in the same
 thread, instead of going to the broker and back: it goes through the same claim as every other
-path (``ActivityStarted`` is appended before the body; a refused claim runs nothing), at most
+path (``ActivityStarted`` commits before the body; a refused claim runs nothing) — taken in the
+decision's own write when that decision was written by this thread (``EagerClaim``: no claim
+statement, no commit of its own), else by the claim statement — at most
 ``Settings.eager_max_chain`` in a row, and never when the current or the next attempt has a
-deadline (the chain would run under the first message's time limit). Its task row was committed
-as ``scheduled`` with no message sent: if this process dies before the claim, the sweeper
-re-sends it after ``Timings.redispatch_after``, as for any lost message.
+deadline (the chain would run under the first message's time limit). No message is sent for
+it. If this process dies before the body, the attempt is recovered as any lost attempt is: a
+row claimed in the decision's write has its lease expire (``StartToCloseTimeout``, retried per
+policy, as for a worker killed between claim and body); a row still ``scheduled`` is re-sent by
+the sweeper after ``Timings.redispatch_after``.
 
 Eager runs stay visible: with task events on (``-E``), the worker sends ``task-received``,
 ``task-started`` and ``task-succeeded``/``task-failed`` under the attempt's real task id, so
@@ -105,7 +109,7 @@ def _run_one(app: Any, hostname: str | None, events: Any, runtime: Runtime, d: D
         events.send("task-started", uuid=task_id)  # the dispatcher adds this process's pid
     started = time.monotonic()
     with _as_current_task(app, d, task_id, args, hostname):
-        claimed = claims.claim(runtime, d.execution_id, d.activity_id, d.attempt)
+        claimed = claims.claim_dispatch(runtime, d)
         ran, error = claims.run_claimed(runtime, claimed, wrap(fn))
     METRICS.inc("activity_eager", {"queue": d.queue})
     if error is not None and stops_the_worker(runtime, error):

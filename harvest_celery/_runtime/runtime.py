@@ -37,7 +37,7 @@ from harvest_celery._runtime.messages import Message, encode
 from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._runtime.sweeper import Sweeper
 from harvest_celery._store import tasks
-from harvest_celery._store.records import Claim, Dispatch, RunRow, Timings, utcnow
+from harvest_celery._store.records import Claim, Dispatch, EagerClaim, RunRow, Timings, utcnow
 from harvest_celery._store.store import Store, is_transient
 from harvest_celery._store.tx import Tx
 
@@ -173,16 +173,36 @@ class Runtime:
     def send(self, dispatches: Sequence[Dispatch]) -> None:
         """Send what a committed transaction asked for. A send that fails is logged: the task
         row (or the run's decision request) is the durable record, re-sent by the sweeper.
-        Inside an eager scope, one activity this worker can run is held back for it instead."""
+        Inside an eager scope, one activity this worker can run is held back for it instead:
+        the one the write already claimed for this thread, or else the first it can run."""
+        held = next((d for d in dispatches if d.claimed is not None), None)
+        if held is None and self._accepting():
+            held = next((d for d in dispatches if self._runs_here(d)), None)
+        if held is not None:
+            self._local.held = held
         if self.dispatcher is None:
             return
-        held = None
-        if getattr(self._local, "accept", False) and getattr(self._local, "held", None) is None:
-            held = next((d for d in dispatches if self._runs_here(d)), None)
-            self._local.held = held
         for dispatch in dispatches:
             if dispatch is not held:
                 self.send_message(encode(dispatch))
+
+    def _accepting(self) -> bool:
+        """Is this thread in an eager scope with room for one more activity?"""
+        return bool(getattr(self._local, "accept", False)) and getattr(self._local, "held", None) is None
+
+    def _eager_claim(self) -> EagerClaim | None:
+        """The claim a decision written by this thread takes for it (``EagerClaim``), if the
+        thread will run an activity next; never once the worker is shutting down."""
+        if not self._accepting() or self.shutting_down.is_set():
+            return None
+        return EagerClaim(worker_id(), self.settings.timings.default_lease, self._claims_here)
+
+    def _claims_here(self, dispatch: Dispatch) -> bool:
+        if not self._runs_here(dispatch):
+            return False
+        if self.before_claim_append is not None:  # a test seam: the claim is being taken
+            self.before_claim_append(dispatch.execution_id, dispatch.activity_id, dispatch.attempt)
+        return True
 
     def _runs_here(self, dispatch: Dispatch) -> bool:
         """An activity this worker may run eagerly: engine-native, no deadline (a local chain
@@ -213,7 +233,12 @@ class Runtime:
             yield take
         finally:
             held, self._local.held, self._local.accept = self._local.held, None, False
-            if held is not None:
+            if held is not None and held.claimed is not None:
+                # claimed for this thread, which stops before running it (a shutdown): its
+                # lease expires and the attempt is retried, as if this process had died
+                log.warning("eager attempt %s/%s was claimed but not run; retried when its "
+                            "lease expires", held.execution_id, held.activity_id)
+            elif held is not None:
                 self.send([held])
 
     def send_message(self, message: Message) -> bool:
@@ -257,7 +282,8 @@ class Runtime:
         written = tx.apply_decision(row, session.events, decision, self.registry, utcnow(),
                                     self.settings.timings, row.workflow_type,
                                     leading=[h.event for h in pending],
-                                    sticky=self.sticky_queue if keeps else None)
+                                    sticky=self.sticky_queue if keeps else None,
+                                    eager=self._eager_claim())
 
         tx.metrics.append(("decisions", {"workflow": row.workflow_type, "path": path}))
         if decision.nd is not None:
@@ -458,7 +484,8 @@ class Runtime:
             except BaseException as exc:
                 # SystemExit, KeyboardInterrupt, a BaseException of the body's own: the attempt
                 # failed (retried per policy, never left running under a renewed lease); the
-                # exception then goes on to stop what it was meant to stop
+                # exception then goes on to stop what it was meant to stop — so no eager claim
+                self._local.accept = False
                 self._fail_with(claim, exc)
                 raise
             self.complete(claim, output)

@@ -4,7 +4,7 @@ that turns them into Celery messages lives in ``_runtime.messages``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -111,6 +111,9 @@ class Dispatch:
     input: Any = None
     deadline: float | None = None
     requested_at: float = 0.0  # a decision request's time, part of its message id
+    # an eager attempt claimed in the very write that scheduled it (``EagerClaim``): no message
+    # is sent for it; the worker thread that took the decision runs it next
+    claimed: Claim | None = None
 
     DECIDE = "decide"
     ACTIVITY = "activity"
@@ -259,6 +262,21 @@ class Claim:
     worker_id: str = ""
     started_seq: int | None = None
     started_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class EagerClaim:
+    """A worker thread that will run one activity of the decision it is writing, right after
+    the commit (eager execution). That activity is claimed in the decision's own write: its new
+    task row is written ``running`` under this worker's lease and its ``ActivityStarted`` is
+    appended after the decision's events — the same guard as the claim statement, which a row
+    scheduled by this very write passes by construction — so the attempt needs no claim
+    statement and no commit of its own, and ``ActivityStarted`` still commits before the body.
+    ``wants``: whether this thread runs that dispatch (the first one it wants is claimed)."""
+
+    worker_id: str
+    lease: float
+    wants: Callable[[Dispatch], bool]
 
 
 @dataclass(frozen=True)

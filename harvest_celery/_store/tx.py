@@ -9,7 +9,7 @@ forked history impossible even if a caller forgot the lock. What the transaction
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection
 from harvest_celery._core import events as ev
 from harvest_celery._core.commands import Decision, Failed, ScheduleActivity, StartTimer
 from harvest_celery._core.lifecycle import (
+    RUNNING,
     TERMINAL_STATUSES,
     cancel_branch_failure,
     decision_events,
@@ -30,7 +31,7 @@ from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._store import pgwrite
 from harvest_celery._store.dialect import Dialect
-from harvest_celery._store.records import Dispatch, RunRow, Timings, aware
+from harvest_celery._store.records import Claim, Dispatch, EagerClaim, RunRow, Timings, aware
 from harvest_celery._store.schema import activity_tasks, attempt_errors, events, executions, timers
 
 RawEvent = tuple[int, dict[str, Any], datetime]
@@ -209,10 +210,13 @@ class Tx:
     def apply_decision(self, row: RunRow, history: Sequence[ev.Event], decision: Decision,
                        registry: Registry, now: datetime, timings: Timings, workflow_label: str, *,
                        leading: Sequence[ev.Event] = (),
-                       sticky: str | None = None) -> list[ev.HistoryEvent]:
+                       sticky: str | None = None,
+                       eager: EagerClaim | None = None) -> list[ev.HistoryEvent]:
         """Write one decision. ``leading``: events recorded just before it in the same write
         (the completion a worker decides on), so completion and decision are one statement.
-        Returns the events its commands wrote (a warm replay absorbs them once committed)."""
+        ``eager``: claim one of its new activities for the deciding thread in the same write.
+        Returns the events its commands wrote (a warm replay absorbs them once committed; an
+        eager claim's ``ActivityStarted`` reaches it with that claim)."""
         write = RunWrite(row.id)
         self.stage_events(write, row, leading, now)
         if sticky != row.sticky_queue:
@@ -232,11 +236,15 @@ class Tx:
                                                outcome.traceback, now))
         if status != row.status and status in TERMINAL_STATUSES:
             write.abandon = (now, "the workflow finished without awaiting it")
+        scheduled = len(self.dispatches)
         for i, command in enumerate(decision.commands):
             if isinstance(command, ScheduleActivity):
                 write.tasks.append(self.task_row(row.id, command, first + i, registry, now))
             elif isinstance(command, StartTimer):
                 write.timers.append(timer_row(row.id, command.timer_id, command.fire_at))
+        if eager is not None and row.erased_at is None and write.abandon is None and (
+                status == RUNNING or row.cancelled_at is not None):  # the claim's own guard
+            self._claim_eagerly(write, row, decision, scheduled, eager, now)
         self.write(write)
         if row.cancelled_at is not None:
             # a post-cancel decision may settle the cancel branch: wake result() waiters
@@ -250,6 +258,25 @@ class Tx:
                 cancel_branch_failure(status, True, write.values.get("error")):
             self.metrics.append(("cancel_branch_failed", {"workflow": workflow_label}))
         return [ev.HistoryEvent(first + i, e, now) for i, e in enumerate(new_events)]
+
+    def _claim_eagerly(self, write: RunWrite, row: RunRow, decision: Decision, scheduled: int,
+                       eager: EagerClaim, now: datetime) -> None:
+        """Claim the first activity of this decision that ``eager`` wants (``EagerClaim``)."""
+        inputs = {c.activity_id: c.input for c in decision.commands if isinstance(c, ScheduleActivity)}
+        for i in range(scheduled, len(self.dispatches)):
+            d = self.dispatches[i]
+            if d.kind != Dispatch.ACTIVITY or d.adopted or not eager.wants(d):
+                continue
+            task = next(t for t in write.tasks if t["activity_id"] == d.activity_id)
+            lease = (task["start_to_close"] or eager.lease) + 5  # as the claim statement's
+            task.update(status=TaskStatus.RUNNING.value, worker_id=eager.worker_id, started_at=now,
+                        lease_expires_at=now + timedelta(seconds=lease))
+            seq = self.stage_events(write, row, [ev.ActivityStarted(d.activity_id, d.attempt,
+                                                                    eager.worker_id)], now)
+            self.dispatches[i] = replace(d, claimed=Claim(
+                row.id, d.activity_id, d.activity_name, d.attempt, inputs[d.activity_id],
+                task["start_to_close"], eager.worker_id, seq, now))
+            return
 
     def _nd_block(self, write: RunWrite, row: RunRow, nd: dict[str, Any], now: datetime,
                   timings: Timings, workflow_label: str) -> None:
@@ -303,7 +330,9 @@ class Tx:
                 "status": TaskStatus.SCHEDULED.value, "attempt": 1,
                 "retry": (command.retry or definition.retry).to_data(), "start_to_close": deadline,
                 "event_seq": event_seq, "dispatched_at": now, "compensation": command.compensation,
-                "adopted": definition.adopted}
+                "adopted": definition.adopted,
+                # every row of one write has the same columns (one cached statement shape)
+                "worker_id": None, "started_at": None, "lease_expires_at": None}
 
     def dispatch_activity(self, execution_id: str, activity_id: str, name: str, queue: str,
                           attempt: int, adopted: bool, deadline: float | None,
