@@ -30,6 +30,7 @@ from harvest_celery._core import failures
 from harvest_celery._core.commands import Decision, Failed
 from harvest_celery._core.engine import Activation, EngineConfig, Session
 from harvest_celery._core.jsonvalues import check_json
+from harvest_celery._core.lifecycle import RUNNING
 from harvest_celery._core.registry import Registry
 from harvest_celery._runtime import activity_context
 from harvest_celery._runtime.leases import LeaseKeeper
@@ -37,7 +38,15 @@ from harvest_celery._runtime.messages import Message, encode
 from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._runtime.sweeper import Sweeper
 from harvest_celery._store import tasks
-from harvest_celery._store.records import Claim, Dispatch, EagerClaim, RunRow, Timings, utcnow
+from harvest_celery._store.records import (
+    Claim,
+    CompletionGuard,
+    Dispatch,
+    EagerClaim,
+    RunRow,
+    Timings,
+    utcnow,
+)
 from harvest_celery._store.store import Store, is_transient
 from harvest_celery._store.tx import Tx
 
@@ -76,6 +85,10 @@ class Settings:
 
 
 _HOST = socket.gethostname()  # read once: a system call per attempt showed in a profile
+
+
+class _NotThisWay(Exception):
+    """The one-statement completion does not apply here (``_complete_in_one_statement``)."""
 
 
 def worker_id() -> str:
@@ -367,10 +380,71 @@ class Runtime:
         except Exception as exc:  # noqa: BLE001 - a non-JSON result is the activity's failure
             self.fail(claim, type(exc).__name__, str(exc))
             return
+        if self._complete_in_one_statement(claim, output):
+            return
         decided, tx = self._outcome_transaction(
             claim, "completion", lambda tx, inline: self._record_completion(tx, claim, output,
                                                                            inline=inline))
         self._after_decision(tx, decided)
+
+    def _complete_in_one_statement(self, claim: Claim, output: Any) -> bool:
+        """The common step as ONE autocommit statement: when this process holds the run's warm
+        replay, positioned just before this attempt's ``ActivityStarted``, the completion and
+        the next decision are taken without reading anything and written in one guarded
+        statement (``CompletionGuard``: it writes only if the run is exactly as that replay
+        assumes). False: nothing was written — not that case, the guard failed, or any error —
+        and the caller records the completion the ordinary way (a cold replay)."""
+        s = self.settings
+        if not (s.inline_decisions and s.sticky_sessions and self.store.dialect.dml_ctes
+                and claim.started_seq is not None and claim.started_at is not None):
+            return False
+        session = self.sessions.take(claim.execution_id)
+        if session is None:
+            return False
+        seq, now = claim.started_seq, utcnow()
+        workflow_type = session.replay.activation.workflow_type
+        started = ev.ActivityStarted(claim.activity_id, claim.attempt, claim.worker_id)
+        completion = ev.ActivityCompleted(claim.activity_id, output, claim.attempt)
+        try:
+            if len(session.events) != seq:
+                raise _NotThisWay
+            if self.before_inline_decision is not None:
+                self.before_inline_decision(claim.execution_id)
+            decision = session.advance([ev.HistoryEvent(seq, started, claim.started_at),
+                                        ev.HistoryEvent(seq + 1, completion, now)], s.engine)
+            if decision is None or decision.nd is not None or decision.outcome is not None:
+                raise _NotThisWay
+            row = RunRow(id=claim.execution_id, workflow_type=workflow_type, status=RUNNING,
+                         next_seq=seq + 1, input=None, result=None, error=None,
+                         decision_requested_at=None, cancelled_at=None, paused_at=None,
+                         erased_at=None, nd_blocked_at=None, nd_retry_at=None, nd_block_count=0,
+                         forked_to=None, sticky_queue=self.sticky_queue)  # what the guard checks
+            guard = CompletionGuard(claim.activity_id, claim.attempt, seq + 1, self.sticky_queue, now)
+
+            def work(tx: Tx) -> list[ev.HistoryEvent] | None:
+                written = tx.apply_guarded_decision(
+                    row, session.events, decision, self.registry, now, s.timings, workflow_type,
+                    guard, leading=[completion], eager=self._eager_claim(),
+                    sticky=self.sticky_queue if session.reusable else None)
+                tx.metrics.append(("decisions", {"workflow": workflow_type, "path": "inline"}))
+                return written
+
+            written, tx = self.store.transaction(work, one_statement=True)
+        except Exception:  # noqa: BLE001 - _NotThisWay, or anything: the ordinary way decides
+            session.close()
+            return False
+        except BaseException:
+            session.close()  # a shutdown signal: record the completion alone, then stop
+            decided, tx = self._outcome_transaction(
+                claim, "completion", lambda tx, _i: self._record_completion(tx, claim, output,
+                                                                           inline=False))
+            self._after_decision(tx, decided)
+            raise
+        if written is None:
+            session.close()
+            return False
+        self._after_decision(tx, _Decided(session, written))
+        return True
 
     def _outcome_transaction(self, claim: Claim, what: str,
                              work: Callable[[Tx, bool], T]) -> tuple[T, Tx]:

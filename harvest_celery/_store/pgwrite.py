@@ -20,7 +20,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from harvest_celery._store.schema import executions, metadata
+from harvest_celery._store.records import CompletionGuard
+from harvest_celery._store.schema import activity_tasks, executions, metadata
 
 _DIALECT = postgresql.psycopg2.dialect()  # type: ignore[attr-defined]
 
@@ -48,6 +49,60 @@ def statement(execution_id: str, inserts: Sequence[tuple[sa.Table, Rows]],
     for name, value in values.items():
         params[f"v_{name}"] = _bind(executions.name, name)(value)
     return _text(shape), params
+
+
+def guarded(execution_id: str, inserts: Sequence[tuple[sa.Table, Rows]], values: dict[str, Any],
+            guard: CompletionGuard) -> tuple[str, dict[str, Any]] | None:
+    """A completion and its decision as ONE statement that writes only while ``guard`` holds
+    (``records.CompletionGuard``): the run row is locked and checked, the attempt's task row
+    closed, and the inserts and the run update happen only if both did. Its row count is 1
+    when written, 0 when not. In autocommit it is a whole step's commit in one round trip."""
+    found = statement(execution_id, inserts, values)
+    if found is None:
+        return None
+    _sql, params = found
+    params.update(g_next_seq=guard.next_seq, g_sticky=guard.sticky_queue, g_now=guard.now,
+                  g_activity_id=guard.activity_id, g_attempt=guard.attempt)
+    tables = tuple((table.name, tuple(rows[0]), len(rows)) for table, rows in inserts)
+    return _guarded_text((tables, tuple(values))), params
+
+
+_GUARD = f"""run AS (
+    SELECT id FROM {executions.name}
+    WHERE id = %(run_id)s AND next_seq = %(g_next_seq)s AND status = 'RUNNING'
+      AND cancelled_at IS NULL AND cancel_requested_at IS NULL AND decision_requested_at IS NULL
+      AND paused_at IS NULL AND erased_at IS NULL AND nd_blocked_at IS NULL AND nd_retry_at IS NULL
+      AND sticky_queue IS NOT DISTINCT FROM %(g_sticky)s
+    FOR UPDATE
+), done AS (
+    UPDATE {activity_tasks.name} AS t
+    SET status = 'completed', finished_at = %(g_now)s, lease_expires_at = NULL
+    FROM run
+    WHERE t.execution_id = run.id AND t.activity_id = %(g_activity_id)s
+      AND t.attempt = %(g_attempt)s AND t.status = 'running'
+    RETURNING t.execution_id
+)"""
+
+
+@lru_cache(maxsize=256)
+def _guarded_text(shape: Shape) -> str:
+    tables, columns = shape
+    ctes = [_GUARD]
+    for t, (table, names, count) in enumerate(tables):
+        types = [_type(table, n) for n in names]
+        rows = ", ".join("(" + ", ".join(f"CAST(%(t{t}r{r}_{n})s AS {kind})"
+                                         for n, kind in zip(names, types, strict=True)) + ")"
+                         for r in range(count))
+        cols = ", ".join(_quote(n) for n in names)
+        ctes.append(f"new_{table} AS (INSERT INTO {table} ({cols}) "
+                    f"SELECT v.* FROM (VALUES {rows}) AS v, done)")
+    sets = ", ".join(f"{_quote(n)} = %(v_{n})s" for n in columns) or "next_seq = e.next_seq"
+    return (f"WITH {', '.join(ctes)} UPDATE {executions.name} AS e SET {sets} "
+            f"FROM done WHERE e.id = done.execution_id")
+
+
+def _type(table: str, column: str) -> str:
+    return str(metadata.tables[table].c[column].type.compile(dialect=_DIALECT))
 
 
 @lru_cache(maxsize=256)

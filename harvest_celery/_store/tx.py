@@ -31,7 +31,15 @@ from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._store import pgwrite
 from harvest_celery._store.dialect import Dialect
-from harvest_celery._store.records import Claim, Dispatch, EagerClaim, RunRow, Timings, aware
+from harvest_celery._store.records import (
+    Claim,
+    CompletionGuard,
+    Dispatch,
+    EagerClaim,
+    RunRow,
+    Timings,
+    aware,
+)
 from harvest_celery._store.schema import activity_tasks, attempt_errors, events, executions, timers
 
 RawEvent = tuple[int, dict[str, Any], datetime]
@@ -51,6 +59,17 @@ class RunWrite:
     errors: list[dict[str, Any]] = field(default_factory=list)
     # the run closes: its unstarted task rows are abandoned (after the inserts) with this reason
     abandon: tuple[datetime, str] | None = None
+
+
+@dataclass
+class Staged:
+    """A decision gathered for writing (``Tx.stage_decision``)."""
+
+    write: RunWrite
+    status: str  # the run's status once written
+    first: int  # the seq of the decision's first own event
+    new_events: list[ev.Event]
+    now: datetime
 
 
 def timer_row(execution_id: str, timer_id: str, fire_at: str) -> dict[str, Any]:
@@ -217,14 +236,44 @@ class Tx:
         ``eager``: claim one of its new activities for the deciding thread in the same write.
         Returns the events its commands wrote (a warm replay absorbs them once committed; an
         eager claim's ``ActivityStarted`` reaches it with that claim)."""
+        staged = self.stage_decision(row, history, decision, registry, now, timings,
+                                     workflow_label, leading, sticky, eager)
+        self.write(staged.write)
+        return self._decided(row, decision, staged, workflow_label)
+
+    def apply_guarded_decision(self, row: RunRow, history: Sequence[ev.Event], decision: Decision,
+                               registry: Registry, now: datetime, timings: Timings,
+                               workflow_label: str, guard: CompletionGuard, *,
+                               leading: Sequence[ev.Event], sticky: str | None,
+                               eager: EagerClaim | None) -> list[ev.HistoryEvent] | None:
+        """A completion and the decision taken on it in ONE statement, written only if the run
+        and the task row are still exactly what ``row`` and ``guard`` say (``pgwrite.guarded``);
+        else nothing is written and None is returned. For a decision that keeps the run running
+        and writes nothing but its rows (no nd-block, no closing, no error row)."""
+        staged = self.stage_decision(row, history, decision, registry, now, timings,
+                                     workflow_label, leading, sticky, eager)
+        w = staged.write
+        if staged.status != RUNNING or w.abandon is not None or w.errors:
+            return None
+        inserts = [(table, rows) for table, rows in ((events, w.events), (activity_tasks, w.tasks),
+                                                      (timers, w.timers)) if rows]
+        sql = pgwrite.guarded(row.id, inserts, w.values, guard)
+        if sql is None or self.conn.exec_driver_sql(*sql).rowcount != 1:
+            return None
+        return self._decided(row, decision, staged, workflow_label)
+
+    def stage_decision(self, row: RunRow, history: Sequence[ev.Event], decision: Decision,
+                       registry: Registry, now: datetime, timings: Timings, workflow_label: str,
+                       leading: Sequence[ev.Event], sticky: str | None,
+                       eager: EagerClaim | None) -> Staged:
+        """Everything one decision writes, gathered (its messages staged), nothing executed."""
         write = RunWrite(row.id)
         self.stage_events(write, row, leading, now)
         if sticky != row.sticky_queue:
             write.values["sticky_queue"] = sticky  # the process that will hold its warm replay
         if decision.nd is not None:
             self._nd_block(write, row, decision.nd, now, timings, workflow_label)
-            self.write(write)
-            return []
+            return Staged(write, row.status, row.next_seq + len(write.events), [], now)
         new_events = decision_events(decision, history)
         status = status_for_outcome(decision, row.status, row.cancel_requested_at is not None)
         first = self.stage_events(write, row, new_events, now)
@@ -245,7 +294,14 @@ class Tx:
         if eager is not None and row.erased_at is None and write.abandon is None and (
                 status == RUNNING or row.cancelled_at is not None):  # the claim's own guard
             self._claim_eagerly(write, row, decision, scheduled, eager, now)
-        self.write(write)
+        return Staged(write, status, first, new_events, now)
+
+    def _decided(self, row: RunRow, decision: Decision, staged: Staged,
+                 workflow_label: str) -> list[ev.HistoryEvent]:
+        """After a decision's write: its wake-up, its counts, the events its commands wrote."""
+        if decision.nd is not None:
+            return []
+        status = staged.status
         if row.cancelled_at is not None:
             # a post-cancel decision may settle the cancel branch: wake result() waiters
             self.dialect.notify(self.conn, row.id)
@@ -255,9 +311,9 @@ class Tx:
             ended = status.lower()  # completed · failed · cancelled (a cooperative cancel)
             self.metrics.append(("workflow_terminal", {"workflow": workflow_label, "outcome": ended}))
         if (row.cancelled_at is not None or row.cancel_requested_at is not None) and \
-                cancel_branch_failure(status, True, write.values.get("error")):
+                cancel_branch_failure(status, True, staged.write.values.get("error")):
             self.metrics.append(("cancel_branch_failed", {"workflow": workflow_label}))
-        return [ev.HistoryEvent(first + i, e, now) for i, e in enumerate(new_events)]
+        return [ev.HistoryEvent(staged.first + i, e, staged.now) for i, e in enumerate(staged.new_events)]
 
     def _claim_eagerly(self, write: RunWrite, row: RunRow, decision: Decision, scheduled: int,
                        eager: EagerClaim, now: datetime) -> None:

@@ -72,8 +72,16 @@ async def hp_saga(ctx: WorkflowContext, data: dict[str, Any]) -> Any:
     return pair
 
 
+@workflow(name="hp_signalled")
+async def hp_signalled(ctx: WorkflowContext, _input: Any) -> Any:
+    first = await ctx.execute_activity(hp_step, 1)
+    got = await ctx.wait_signal("go")
+    return [first, got, await ctx.execute_activity(hp_step, 2)]
+
+
 def make(inline: bool = True, url: str = DATABASE_URL) -> Harvest:
-    h = Harvest(url).register(hp_step, hp_fails, hp_undo, hp_steps, hp_saga, hp_retried, hp_one)
+    h = Harvest(url).register(hp_step, hp_fails, hp_undo, hp_steps, hp_saga, hp_retried, hp_one,
+                              hp_signalled)
     h.runtime.settings.inline_decisions = inline
     return h
 
@@ -153,6 +161,37 @@ def test_a_decision_write_that_fails_in_the_database_falls_back_to_the_completio
     assert broken == []
 
 
+def test_a_completion_whose_run_moved_on_is_refused_by_the_guard_and_recorded_the_usual_way(
+        harvest, monkeypatch):
+    """The one-statement completion writes only if the run is as the warm replay assumes: a
+    signal landing between the claim and the completion moves the run on, so the statement
+    writes nothing and the completion is recorded by the ordinary transaction (a cold replay)."""
+    h = make()
+    signalled: list[str] = []
+
+    def signal_once(execution_id: str) -> None:
+        if not signalled:
+            signalled.append(execution_id)
+            h.signal(execution_id, "go", "sig")
+
+    h.runtime.before_inline_decision = signal_once
+    written: list[bool] = []
+    real = Tx.apply_guarded_decision
+
+    def spy(self: Tx, *args: Any, **kwargs: Any) -> Any:
+        result = real(self, *args, **kwargs)
+        written.append(result is not None)
+        return result
+
+    monkeypatch.setattr(Tx, "apply_guarded_decision", spy)
+    rid = h.start_workflow("hp_signalled", None, execution_id=run_id())
+    assert h.result(rid, timeout=10) == [1, "sig", 2]
+    assert written[0] is False  # the signal moved the run on: nothing written
+    types = [e.event.type for e in h.history(rid)]
+    assert types.count("ActivityCompleted") == 2 and types.count("SignalReceived") == 1, types
+    assert [e.seq for e in h.history(rid)] == list(range(len(types)))
+
+
 def _count(h: Harvest, work: Any) -> dict[str, int]:
     """Statements, explicit transactions and commits that ``work`` sends, counted on the
     engine's events. Round trips: every statement, plus BEGIN and COMMIT of each explicit
@@ -200,6 +239,10 @@ def test_a_step_costs_at_most_two_commits_and_six_round_trips(harvest):
     per_step = {k: (long[k] - short[k]) / 10 for k in short}
     assert per_step["commits"] <= 2, per_step
     assert per_step["round_trips"] <= 6, per_step
+    # what this path really costs: the claim, then the completion with its decision in one
+    # guarded statement (a path that always fell back to the transaction would cost 5)
+    assert per_step == {"statements": 2, "transactions": 0, "autocommits": 2, "commits": 2,
+                        "round_trips": 2}, per_step
 
 
 @pytest.mark.parametrize("data", [{"n": 3}, {"n": 2, "fail": True}], ids=["completes", "unwinds"])
