@@ -15,7 +15,7 @@ from typing import Any
 import redis
 from celery import Celery, current_task
 
-from harvest_celery import RetryPolicy, Saga, WorkflowContext, activity, workflow
+from harvest_celery import PostgresPayloadStore, RetryPolicy, Saga, WorkflowContext, activity, workflow
 from harvest_celery._client import Harvest, configure_celery
 from harvest_celery._store.store import Timings
 from workflows import checkout, orders
@@ -27,10 +27,16 @@ app = Celery("harvest_it", broker=BROKER_URL)
 configure_celery(app)
 app.conf.broker_transport_options = {"visibility_timeout": 3600}
 
+# HARVEST_TEST_OFFLOAD=<bytes>: a worker restarted with it registers the Postgres payload store
+# with that offload threshold (the cap-and-store tests)
+OFFLOAD = int(os.environ.get("HARVEST_TEST_OFFLOAD") or 0)
+
 harvest = Harvest(
     DATABASE_URL,
     app,
     max_activity_input_bytes=int(os.environ.get("HARVEST_TEST_CAP") or 2 * 1024 * 1024),
+    payload_store=PostgresPayloadStore() if OFFLOAD else None,
+    offload_threshold=OFFLOAD or 256 * 1024,
     timings=Timings(default_lease=30.0, redispatch_after=3.0, nd_retry_initial=0.5, nd_retry_max=2.0),
     sweep_interval=0.3,
 )
