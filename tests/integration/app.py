@@ -41,6 +41,11 @@ harvest = Harvest(
     sweep_interval=0.3,
 )
 
+# HARVEST_TEST_COLD=1: a worker restarted with it keeps no warm replay, so every decision it takes
+# replays the run's whole history cold
+if os.environ.get("HARVEST_TEST_COLD"):
+    harvest.runtime.settings.sticky_sessions = False
+
 r = redis.Redis.from_url(BROKER_URL)
 
 

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from harvest_celery import WorkflowCancelledError, WorkflowFailed
 from harvest_celery._store.schema import events
 
-from .conftest import DATABASE_URL, ROOT, effects, scrape_all, wait_for
+from .conftest import DATABASE_URL, ROOT, effects, scrape_all, wait_for, worker_env
 
 pytestmark = pytest.mark.integration
 
@@ -122,11 +122,6 @@ def test_known_limitation_raising_the_cap_mid_unwind_diverges(harvest, workers, 
 
 
 
-def restart_all(workers, env):
-    for worker in workers.values():
-        worker.restart(env)
-
-
 def scheduled_inline(run_id):
     """Each ActivityScheduled's input as the events table holds it inline: name → input."""
     engine = sa.create_engine(DATABASE_URL)
@@ -139,9 +134,8 @@ def scheduled_inline(run_id):
 
 
 def test_an_offloaded_oversized_envelope_is_dispatched(harvest, workers, redis_client, tag):
-    try:
-        # no store: the 3 KB envelope is over a 2 KB cap and refused, as the spec pins
-        restart_all(workers, {"HARVEST_TEST_CAP": "2048", "HARVEST_TEST_OFFLOAD": ""})
+    # no store: the 3 KB envelope is over a 2 KB cap and refused, as the spec pins
+    with worker_env(workers, HARVEST_TEST_CAP="2048"):
         refused = harvest.start_workflow("offloaded_envelope", {"tag": f"{tag}-no", "pad": 3000})
         with pytest.raises(WorkflowFailed, match="SagaCompensationFailed.*input of activity 'undo_node' "
                                                  "is 3[0-9]{3} bytes, over the cap of 2048 bytes"):
@@ -149,9 +143,9 @@ def test_an_offloaded_oversized_envelope_is_dispatched(harvest, workers, redis_c
         assert undos(redis_client, f"{tag}-no") == []
         assert "undo_node" not in scheduled_inline(refused)
 
-        # a store takes what is over 1 KB: the envelope (and the forward input, over the cap
-        # too) are stored as references, dispatched, and the compensator gets the whole value
-        restart_all(workers, {"HARVEST_TEST_CAP": "2048", "HARVEST_TEST_OFFLOAD": "1024"})
+    # a store takes what is over 1 KB: the envelope (and the forward input, over the cap too)
+    # are stored as references, dispatched, and the compensator gets the whole value
+    with worker_env(workers, HARVEST_TEST_CAP="2048", HARVEST_TEST_OFFLOAD="1024"):
         run_id = harvest.start_workflow("offloaded_envelope", {"tag": tag, "pad": 3000, "blob": "i" * 3000})
         with pytest.raises(WorkflowFailed) as failed:
             harvest.result(run_id, timeout=30)
@@ -166,8 +160,6 @@ def test_an_offloaded_oversized_envelope_is_dispatched(harvest, workers, redis_c
         inline = scheduled_inline(run_id)
         for name in ("ob_big", "undo_node"):
             assert inline[name]["_harvest_offload_envelope"] == 1 and inline[name]["store_id"] == "pg"
-    finally:
-        restart_all(workers, {"HARVEST_TEST_CAP": "", "HARVEST_TEST_OFFLOAD": ""})
 
 
 def test_a_worker_refuses_to_boot_when_a_dag_names_an_unregistered_compensator(harvest):
