@@ -407,7 +407,8 @@ class Harvest:
              nd_blocked: bool | None = None, limit: int = 100, offset: int = 0,
              created_after: datetime | None = None,
              created_before: datetime | None = None) -> list[Execution]:
-        """Runs, newest first, without their payloads (``input`` and ``result`` are None)."""
+        """Runs, newest first, without their payloads (``input`` and ``result`` are None);
+        ``created_after``/``created_before`` bound the creation time (inclusive/exclusive)."""
         return self.store.list(status=status, workflow_type=workflow, nd_blocked=nd_blocked,
                                limit=limit, offset=offset, created_after=created_after,
                                created_before=created_before)
