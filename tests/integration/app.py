@@ -281,7 +281,16 @@ async def approval(ctx: WorkflowContext, data: dict) -> str:
     return f"{data['tag']}:{decision}"
 
 
-harvest.register(notify, approval)
+@workflow
+async def offload_then_wait(ctx: WorkflowContext, data: dict) -> str:
+    """step_one's input and output are offloaded by a worker with a store (HARVEST_TEST_OFFLOAD);
+    the run then waits for a signal, so the test can take the store away."""
+    await ctx.execute_activity(step_one, data)
+    await ctx.wait_signal("go")
+    return await ctx.execute_activity(step_three, {"tag": data["tag"]})  # type: ignore[no-any-return]
+
+
+harvest.register(notify, approval, offload_then_wait)
 
 
 from . import dags  # noqa: E402  (the DAG fixtures need record() from this module)

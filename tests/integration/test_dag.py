@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import sqlalchemy as sa
 
@@ -23,6 +25,11 @@ def undos(redis_client, tag):
 
 def names(harvest, run_id):
     return [h.describe() for h in harvest.history(run_id)]
+
+
+def names_raw(harvest, run_id):
+    """As ``names``, reading offloaded payloads as their references (this process has no store)."""
+    return [h.describe() for h in harvest.history(run_id, strict=False)]
 
 
 def test_diamond_failure_dispatches_comp_c_comp_b_comp_a_in_that_order(harvest, workers, redis_client, tag):
@@ -160,6 +167,29 @@ def test_an_offloaded_oversized_envelope_is_dispatched(harvest, workers, redis_c
         inline = scheduled_inline(run_id)
         for name in ("ob_big", "undo_node"):
             assert inline[name]["_harvest_offload_envelope"] == 1 and inline[name]["store_id"] == "pg"
+
+
+def test_removing_the_store_stalls_a_run_with_references_until_it_is_restored(harvest, workers, redis_client, tag):
+    """docs/payloads.md, a store removed after the run offloaded something: nothing diverges, the
+    run's decisions fail on its references and it stays RUNNING; restored, it carries on."""
+    with worker_env(workers, HARVEST_TEST_OFFLOAD="1024"):
+        run_id = harvest.start_workflow("offload_then_wait", {"tag": tag, "pad": "p" * 2000})
+        wait_for(lambda: "ActivityCompleted(1)" in names_raw(harvest, run_id)
+                 and harvest.store.decision_request(run_id)[1] is None, what="the run to park")
+        assert scheduled_inline(run_id)["step_one"]["_harvest_offload_envelope"] == 1
+    # the workers now run without a store
+    log = workers["w1"].log
+    seen = log.stat().st_size
+    harvest.signal(run_id, "go")
+    wait_for(lambda: "no payload store is configured" in log.read_bytes()[seen:].decode(errors="replace"),
+             what="the decision to fail on the reference")
+    time.sleep(2)
+    row = harvest.describe(run_id)
+    assert row.status == "RUNNING" and not row.nd_blocked
+    assert "step_three" not in ran(redis_client, tag)
+    with worker_env(workers, HARVEST_TEST_OFFLOAD="1024"):  # restored: the sweeper re-sends it
+        assert harvest.result(run_id, timeout=30) == f"done:{tag}"
+    assert ran(redis_client, tag) == ["step_one", "step_three"]
 
 
 def test_a_worker_refuses_to_boot_when_a_dag_names_an_unregistered_compensator(harvest):
