@@ -64,11 +64,13 @@ class Harvest:
                  codec: Any = None, payload_store: Any = None,
                  offload_threshold: int = 256 * 1024) -> None:
         self.database_url = database_url or EMBEDDED_URL
-        self.store = Store(self.database_url,
-                           payloads=Payloads(codec, payload_store, offload_threshold))
+        payloads = Payloads(codec, payload_store, offload_threshold)
+        self.store = Store(self.database_url, payloads=payloads)
         self.registry = Registry()
-        settings = Settings(decision_queue=decision_queue,
-                            engine=EngineConfig(max_activity_input_bytes=max_activity_input_bytes),
+        # the cap applies to what is stored inline: with a store, an offloaded input is a reference
+        engine = EngineConfig(max_activity_input_bytes=max_activity_input_bytes,
+                              offloads=payloads.offloads if payload_store is not None else None)
+        settings = Settings(decision_queue=decision_queue, engine=engine,
                             timings=timings or Timings(), sweep_interval=sweep_interval)
         self.runtime = Runtime(self.store, self.registry, settings)
         self.celery_app = celery_app
@@ -405,7 +407,8 @@ class Harvest:
              nd_blocked: bool | None = None, limit: int = 100, offset: int = 0,
              created_after: datetime | None = None,
              created_before: datetime | None = None) -> list[Execution]:
-        """Runs, newest first, without their payloads (``input`` and ``result`` are None)."""
+        """Runs, newest first, without their payloads (``input`` and ``result`` are None);
+        ``created_after``/``created_before`` bound the creation time (inclusive/exclusive)."""
         return self.store.list(status=status, workflow_type=workflow, nd_blocked=nd_blocked,
                                limit=limit, offset=offset, created_after=created_after,
                                created_before=created_before)

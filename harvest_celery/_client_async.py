@@ -17,6 +17,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from functools import partial
 from typing import Any, TypeVar
 
@@ -70,6 +71,11 @@ class AsyncHarvest:
     async def cancel_workflow_execution(self, execution_id: str, reason: str = "") -> str:
         return await self._run(self.harvest.cancel_workflow_execution, execution_id, reason)
 
+    async def request_cancellation(self, execution_id: str, reason: str = "") -> bool:
+        """``Harvest.request_cancellation``: cooperative cancel (the run stays live, shown
+        CANCELLING); False if a request was already open."""
+        return await self._run(self.harvest.request_cancellation, execution_id, reason)
+
     async def terminate(self, execution_id: str, reason: str = "") -> None:
         await self._run(self.harvest.terminate, execution_id, reason)
 
@@ -87,9 +93,14 @@ class AsyncHarvest:
         return await self._run(self.harvest.history, execution_id, strict=strict)
 
     async def list(self, *, status: str | None = None, workflow: str | None = None,
-                   nd_blocked: bool | None = None, limit: int = 100, offset: int = 0) -> list[Execution]:
+                   nd_blocked: bool | None = None, limit: int = 100, offset: int = 0,
+                   created_after: datetime | None = None,
+                   created_before: datetime | None = None) -> list[Execution]:
+        """``Harvest.list``: runs, newest first; ``created_after``/``created_before`` bound the
+        creation time (inclusive/exclusive)."""
         return await self._run(self.harvest.list, status=status, workflow=workflow,
-                               nd_blocked=nd_blocked, limit=limit, offset=offset)
+                               nd_blocked=nd_blocked, limit=limit, offset=offset,
+                               created_after=created_after, created_before=created_before)
 
     async def result(self, execution_id: str, timeout: float | None = 30.0, poll: float = 1.0) -> Any:
         """``Harvest.result`` without blocking the loop: waits in slices of ``wait_slice``

@@ -63,9 +63,12 @@ from harvest_celery._errors import (
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Live configuration the engine consults (not recorded in history)."""
+    """Live configuration the engine consults (not recorded in history). ``offloads``: would the
+    payload pipeline put this value in a payload store (``None``: no store)? The cap applies to
+    what is stored inline, and an offloaded value is stored as a reference."""
 
     max_activity_input_bytes: int | None = 2 * 1024 * 1024
+    offloads: Callable[[Any], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -239,7 +242,8 @@ class Replay:
             # A deterministic pre-dispatch rejection: before an id is allocated or anything
             # recorded, so it is re-decided on every replay. A dispatch the history already
             # records is never re-checked: lowering the cap cannot strand a run in flight.
-            check_cap(payload, what, self.activation.config.max_activity_input_bytes)
+            config = self.activation.config
+            check_cap(payload, what, config.max_activity_input_bytes, config.offloads)
         resolved_queue = definition.resolve_queue(queue)
         self.activity_seq += 1
         activity_id = str(self.activity_seq)
@@ -281,11 +285,12 @@ class Replay:
         """The pre-dispatch checks of ``schedule_activity`` for a whole fan-out at once, so a bad
         cell rejects the node before any cell is recorded."""
         what = f"input of activity {name!r}"
-        cap = None if self.recorded_next(name) else self.activation.config.max_activity_input_bytes
+        config = self.activation.config
+        cap = None if self.recorded_next(name) else config.max_activity_input_bytes
         checked = []
         for i, item in enumerate(inputs):
             payload = check_json(item, what)
-            check_cap(payload, f"{what} (cell {i})", cap)
+            check_cap(payload, f"{what} (cell {i})", cap, config.offloads)
             checked.append(payload)
         return checked
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from harvest_celery._errors import PayloadNotSerializable, PayloadTooLarge
@@ -110,10 +111,14 @@ def check_storable(value: Any, what: str) -> Any:
     return value
 
 
-def check_cap(value: Any, what: str, cap: int | None) -> None:
-    """Raise ``PayloadTooLarge`` if ``value`` is over ``cap`` bytes (``None`` = no cap)."""
+def check_cap(value: Any, what: str, cap: int | None,
+              offloads: Callable[[Any], bool] | None = None) -> None:
+    """Raise ``PayloadTooLarge`` if ``value`` is over ``cap`` bytes (``None`` = no cap), measured
+    as plain compact JSON, unless ``offloads(value)``: a payload store takes it, and only its
+    reference is stored inline (the spec's sizing note: a registered store lets an oversized
+    compensation envelope through as a reference; forward inputs alike)."""
     if cap is None:
         return
     size = encoded_size(value, what)
-    if size > cap:
+    if size > cap and not (offloads is not None and offloads(value)):
         raise PayloadTooLarge(what, size, cap)

@@ -41,11 +41,20 @@ class Payloads:
             return value
         encoded = self.codec.encode(value)
         if self.offload_threshold is not None:
-            text = dumps(encoded, key)
-            if len(text.encode()) > self.offload_threshold:
-                self.store.put(key, text.encode())
+            data = dumps(encoded, key).encode()
+            if len(data) > self.offload_threshold:
+                self.store.put(key, data)
                 return {OFFLOAD_KEY: 1, "store_id": self.store.store_id, "key": key}
         return encoded
+
+    def offloads(self, value: Any) -> bool:
+        """Would ``encode_value`` put ``value`` in the store (its encoded JSON is over
+        ``offload_threshold``), leaving only a reference inline? The engine's activity-input cap
+        asks (``EngineConfig.offloads``); nothing is written. Always False without a store."""
+        if self.offload_threshold is None or value is None or is_erased(value):
+            return False
+        encoded = self.codec.encode(value) if self.codec else value
+        return len(dumps(encoded, "payload").encode()) > self.offload_threshold
 
     def decode_value(self, value: Any) -> Any:
         if is_reference(value):

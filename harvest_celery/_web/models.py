@@ -18,6 +18,8 @@ StatusFilter = Literal["RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATE
 # outcomes of a sealed run's cancel branch (WorkflowCancelledError.OUTCOMES)
 BranchOutcome = Literal["returned", "cancelled", "failed", "stopped", "pending"]
 NodeStatus = Literal["succeeded", "failed", "timed_out", "cancelled", "running", "pending", "skipped"]
+# what a start of an existing id does (_store.starts.ID_REUSE; a unit test pins them equal)
+IdReuse = Literal["idempotent", "use_existing", "reject"]
 # every reason a RetryRefused carries (a unit test pins them against the raisers)
 RetryRefusalReason = Literal["compensated", "erased", "running", "completed", "retried"]
 
@@ -40,6 +42,12 @@ class StartWorkflowRequest(_Model):
     workflow: str = Field(description="a registered workflow or DAG name")
     input: Any = Field(default=None, description="the run's JSON input")
     execution_id: str | None = Field(default=None, description="idempotency key; a fresh id if omitted")
+    id_reuse: IdReuse = Field(
+        default="idempotent",
+        description="when execution_id names an existing run of this workflow: idempotent (the "
+                    "same input answers that run, another input is a 409), use_existing (that "
+                    "run, whatever its input) or reject (always a 409); another workflow's id is "
+                    "always a 409")
 
 
 class StartWorkflowResponse(BaseModel):

@@ -15,7 +15,7 @@ from typing import Any
 import redis
 from celery import Celery, current_task
 
-from harvest_celery import RetryPolicy, Saga, WorkflowContext, activity, workflow
+from harvest_celery import PostgresPayloadStore, RetryPolicy, Saga, WorkflowContext, activity, workflow
 from harvest_celery._client import Harvest, configure_celery
 from harvest_celery._store.store import Timings
 from workflows import checkout, orders
@@ -27,13 +27,24 @@ app = Celery("harvest_it", broker=BROKER_URL)
 configure_celery(app)
 app.conf.broker_transport_options = {"visibility_timeout": 3600}
 
+# HARVEST_TEST_OFFLOAD=<bytes>: a worker restarted with it registers the Postgres payload store
+# with that offload threshold (the cap-and-store tests)
+OFFLOAD = int(os.environ.get("HARVEST_TEST_OFFLOAD") or 0)
+
 harvest = Harvest(
     DATABASE_URL,
     app,
     max_activity_input_bytes=int(os.environ.get("HARVEST_TEST_CAP") or 2 * 1024 * 1024),
+    payload_store=PostgresPayloadStore() if OFFLOAD else None,
+    offload_threshold=OFFLOAD or 256 * 1024,
     timings=Timings(default_lease=30.0, redispatch_after=3.0, nd_retry_initial=0.5, nd_retry_max=2.0),
     sweep_interval=0.3,
 )
+
+# HARVEST_TEST_COLD=1: a worker restarted with it keeps no warm replay, so every decision it takes
+# replays the run's whole history cold
+if os.environ.get("HARVEST_TEST_COLD"):
+    harvest.runtime.settings.sticky_sessions = False
 
 r = redis.Redis.from_url(BROKER_URL)
 
@@ -270,7 +281,16 @@ async def approval(ctx: WorkflowContext, data: dict) -> str:
     return f"{data['tag']}:{decision}"
 
 
-harvest.register(notify, approval)
+@workflow
+async def offload_then_wait(ctx: WorkflowContext, data: dict) -> str:
+    """step_one's input and output are offloaded by a worker with a store (HARVEST_TEST_OFFLOAD);
+    the run then waits for a signal, so the test can take the store away."""
+    await ctx.execute_activity(step_one, data)
+    await ctx.wait_signal("go")
+    return await ctx.execute_activity(step_three, {"tag": data["tag"]})  # type: ignore[no-any-return]
+
+
+harvest.register(notify, approval, offload_then_wait)
 
 
 from . import dags  # noqa: E402  (the DAG fixtures need record() from this module)

@@ -14,6 +14,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,19 @@ def workers(harvest: Any) -> Iterator[dict[str, Worker]]:
     finally:
         for w in started.values():
             w.stop()
+
+
+@contextmanager
+def worker_env(workers: dict[str, Worker], **env: str) -> Iterator[None]:
+    """Every test worker restarted with ``env`` (e.g. ``HARVEST_TEST_OFFLOAD="1024"``: the
+    Postgres payload store), and restarted without it afterwards, pass or fail."""
+    try:
+        for worker in workers.values():
+            worker.restart(env)
+        yield
+    finally:
+        for worker in workers.values():
+            worker.restart(dict.fromkeys(env, ""))
 
 
 @pytest.fixture

@@ -230,5 +230,23 @@ def drained(g: DagBuilder) -> None:
     g.activity(ds_slow).upstream(first)
 
 
-ACTIVITIES += [rt_a, rt_b, rt_c, big_out, bo_fail, ds_first, ds_slow]
-DAGS += [retryable, oversized_envelope, drained]
+# ── an over-cap envelope and a payload store ─────────────────────────────────────────────────
+@activity(name="ob_big", queue="alpha", retry=NO_RETRY)
+def ob_big(value: dict) -> dict:
+    """Outputs ``conf["pad"]`` bytes of padding, so its compensation envelope is that large."""
+    conf = value["conf"]
+    record(conf["tag"], "ob_big", len(conf.get("blob", "")))
+    return {"tag": conf["tag"], "pad": "o" * int(conf["pad"])}
+
+
+ob_fail = node("ob_fail", fail=True)
+
+
+@dag
+def offloaded_envelope(g: DagBuilder) -> None:
+    big = g.activity(ob_big).compensate(undo_node)
+    g.activity(ob_fail).upstream(big)
+
+
+ACTIVITIES += [rt_a, rt_b, rt_c, big_out, bo_fail, ds_first, ds_slow, ob_big, ob_fail]
+DAGS += [retryable, oversized_envelope, drained, offloaded_envelope]

@@ -26,6 +26,16 @@ def add(x: int, y: int) -> int:
     return x + y
 
 
+@app.task(name="shop.flaky_charge", autoretry_for=(ConnectionError,), max_retries=5,
+          default_retry_delay=0)
+def flaky_charge(data: dict) -> str:
+    """The app's own task, with Celery's autoretry_for: adopted, its retries are the engine's."""
+    calls = redis.Redis.from_url(BROKER_URL).incr(f"shop:charge:{data['tag']}")
+    if calls < data["succeed_on"]:
+        raise ConnectionError(f"gateway timeout on call {calls}")
+    return f"charged after {calls}"
+
+
 def _conf() -> dict[str, str]:
     return {key: repr(app.conf[key]) for key in sorted(app.conf.keys())}
 
@@ -51,7 +61,14 @@ async def shop_checkout(ctx: WorkflowContext, data: dict) -> Any:
     return await ctx.execute_activity(shop_declines, data)
 
 
-harvest.register(shop_declines, shop_ok, shop_checkout)
+@workflow
+async def shop_adopted(ctx: WorkflowContext, data: dict) -> Any:
+    return await ctx.execute_activity("shop.flaky_charge", data)
+
+
+harvest.register(shop_declines, shop_ok, shop_checkout, shop_adopted)
+harvest.adopt_task("shop.flaky_charge", queue="shop_q",
+                   retry=RetryPolicy(max_attempts=3, initial_interval=0.1))
 AFTER_HARVEST = _conf()
 _r = redis.Redis.from_url(BROKER_URL)
 
@@ -69,3 +86,9 @@ def _failure(sender: Any = None, task_id: str = "", exception: Any = None, einfo
              **_kw: Any) -> None:
     _r.rpush(SEEN, json.dumps({"signal": "failure", "task_id": task_id, "name": sender.name,
                                "exception": repr(exception), "traceback": str(einfo)}))
+
+
+@signals.task_retry.connect
+def _retry(sender: Any = None, request: Any = None, reason: Any = None, **_kw: Any) -> None:
+    _r.rpush(SEEN, json.dumps({"signal": "retry", "task_id": getattr(request, "id", None),
+                               "name": getattr(sender, "name", None), "reason": repr(reason)}))

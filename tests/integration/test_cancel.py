@@ -6,19 +6,18 @@ cancel; a sealed DAG dispatches no new node; the run graph degrades on any store
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from harvest_celery import FileSystemPayloadStore, Harvest, WorkflowCancelledError, WorkflowFailed
+from harvest_celery import Harvest, PostgresPayloadStore, WorkflowCancelledError, WorkflowFailed
 from harvest_celery._cli import main
 from harvest_celery._core.commands import Failed
 from harvest_celery._core.engine import replay_history
 from harvest_celery._web.api import create_app
 
-from .conftest import DATABASE_URL, effects, scrape_all, wait_for
+from .conftest import DATABASE_URL, effects, scrape_all, wait_for, worker_env
 
 pytestmark = pytest.mark.integration
 
@@ -122,8 +121,8 @@ def test_result_of_a_branch_that_raised_cancelled(harvest, workers, redis_client
 
 
 # ── cooperative cancel ───────────────────────────────────────────────────────────────────────
-def test_a_cooperative_cancel_runs_a_durable_refund_reads_cancelling_and_ends_cancelled(
-        harvest, workers, redis_client, tag, capsys):
+def cooperative_refund(harvest: Any, redis_client: Any, tag: str, capsys: Any) -> list[str]:
+    """The cooperative cancel with a durable refund, checked at each step; its history."""
     before = scrape_all("harvest_saga_compensated_total", workflow="coop_checkout")
     run_id = harvest.start_workflow("coop_checkout", {"tag": tag, "hold_refund": True})
     started(redis_client, tag, "pack:start")
@@ -156,7 +155,18 @@ def test_a_cooperative_cancel_runs_a_durable_refund_reads_cancelling_and_ends_ca
     assert probe.nd is None and probe.commands == []
     assert probe.outcome == Failed("Cancelled", "customer asked")
     wait_for(lambda: scrape_all("harvest_saga_compensated_total", workflow="coop_checkout")
-             == before + 1, what="the compensated counter")
+             == before + 1, what="the compensated counter (the unwind counted once)")
+    return hist
+
+
+def test_a_cooperative_cancel_runs_a_durable_refund_reads_cancelling_and_ends_cancelled(
+        harvest, workers, redis_client, tag, capsys):
+    warm = cooperative_refund(harvest, redis_client, tag, capsys)
+    # the same run on workers that keep no warm replay: every decision replays cold, and the
+    # run reads and ends the same, with the same history
+    with worker_env(workers, HARVEST_TEST_COLD="1"):
+        cold = cooperative_refund(harvest, redis_client, f"{tag}-cold", capsys)
+    assert cold == warm
 
 
 def test_request_cancel_over_the_cli_and_the_api(harvest, workers, redis_client, tag, capsys):
@@ -250,7 +260,9 @@ def test_a_cancel_mid_dag_unwind_counts_as_a_hand_written_saga_does(harvest, wor
 
 
 # ── the run graph and retry degrade on any store error ───────────────────────────────────────
-class FlakyStore(FileSystemPayloadStore):
+class FlakyStore(PostgresPayloadStore):
+    """The workers' Postgres store ("pg"), as an API process reads it, until its disk fails."""
+
     broken = False
 
     def get(self, key: str) -> bytes:
@@ -259,29 +271,34 @@ class FlakyStore(FileSystemPayloadStore):
         return super().get(key)
 
 
-def test_the_run_graph_degrades_and_retry_answers_503_on_an_oserror(harvest, workers, tag, tmp_path: Path):
+def test_the_run_graph_degrades_and_retry_answers_503_on_an_oserror(harvest, workers, redis_client, tag):
     from . import dags
 
-    store = FlakyStore(tmp_path / "blobs", store_id="flaky")
-    offloading = Harvest(DATABASE_URL, payload_store=store, offload_threshold=256)
-    offloading.register(*dags.ACTIVITIES, *dags.DAGS)  # embedded: runs the activities in-process
+    with worker_env(workers, HARVEST_TEST_OFFLOAD="256"):  # the workers offload what is over 256 B
+        source = harvest.start_workflow("retryable", {"tag": tag, "pad": "p" * 1024})
+        with pytest.raises(WorkflowFailed, match="one or more DAG tasks failed"):
+            harvest.result(source, timeout=30)
+    assert ran(redis_client, tag) == ["rt_a", "rt_b"]
+    store = FlakyStore()
+    reader = Harvest(DATABASE_URL, payload_store=store, offload_threshold=256)
+    reader.register(*dags.ACTIVITIES, *dags.DAGS)  # the API's process: it only reads
     try:
-        source = offloading.start_workflow("retryable", {"tag": tag, "pad": "p" * 1024})
-        with pytest.raises(WorkflowFailed):
-            offloading.result(source, timeout=30)
+        client = TestClient(create_app(reader))
+        assert client.get(f"/workflows/{source}/history").json()["events"][1]["data"]["input"][
+            "conf"]["pad"] == "p" * 1024  # inflated while the store works
         store.broken = True
-        client = TestClient(create_app(offloading))
         graph = client.get(f"/dags/retryable/runs/{source}")
         assert graph.status_code == 200, graph.text
         assert [n["status"] for n in graph.json()["nodes"]] == ["succeeded", "failed", "skipped"]
         described = client.get(f"/workflows/{source}")
         assert described.status_code == 200 and described.json()["status"] == "FAILED"
-        assert offloading.describe(source).input["_harvest_offload_envelope"] == 1  # left raw
         history = client.get(f"/workflows/{source}/history")
         assert history.status_code == 200
-        assert history.json()["events"][0]["data"]["input"]["store_id"] == "flaky"
+        reference = history.json()["events"][1]["data"]["input"]  # rt_a's input, left raw
+        assert reference["_harvest_offload_envelope"] == 1 and reference["store_id"] == "pg"
         retried = client.post(f"/dags/retryable/runs/{source}/retry")
         assert retried.status_code == 503, retried.text
         assert retried.json()["error"] == "PayloadStoreError" and "OSError" in retried.json()["detail"]
     finally:
-        offloading.store.engine.dispose()
+        reader.store.engine.dispose()
+        store.engine.dispose()

@@ -5,6 +5,7 @@ task_failure fires for error trackers), and a refused claim is IGNORED, never SU
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 import pytest
@@ -109,3 +110,34 @@ def test_harvest_show_and_the_api_show_every_attempts_error(shop, capsys):
     body = client.get(f"/workflows/{rid}/errors", headers={"Authorization": "Bearer t0ken"}).json()
     assert [(e["activity_id"], e["attempt"]) for e in body["errors"]] == [("2", 1), ("2", 2), ("", 0)]
     assert "shop_declines" in body["errors"][0]["traceback"]
+
+
+@pytest.mark.parametrize("succeed_on", [3, 9])
+def test_an_adopted_tasks_autoretry_for_becomes_engine_retries(shop, redis_client, succeed_on):
+    """``shop.flaky_charge`` has Celery's ``autoretry_for=(ConnectionError,)``, ``max_retries=5``;
+    adopted with ``RetryPolicy(max_attempts=3)``, each failure is an engine attempt (recorded, with
+    its error), never a Celery retry message. It succeeds on its 3rd call, or fails for good after
+    the engine's 3 attempts (not Celery's 6)."""
+    tag = uuid.uuid4().hex[:12]
+    rid = shop.harvest.start_workflow("shop_adopted", {"tag": tag, "succeed_on": succeed_on})
+    if succeed_on == 3:
+        assert shop.harvest.result(rid, timeout=30) == "charged after 3"
+    else:
+        with pytest.raises(WorkflowFailed, match="ConnectionError: gateway timeout on call 3"):
+            shop.harvest.result(rid, timeout=30)
+    assert int(redis_client.get(f"shop:charge:{tag}")) == 3  # the body ran once per engine attempt
+    history = [h.event for h in shop.harvest.history(rid)]
+    assert [e.attempt for e in history if e.type == "ActivityStarted"] == [1, 2, 3]
+    assert [e.type for e in history][-2:] == (["ActivityCompleted", "WorkflowCompleted"] if succeed_on == 3
+                                             else ["ActivityFailed", "WorkflowFailed"])
+    failed = 2 if succeed_on == 3 else 3
+    errors = [(e.activity_id, e.attempt, e.error_type, e.message)
+              for e in shop.harvest.store.attempt_errors(rid) if e.activity_id]
+    assert errors == [("1", n, "ConnectionError", f"gateway timeout on call {n}")
+                      for n in range(1, failed + 1)]
+    for attempt in (1, 2, 3):  # one Celery task per engine attempt, each ending as it really did
+        task_id = f"{rid}:1:{attempt}"
+        post = wait_for(lambda t=task_id: seen(redis_client, task_id=t, signal="postrun"), what=task_id)
+        assert [p["state"] for p in post] == ["FAILURE" if attempt <= failed else "SUCCESS"]
+    assert not [r for r in seen(redis_client, signal="retry", name="shop.flaky_charge")
+                if str(r["task_id"]).startswith(rid)]  # Celery never retried it itself

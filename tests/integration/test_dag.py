@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import sqlalchemy as sa
 
 from harvest_celery import WorkflowCancelledError, WorkflowFailed
+from harvest_celery._store.schema import events
 
-from .conftest import ROOT, effects, scrape_all, wait_for
+from .conftest import DATABASE_URL, ROOT, effects, scrape_all, wait_for, worker_env
 
 pytestmark = pytest.mark.integration
 
@@ -21,6 +25,11 @@ def undos(redis_client, tag):
 
 def names(harvest, run_id):
     return [h.describe() for h in harvest.history(run_id)]
+
+
+def names_raw(harvest, run_id):
+    """As ``names``, reading offloaded payloads as their references (this process has no store)."""
+    return [h.describe() for h in harvest.history(run_id, strict=False)]
 
 
 def test_diamond_failure_dispatches_comp_c_comp_b_comp_a_in_that_order(harvest, workers, redis_client, tag):
@@ -118,6 +127,69 @@ def test_known_limitation_raising_the_cap_mid_unwind_diverges(harvest, workers, 
     finally:
         w1.restart({"HARVEST_TEST_CAP": ""})
 
+
+
+def scheduled_inline(run_id):
+    """Each ActivityScheduled's input as the events table holds it inline: name → input."""
+    engine = sa.create_engine(DATABASE_URL)
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(events.c.data).where(events.c.execution_id == run_id)
+                            .order_by(events.c.seq)).fetchall()
+    engine.dispose()
+    return {r.data["activity_name"]: r.data["input"] for r in rows
+            if r.data["type"] == "ActivityScheduled"}
+
+
+def test_an_offloaded_oversized_envelope_is_dispatched(harvest, workers, redis_client, tag):
+    # no store: the 3 KB envelope is over a 2 KB cap and refused, as the spec pins
+    with worker_env(workers, HARVEST_TEST_CAP="2048"):
+        refused = harvest.start_workflow("offloaded_envelope", {"tag": f"{tag}-no", "pad": 3000})
+        with pytest.raises(WorkflowFailed, match="SagaCompensationFailed.*input of activity 'undo_node' "
+                                                 "is 3[0-9]{3} bytes, over the cap of 2048 bytes"):
+            harvest.result(refused, timeout=30)
+        assert undos(redis_client, f"{tag}-no") == []
+        assert "undo_node" not in scheduled_inline(refused)
+
+    # a store takes what is over 1 KB: the envelope (and the forward input, over the cap too)
+    # are stored as references, dispatched, and the compensator gets the whole value
+    with worker_env(workers, HARVEST_TEST_CAP="2048", HARVEST_TEST_OFFLOAD="1024"):
+        run_id = harvest.start_workflow("offloaded_envelope", {"tag": tag, "pad": 3000, "blob": "i" * 3000})
+        with pytest.raises(WorkflowFailed) as failed:
+            harvest.result(run_id, timeout=30)
+        assert (failed.value.error_type, failed.value.error_message) == (
+            "DagTaskFailed", "one or more DAG tasks failed")  # a clean unwind, not SagaCompensationFailed
+        assert [e["value"] for e in effects(redis_client, tag) if e["name"] == "ob_big"] == [3000]
+        [undo] = undos(redis_client, tag)
+        envelope = undo["value"]
+        assert envelope["dag_compensate"] == "ob_big" and undo["queue"] == "inventory"
+        assert envelope["output"] == {"tag": tag, "pad": "o" * 3000}
+        assert envelope["input"]["conf"]["blob"] == "i" * 3000
+        inline = scheduled_inline(run_id)
+        for name in ("ob_big", "undo_node"):
+            assert inline[name]["_harvest_offload_envelope"] == 1 and inline[name]["store_id"] == "pg"
+
+
+def test_removing_the_store_stalls_a_run_with_references_until_it_is_restored(harvest, workers, redis_client, tag):
+    """docs/payloads.md, a store removed after the run offloaded something: nothing diverges, the
+    run's decisions fail on its references and it stays RUNNING; restored, it carries on."""
+    with worker_env(workers, HARVEST_TEST_OFFLOAD="1024"):
+        run_id = harvest.start_workflow("offload_then_wait", {"tag": tag, "pad": "p" * 2000})
+        wait_for(lambda: "ActivityCompleted(1)" in names_raw(harvest, run_id)
+                 and harvest.store.decision_request(run_id)[1] is None, what="the run to park")
+        assert scheduled_inline(run_id)["step_one"]["_harvest_offload_envelope"] == 1
+    # the workers now run without a store
+    log = workers["w1"].log
+    seen = log.stat().st_size
+    harvest.signal(run_id, "go")
+    wait_for(lambda: "no payload store is configured" in log.read_bytes()[seen:].decode(errors="replace"),
+             what="the decision to fail on the reference")
+    time.sleep(2)
+    row = harvest.describe(run_id)
+    assert row.status == "RUNNING" and not row.nd_blocked
+    assert "step_three" not in ran(redis_client, tag)
+    with worker_env(workers, HARVEST_TEST_OFFLOAD="1024"):  # restored: the sweeper re-sends it
+        assert harvest.result(run_id, timeout=30) == f"done:{tag}"
+    assert ran(redis_client, tag) == ["step_one", "step_three"]
 
 
 def test_a_worker_refuses_to_boot_when_a_dag_names_an_unregistered_compensator(harvest):

@@ -6,12 +6,16 @@ deferred start, the claim of an announced start, and the async client."""
 from __future__ import annotations
 
 import asyncio
+import json
+import time
+import typing
 from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from cryptography.fernet import Fernet
+from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from harvest_celery import (
@@ -35,6 +39,8 @@ from harvest_celery._errors import error_body, http_status
 from harvest_celery._payloads.digest import input_digest
 from harvest_celery._store import dbapi, starts
 from harvest_celery._store.schema import executions
+from harvest_celery._web.api import create_app
+from harvest_celery._web.models import IdReuse
 
 
 @activity
@@ -130,6 +136,50 @@ def test_use_existing_answers_whatever_the_input_and_reject_refuses_any_reuse(tm
     with pytest.raises(ValueError, match="id_reuse must be one of"):
         h.start_workflow("st_flow", 1, "r3", id_reuse="sometimes")
     assert run_ids(h) == ["r1", "r2"]
+
+
+@pytest.fixture
+def api(tmp_path, monkeypatch) -> tuple[Harvest, TestClient]:
+    monkeypatch.delenv("HARVEST_API_TOKEN", raising=False)
+    h = make(tmp_path)
+    return h, TestClient(create_app(h))
+
+
+def test_post_workflows_takes_the_id_reuse_policy(api):
+    h, client = api
+
+    def start(input: Any, run_id: str, **extra: Any) -> Any:
+        return client.post("/workflows", json={"workflow": "st_flow", "input": input,
+                                                "execution_id": run_id, **extra})
+
+    assert start(1, "r1").status_code == 201
+    assert start(1, "r1").json() == {"execution_id": "r1"}  # the default: idempotent
+    conflict = start(2, "r1")
+    assert conflict.status_code == 409 and conflict.json()["conflict"] == "input"
+    reused = start(2, "r1", id_reuse="use_existing")
+    assert (reused.status_code, reused.json()) == (201, {"execution_id": "r1"})
+    rejected = start(1, "r1", id_reuse="reject")
+    assert rejected.status_code == 409 and rejected.json()["conflict"] == "exists"
+    assert start(1, "r2", id_reuse="reject").status_code == 201  # a new id is fine
+    assert started_events(h, "r1") == 1 and h.describe("r1").input == 1
+
+
+@pytest.mark.parametrize("bad", ["sometimes", "", None, 1, ["reject"]])
+def test_post_workflows_refuses_an_unknown_id_reuse_and_writes_nothing(api, bad):
+    h, client = api
+    resp = client.post("/workflows", json={"workflow": "st_flow", "input": 1, "execution_id": "r1",
+                                           "id_reuse": bad})
+    assert resp.status_code == 422 and resp.json()["error"] == "ValidationError"
+    assert "id_reuse" in json.dumps(resp.json()["detail"])
+    assert run_ids(h) == []
+
+
+def test_the_api_offers_exactly_the_clients_id_reuse_policies(api):
+    assert typing.get_args(IdReuse) == starts.ID_REUSE
+    _, client = api
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["StartWorkflowRequest"]
+    assert schema["properties"]["id_reuse"]["enum"] == list(starts.ID_REUSE)
+    assert schema["properties"]["id_reuse"]["default"] == "idempotent"
 
 
 def test_signal_with_start_signals_an_existing_run_whatever_its_input(tmp_path):
@@ -305,3 +355,78 @@ def test_the_async_client_starts_signals_and_waits(tmp_path):
             return result, listed
 
     assert asyncio.run(scenario()) == ({"x": 1}, ["a1"])
+
+
+@workflow
+async def st_parked(ctx: WorkflowContext, data: Any) -> Any:
+    """Waits for a signal: a run that stays live (RUNNING) in embedded mode."""
+    return await ctx.wait_signal("go")
+
+
+def make_parked(tmp_path: Any) -> Harvest:
+    return make(tmp_path).register(st_parked)
+
+
+def test_request_cancellation_sync_and_async_alike(tmp_path):
+    h = make_parked(tmp_path)
+    h.start_workflow("st_parked", 1, "sync")
+    h.start_workflow("st_parked", 1, "async")
+
+    async def scenario() -> list[Any]:
+        async with AsyncHarvest(h, wait_slice=0.2) as client:
+            first = await client.request_cancellation("async", reason="customer asked")
+            again = await client.request_cancellation("async", reason="again")
+            row = await client.describe("async")
+            with pytest.raises(ExecutionNotFound):
+                await client.request_cancellation("nobody")
+            return [first, again, (row.status, row.display_status)]
+
+    sync = [h.request_cancellation("sync", reason="customer asked"),
+            h.request_cancellation("sync", reason="again"),
+            (h.describe("sync").status, h.describe("sync").display_status)]
+    assert sync == asyncio.run(scenario()) == [True, False, ("RUNNING", "CANCELLING")]
+    for run_id in ("sync", "async"):  # one request recorded, its reason the first one's
+        requests = [e.event for e in h.history(run_id) if e.event.type == "WorkflowCancelRequested"]
+        assert [r.reason for r in requests] == ["customer asked"]
+    assert sorted(r.id for r in h.list(status="CANCELLING")) == ["async", "sync"]
+
+
+def test_request_cancellation_of_a_finished_run_is_refused_sync_and_async(tmp_path):
+    h = make_parked(tmp_path)
+    h.start_workflow("st_flow", 1, "done")
+    assert h.describe("done").status == "COMPLETED"
+    with pytest.raises(InvalidState):
+        h.request_cancellation("done")
+
+    async def scenario() -> None:
+        async with AsyncHarvest(h) as client:
+            with pytest.raises(InvalidState):
+                await client.request_cancellation("done")
+
+    asyncio.run(scenario())
+    assert not [e for e in h.history("done") if e.event.type == "WorkflowCancelRequested"]
+
+
+def test_list_time_filters_sync_and_async_alike(tmp_path):
+    h = make(tmp_path)
+    h.start_workflow("st_other", 1, "early")
+    time.sleep(0.02)
+    middle = datetime.now(timezone.utc)
+    time.sleep(0.02)
+    h.start_workflow("st_other", 1, "late")
+    created = {r.id: r.created_at for r in h.list()}
+    assert created["early"] < middle <= created["late"]
+    cases = [({"created_after": middle}, ["late"]), ({"created_before": middle}, ["early"]),
+             ({"created_after": created["late"]}, ["late"]),  # inclusive
+             ({"created_before": created["late"]}, ["early"]),  # exclusive
+             ({"created_after": created["early"], "created_before": middle}, ["early"]),
+             ({"created_after": middle, "created_before": middle}, []),
+             ({}, ["late", "early"])]  # newest first
+
+    async def scenario() -> list[list[str]]:
+        async with AsyncHarvest(h) as client:
+            return [[r.id for r in await client.list(**kwargs)] for kwargs, _ in cases]
+
+    expected = [ids for _, ids in cases]
+    assert [[r.id for r in h.list(**kwargs)] for kwargs, _ in cases] == expected
+    assert asyncio.run(scenario()) == expected

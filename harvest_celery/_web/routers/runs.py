@@ -66,12 +66,13 @@ def _history_item(item: ev.HistoryEvent) -> dict[str, Any]:
 
 # ── endpoints ────────────────────────────────────────────────────────────────────────────────
 def start_workflow(harvest: HarvestDep, body: StartWorkflowRequest) -> dict[str, Any]:
-    """Start a run (idempotent on ``execution_id``)."""
+    """Start a run (idempotent on ``execution_id`` unless ``id_reuse`` says otherwise)."""
     check_name(body.workflow, "a workflow name")
     if body.execution_id is not None:
         check_id(body.execution_id)
     check_storable(body.input, f"input of workflow {body.workflow!r}")
-    run_id = harvest.start_workflow(body.workflow, body.input, execution_id=body.execution_id)
+    run_id = harvest.start_workflow(body.workflow, body.input, execution_id=body.execution_id,
+                                    id_reuse=body.id_reuse)
     return {"execution_id": run_id}
 
 
