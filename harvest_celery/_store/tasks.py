@@ -205,10 +205,17 @@ def _finish(tx: Tx, execution_id: str, activity_id: str, status: str, now: datet
 
 
 # ── leases and retries (the sweeper's side) ──────────────────────────────────────────────────
-def renew_lease(tx: Tx, execution_id: str, activity_id: str, attempt: int, until: datetime) -> None:
-    tx.conn.execute(activity_tasks.update().where(
+def renew_lease(tx: Tx, execution_id: str, activity_id: str, attempt: int, now: datetime,
+                until: datetime) -> bool:
+    """Push the lease of ``attempt`` out to ``until`` while it is still live; False when it was
+    not renewed. A lease that has already expired is the sweeper's: a late heartbeat (a stalled
+    thread, a database outage) must not revive it, or the sweeper's expiry and a renewal would
+    race and a lost worker's row could stay 'running' past its expiry."""
+    renewed = tx.conn.execute(activity_tasks.update().where(
         _where(execution_id, activity_id) & (activity_tasks.c.attempt == attempt)
-        & (activity_tasks.c.status == TaskStatus.RUNNING.value)).values(lease_expires_at=until))
+        & (activity_tasks.c.status == TaskStatus.RUNNING.value)
+        & (activity_tasks.c.lease_expires_at > now)).values(lease_expires_at=until))
+    return bool(renewed.rowcount)
 
 
 def expire_lease(tx: Tx, execution_id: str, activity_id: str, attempt: int, now: datetime,

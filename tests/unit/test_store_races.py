@@ -228,3 +228,20 @@ def test_a_cancel_fails_a_dispatched_but_unclaimed_row_without_an_event_and_its_
     assert SEEN == []
     assert types(h, run_id) == ["WorkflowStarted", "ActivityScheduled", "WorkflowCancelled"]
     assert h.describe(run_id).status == "CANCELLED"
+
+
+def test_a_late_heartbeat_never_revives_an_expired_lease(h):
+    from harvest_celery._store.schema import activity_tasks
+
+    run_id = h.start_workflow("checkout", {"o": 1})
+    h.runtime.run_decision(run_id)
+    assert h.runtime.claim(run_id, "1", 1) is not None
+    expired_at = utcnow() - timedelta(seconds=5)
+    with h.store.begin() as tx:  # the lease ran out while the heartbeat thread was stalled
+        tx.conn.execute(activity_tasks.update().where(activity_tasks.c.execution_id == run_id)
+                        .values(lease_expires_at=expired_at))
+    h.runtime.leases.renew([(run_id, "1", 1)])  # the stalled beat finally runs
+    with h.store.begin() as tx:
+        assert sweeps.expired_leases(tx, utcnow()) == [(run_id, "1", 1)]  # still the sweeper's
+    lease = h.store.activity_rows(run_id)[0]["lease_expires_at"]
+    assert lease.replace(tzinfo=None) <= utcnow().replace(tzinfo=None)
