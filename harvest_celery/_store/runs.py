@@ -18,7 +18,7 @@ from harvest_celery._core.lifecycle import RUNNING, TERMINAL_STATUSES, TERMINATE
 from harvest_celery._core.registry import Registry
 from harvest_celery._dag.folds import OPEN, fold_dispatches
 from harvest_celery._dag.retry import erased_refusal
-from harvest_celery._errors import ExecutionAlreadyExists, InvalidState, RetryRefused
+from harvest_celery._errors import ExecutionAlreadyExists, ForksHoldCopies, InvalidState, RetryRefused
 from harvest_celery._payloads.digest import input_digest
 from harvest_celery._payloads.erasure import (
     ERASED,
@@ -189,12 +189,71 @@ def resume(tx: Tx, execution_id: str, now: datetime, decision_queue: str) -> Non
     tx.request_decision(execution_id, now, decision_queue, force=True)
 
 # ── erasure and retention ───────────────────────────────────────────────────────────────
-def erase(tx: Tx, execution_id: str, now: datetime) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+def erase(tx: Tx, execution_id: str, now: datetime, *,
+          with_forks: bool = False) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """Tombstone every payload field of a terminal run, the execution row's input first, under
     the row lock; never remove or reorder an event. Idempotent. Returns counts and the blob
-    references to delete once this commits."""
-    row = tx.lock_existing(execution_id)
-    m = row
+    references to delete once this commits.
+
+    A fork (reset, DAG retry) holds copies of its source's payloads and its source of the
+    fork's: while any other run of the fork family is not erased, the erasure is refused
+    (``ForksHoldCopies``, naming them) unless ``with_forks``, which erases the whole family in
+    this one transaction — every member checked erasable before anything is written."""
+    family = _lock_family(tx, execution_id)
+    rows = {r.id: r for r in family}
+    others = sorted(r for r in rows if r != execution_id)
+    if not with_forks:
+        holding = [r for r in others if rows[r].erased_at is None]
+        if holding:
+            raise ForksHoldCopies(execution_id, holding)
+        return _erase_one(tx, rows[execution_id], now)
+    for run_id in [execution_id, *others]:  # all or nothing: refuse before the first write
+        _check_erasable(tx, rows[run_id])
+    counts, refs = _erase_one(tx, rows[execution_id], now)
+    for run_id in others:
+        more, blobs = _erase_one(tx, rows[run_id], now)
+        refs += blobs
+        for key in ("events", "fields", "blobs"):
+            counts[key] += more[key]
+    counts["forks"] = others
+    return counts, refs
+
+
+def fork_family(tx: Tx, execution_id: str) -> set[str]:
+    """The runs linked to ``execution_id`` by forks, transitively, both ways (its sources and
+    their forks, its forks and theirs), itself included; a purged member is simply absent."""
+    found: set[str] = set()
+    frontier = {execution_id}
+    while frontier:
+        rows = tx.conn.execute(sa.select(executions.c.id, executions.c.forked_from).where(
+            executions.c.id.in_(sorted(frontier)) | executions.c.forked_from.in_(sorted(frontier)))).all()
+        found |= {r.id for r in rows if r.id in frontier}
+        linked = {r.id for r in rows} | {r.forked_from for r in rows if r.forked_from is not None}
+        frontier = linked - found - frontier
+        found |= {r.id for r in rows}
+    return found
+
+
+def _lock_family(tx: Tx, execution_id: str) -> list[RunRow]:
+    """Lock the run and its fork family in id order (two erasures of one family never
+    deadlock), then look again: a fork committed before its source's lock was taken is locked
+    too, and none can start once the source is locked (``_seal_for_fork`` takes that lock)."""
+    locked: dict[str, RunRow] = {}
+    gone: set[str] = set()
+    family = fork_family(tx, execution_id) | {execution_id}
+    while family - set(locked) - gone:
+        for run_id in sorted(family - set(locked) - gone):
+            row = tx.lock_existing(run_id) if run_id == execution_id else tx.lock(run_id)
+            if row is None:
+                gone.add(run_id)  # purged meanwhile
+            else:
+                locked[run_id] = row
+        family = fork_family(tx, execution_id) | {execution_id}
+    return list(locked.values())
+
+
+def _check_erasable(tx: Tx, m: RunRow) -> None:
+    execution_id = m.id
     if m.status not in TERMINAL_STATUSES:
         raise InvalidState(execution_id, m.status, "erase the payloads of")
     if m.paused_at is not None and m.erased_at is None:
@@ -206,6 +265,11 @@ def erase(tx: Tx, execution_id: str, now: datetime) -> tuple[dict[str, Any], lis
         if running or m.decision_requested_at is not None:
             raise InvalidState(execution_id, "cancelled with work still finishing",
                                "erase the payloads of (retry once it settles)")
+
+
+def _erase_one(tx: Tx, m: RunRow, now: datetime) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    _check_erasable(tx, m)
+    execution_id = m.id
     refs: list[tuple[str, str]] = []
     values: dict[str, Any] = {"erased_at": m.erased_at or now, "updated_at": now}
     fields = 0
@@ -236,7 +300,7 @@ def erase(tx: Tx, execution_id: str, now: datetime) -> tuple[dict[str, Any], lis
             tx.conn.execute(events.update().where(
                 (events.c.execution_id == execution_id) & (events.c.seq == seq)).values(data=changed))
     return {"execution_id": execution_id, "events": touched, "fields": fields,
-            "blobs": len(refs)}, refs
+            "blobs": len(refs), "forks": []}, refs
 
 def _erase_attempt_errors(tx: Tx, execution_id: str) -> list[tuple[str, str]]:
     """Tombstone every recorded attempt error's message and traceback (a payload: exception text
