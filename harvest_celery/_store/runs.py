@@ -29,7 +29,7 @@ from harvest_celery._payloads.erasure import (
     references,
 )
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS, PAYLOAD_FIELDS
-from harvest_celery._store.records import RunRow
+from harvest_celery._store.records import RunRow, outbox_execution_id
 from harvest_celery._store.schema import (
     activity_tasks,
     attempt_errors,
@@ -287,8 +287,7 @@ def _erase_one(tx: Tx, m: RunRow, now: datetime) -> tuple[dict[str, Any], list[t
     tx.conn.execute(activity_tasks.update().where(
         (activity_tasks.c.execution_id == execution_id) & activity_tasks.c.last_error.is_not(None))
         .values(last_error=ERASED_TEXT))
-    # unsent messages of an adopted task carry its input as their argument
-    tx.conn.execute(outbox.delete().where(outbox.c.task_id.like(f"{execution_id}:%")))
+    _delete_outbox_rows(tx, [execution_id])
     refs += _erase_attempt_errors(tx, execution_id)
     touched = 0
     for seq, data, _at in tx.raw_history(execution_id):
@@ -301,6 +300,20 @@ def _erase_one(tx: Tx, m: RunRow, now: datetime) -> tuple[dict[str, Any], list[t
                 (events.c.execution_id == execution_id) & (events.c.seq == seq)).values(data=changed))
     return {"execution_id": execution_id, "events": touched, "fields": fields,
             "blobs": len(refs), "forks": []}, refs
+
+def _delete_outbox_rows(tx: Tx, ids: Sequence[str]) -> None:
+    """Delete the runs' unsent outbox rows (an older build's: an adopted task's carry its input
+    as their argument) by their ``execution_id`` — never by a task-id pattern, which matched
+    other runs' rows. A row an older worker wrote during a rolling deploy has none yet: its run
+    is read from its arguments and headers, as migration 0006's backfill did."""
+    wanted = set(ids)
+    tx.conn.execute(outbox.delete().where(outbox.c.execution_id.in_(sorted(wanted))))
+    legacy = tx.conn.execute(sa.select(outbox.c.id, outbox.c.args, outbox.c.headers).where(
+        outbox.c.execution_id.is_(None))).all()
+    mine = [r.id for r in legacy if outbox_execution_id(r.args, r.headers) in wanted]
+    if mine:
+        tx.conn.execute(outbox.delete().where(outbox.c.id.in_(mine)))
+
 
 def _erase_attempt_errors(tx: Tx, execution_id: str) -> list[tuple[str, str]]:
     """Tombstone every recorded attempt error's message and traceback (a payload: exception text
@@ -339,5 +352,6 @@ def delete_runs(tx: Tx, ids: Sequence[str]) -> tuple[int, list[tuple[str, str]]]
         refs += references(detail)
     for table in (events, activity_tasks, timers, attempt_errors):
         tx.conn.execute(table.delete().where(table.c.execution_id.in_(list(ids))))
+    _delete_outbox_rows(tx, ids)
     tx.conn.execute(executions.delete().where(executions.c.id.in_(list(ids))))
     return removed, refs
