@@ -173,6 +173,9 @@ def test_runs_in_flight_on_the_deployed_schema_finish_after_the_upgrade(deployed
                 and conn.execute(sa.text(
                     "SELECT count(*) FROM harvest_events WHERE type = 'ActivityScheduled'")).scalar() == 5,
                 timeout=30, what="the deployed build's charges")
+            # its sent rows are deleted in batches every 0.5 s: let it finish before the stop
+            wait_for(lambda: conn.execute(sa.text("SELECT count(*) FROM harvest_outbox")).scalar() == 0,
+                     timeout=10, what="the deployed build's outbox to drain")
     finally:
         old.stop()
     old_start(deployed, unsent, mode="unsent")
