@@ -202,12 +202,13 @@ def erase(tx: Tx, execution_id: str, now: datetime, *,
     family = _lock_family(tx, execution_id)
     rows = {r.id: r for r in family}
     others = sorted(r for r in rows if r != execution_id)
+    _check_erasable(tx, rows[execution_id])  # its own state first: a live run is "RUNNING"
     if not with_forks:
         holding = [r for r in others if rows[r].erased_at is None]
         if holding:
             raise ForksHoldCopies(execution_id, holding)
         return _erase_one(tx, rows[execution_id], now)
-    for run_id in [execution_id, *others]:  # all or nothing: refuse before the first write
+    for run_id in others:  # all or nothing: refuse before the first write
         _check_erasable(tx, rows[run_id])
     counts, refs = _erase_one(tx, rows[execution_id], now)
     for run_id in others:

@@ -135,3 +135,13 @@ def test_cli_erase_refuses_while_forks_hold_copies_and_with_forks_erases_them(ap
     assert (code, err) == (0, "")
     assert out.startswith("erased src: ") and out.splitlines()[1] == "  with its fork family: src-b, src-c"
     assert not any(holds_secret(h, r) for r in ("src", "src-b", "src-c"))
+
+
+def test_a_live_fork_is_refused_for_its_own_state_first(app, db):
+    h = app.harvest
+    h.start_workflow("op_gate", {"card": SECRET}, execution_id="s2")
+    h.signal("s2", "go", "yes")
+    h.reset("s2", 2, new_execution_id="s2-live")
+    with pytest.raises(InvalidState, match="'s2-live': it is RUNNING") as refused:
+        h.erase_payloads("s2-live")
+    assert not isinstance(refused.value, ForksHoldCopies)
