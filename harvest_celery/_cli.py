@@ -193,6 +193,7 @@ def _operator_commands(command: Command, common: argparse.ArgumentParser) -> Non
 
     er = command("erase", help="erase the payloads of a terminal run (PII erasure; irreversible)")
     er.add_argument("execution_id", metavar="ID")
+    er.add_argument("--with-forks", action="store_true", help="also erase its fork family")
     er.set_defaults(handler=cmd_erase)
 
     pg = command("purge", help="delete terminal runs closed more than DAYS days ago")
@@ -403,9 +404,11 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 
 def cmd_erase(args: argparse.Namespace) -> int:
-    counts = _harvest(args).erase_payloads(args.execution_id)
+    counts = _harvest(args).erase_payloads(args.execution_id, with_forks=args.with_forks)
     print(f"erased {args.execution_id}: {counts['fields']} payload fields in {counts['events']} "
           f"events, {counts['blobs']} blobs deleted")
+    if counts["forks"]:
+        print(f"  with its fork family: {', '.join(counts['forks'])}")
     return 0
 
 

@@ -348,10 +348,15 @@ class Harvest:
         self._after(tx)
         return {**answer, "run_id": new_id, "dry_run": False}
 
-    def erase_payloads(self, execution_id: str) -> dict[str, Any]:
+    def erase_payloads(self, execution_id: str, *, with_forks: bool = False) -> dict[str, Any]:
         """Tombstone every payload field of a terminal run (PII erasure): the run stays readable
-        (names, statuses, timings), its inputs and outputs are gone, offloaded blobs deleted."""
-        return self.store.erase(execution_id)
+        (names, statuses, timings), its inputs and outputs are gone, offloaded blobs deleted.
+
+        Forks made by ``reset`` or ``retry_dag_run`` hold copies of the run's payloads (and it of
+        theirs): while one of that fork family is not erased, this raises ``ForksHoldCopies``
+        naming them and writes nothing, unless ``with_forks=True``, which erases every run of
+        the family in one transaction (``forks`` in the answer lists the others)."""
+        return self.store.erase(execution_id, with_forks=with_forks)
 
     def purge(self, older_than_days: float, batch: int = 500) -> dict[str, int]:
         """Retention: delete terminal runs closed more than ``older_than_days`` ago."""

@@ -29,6 +29,7 @@
     │                                  input, or under id_reuse="reject" (HTTP 409)
     ├── InvalidExecutionId             an id that cannot name a run (also a ValueError)
     ├── InvalidState                   an operation the run's status forbids
+    │   └── ForksHoldCopies            an erasure refused while forks hold copies
     ├── UnknownEventType               a history event this build does not know
     ├── CorruptHistory                 a stored history that cannot be replayed as it is
     ├── DagBuildError                  build-time DAG misuse (raised at decoration)
@@ -291,6 +292,23 @@ class InvalidState(HarvestError):
         self.operation = operation
 
 
+class ForksHoldCopies(InvalidState):
+    """Erasure refused: other runs of the run's fork family (the runs a reset or a DAG retry
+    forked from it or it from them) still hold copies of its payloads (HTTP 409). ``forks``
+    names them; erasing with ``with_forks`` erases the whole family at once."""
+
+    def __init__(self, execution_id: str, forks: list[str]) -> None:
+        names = ", ".join(repr(f) for f in forks)
+        HarvestError.__init__(
+            self, f"cannot erase the payloads of execution {execution_id!r}: the runs of its fork "
+                  f"family {names} hold copies of them; erase them with it (with_forks=True, "
+                  f"harvest erase --with-forks, or the API body {{\"with_forks\": true}})")
+        self.execution_id = execution_id
+        self.status = "forked"
+        self.operation = "erase the payloads of"
+        self.forks = list(forks)
+
+
 class PayloadCodecError(HarvestError):
     """An encoded payload cannot be decoded (unknown codec or key, tampered ciphertext)."""
 
@@ -399,12 +417,15 @@ def http_status(exc: BaseException) -> int:
 
 def error_body(exc: BaseException) -> dict[str, Any]:
     """The JSON body of an error response: ``{"error": <class name>, "detail": <message>}``,
-    plus ``"reason"`` for a refused retry and ``"conflict"`` for an id already in use."""
+    plus ``"reason"`` for a refused retry, ``"conflict"`` for an id already in use and ``"forks"``
+    for an erasure refused while forks hold copies."""
     body: dict[str, Any] = {"error": type(exc).__name__, "detail": str(exc)}
     if isinstance(exc, RetryRefused):
         body["reason"] = exc.reason
     if isinstance(exc, ExecutionAlreadyExists):
         body["conflict"] = exc.conflict
+    if isinstance(exc, ForksHoldCopies):
+        body["forks"] = exc.forks
     return body
 
 

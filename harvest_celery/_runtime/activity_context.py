@@ -48,9 +48,10 @@ class ActivityContext:
         """Renew this attempt's lease (a ``start_to_close`` deadline is never extended)."""
         if self._claim.start_to_close is not None:
             return
-        until = utcnow() + timedelta(seconds=self._lease + 5)
+        now = utcnow()
         with self._store.begin() as tx:
-            tasks.renew_lease(tx, self.execution_id, self.activity_id, self.attempt, until)
+            tasks.renew_lease(tx, self.execution_id, self.activity_id, self.attempt, now,
+                              now + timedelta(seconds=self._lease + 5))
 
 
 _CURRENT: ContextVar[ActivityContext | None] = ContextVar("harvest_activity_context", default=None)

@@ -55,10 +55,11 @@ class LeaseKeeper:
                 self.renew(held)
 
     def renew(self, held: list[tuple[str, str, int]]) -> None:
-        until = utcnow() + timedelta(seconds=self.lease + 5)
+        now = utcnow()
+        until = now + timedelta(seconds=self.lease + 5)
         try:
             with self.store.begin() as tx:
                 for execution_id, activity_id, attempt in held:
-                    tasks.renew_lease(tx, execution_id, activity_id, attempt, until)
+                    tasks.renew_lease(tx, execution_id, activity_id, attempt, now, until)
         except Exception:  # noqa: BLE001 - the next beat retries; the lease has slack
             log.exception("renewing %d leases failed", len(held))

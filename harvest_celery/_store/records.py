@@ -131,6 +131,20 @@ class RelayedMessage:
     headers: dict[str, Any] | None = None
 
 
+def outbox_execution_id(args: Any, headers: Any) -> str | None:
+    """The run of an outbox row as older builds wrote it (no ``execution_id`` column then): an
+    adopted task's ids are in its ``harvest`` header, its argument being the input; a
+    decision's and an engine-native activity's first argument is the execution id. Never
+    parsed from the task id: ``a:1:1`` may be run ``a``'s or, before ids refused ':', run
+    ``a:1``'s. Migration 0006 backfills with a frozen copy of this."""
+    ref = headers.get("harvest") if isinstance(headers, dict) else None
+    if isinstance(ref, dict) and isinstance(ref.get("execution_id"), str):
+        return str(ref["execution_id"])
+    if isinstance(args, list) and args and isinstance(args[0], str):
+        return args[0]
+    return None
+
+
 @dataclass(frozen=True)
 class Execution:
     id: str

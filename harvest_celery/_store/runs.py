@@ -18,7 +18,7 @@ from harvest_celery._core.lifecycle import RUNNING, TERMINAL_STATUSES, TERMINATE
 from harvest_celery._core.registry import Registry
 from harvest_celery._dag.folds import OPEN, fold_dispatches
 from harvest_celery._dag.retry import erased_refusal
-from harvest_celery._errors import ExecutionAlreadyExists, InvalidState, RetryRefused
+from harvest_celery._errors import ExecutionAlreadyExists, ForksHoldCopies, InvalidState, RetryRefused
 from harvest_celery._payloads.digest import input_digest
 from harvest_celery._payloads.erasure import (
     ERASED,
@@ -29,7 +29,7 @@ from harvest_celery._payloads.erasure import (
     references,
 )
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS, PAYLOAD_FIELDS
-from harvest_celery._store.records import RunRow
+from harvest_celery._store.records import RunRow, outbox_execution_id
 from harvest_celery._store.schema import (
     activity_tasks,
     attempt_errors,
@@ -189,12 +189,72 @@ def resume(tx: Tx, execution_id: str, now: datetime, decision_queue: str) -> Non
     tx.request_decision(execution_id, now, decision_queue, force=True)
 
 # ── erasure and retention ───────────────────────────────────────────────────────────────
-def erase(tx: Tx, execution_id: str, now: datetime) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+def erase(tx: Tx, execution_id: str, now: datetime, *,
+          with_forks: bool = False) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """Tombstone every payload field of a terminal run, the execution row's input first, under
     the row lock; never remove or reorder an event. Idempotent. Returns counts and the blob
-    references to delete once this commits."""
-    row = tx.lock_existing(execution_id)
-    m = row
+    references to delete once this commits.
+
+    A fork (reset, DAG retry) holds copies of its source's payloads and its source of the
+    fork's: while any other run of the fork family is not erased, the erasure is refused
+    (``ForksHoldCopies``, naming them) unless ``with_forks``, which erases the whole family in
+    this one transaction — every member checked erasable before anything is written."""
+    family = _lock_family(tx, execution_id)
+    rows = {r.id: r for r in family}
+    others = sorted(r for r in rows if r != execution_id)
+    _check_erasable(tx, rows[execution_id])  # its own state first: a live run is "RUNNING"
+    if not with_forks:
+        holding = [r for r in others if rows[r].erased_at is None]
+        if holding:
+            raise ForksHoldCopies(execution_id, holding)
+        return _erase_one(tx, rows[execution_id], now)
+    for run_id in others:  # all or nothing: refuse before the first write
+        _check_erasable(tx, rows[run_id])
+    counts, refs = _erase_one(tx, rows[execution_id], now)
+    for run_id in others:
+        more, blobs = _erase_one(tx, rows[run_id], now)
+        refs += blobs
+        for key in ("events", "fields", "blobs"):
+            counts[key] += more[key]
+    counts["forks"] = others
+    return counts, refs
+
+
+def fork_family(tx: Tx, execution_id: str) -> set[str]:
+    """The runs linked to ``execution_id`` by forks, transitively, both ways (its sources and
+    their forks, its forks and theirs), itself included; a purged member is simply absent."""
+    found: set[str] = set()
+    frontier = {execution_id}
+    while frontier:
+        rows = tx.conn.execute(sa.select(executions.c.id, executions.c.forked_from).where(
+            executions.c.id.in_(sorted(frontier)) | executions.c.forked_from.in_(sorted(frontier)))).all()
+        found |= {r.id for r in rows if r.id in frontier}
+        linked = {r.id for r in rows} | {r.forked_from for r in rows if r.forked_from is not None}
+        frontier = linked - found - frontier
+        found |= {r.id for r in rows}
+    return found
+
+
+def _lock_family(tx: Tx, execution_id: str) -> list[RunRow]:
+    """Lock the run and its fork family in id order (two erasures of one family never
+    deadlock), then look again: a fork committed before its source's lock was taken is locked
+    too, and none can start once the source is locked (``_seal_for_fork`` takes that lock)."""
+    locked: dict[str, RunRow] = {}
+    gone: set[str] = set()
+    family = fork_family(tx, execution_id) | {execution_id}
+    while family - set(locked) - gone:
+        for run_id in sorted(family - set(locked) - gone):
+            row = tx.lock_existing(run_id) if run_id == execution_id else tx.lock(run_id)
+            if row is None:
+                gone.add(run_id)  # purged meanwhile
+            else:
+                locked[run_id] = row
+        family = fork_family(tx, execution_id) | {execution_id}
+    return list(locked.values())
+
+
+def _check_erasable(tx: Tx, m: RunRow) -> None:
+    execution_id = m.id
     if m.status not in TERMINAL_STATUSES:
         raise InvalidState(execution_id, m.status, "erase the payloads of")
     if m.paused_at is not None and m.erased_at is None:
@@ -206,6 +266,11 @@ def erase(tx: Tx, execution_id: str, now: datetime) -> tuple[dict[str, Any], lis
         if running or m.decision_requested_at is not None:
             raise InvalidState(execution_id, "cancelled with work still finishing",
                                "erase the payloads of (retry once it settles)")
+
+
+def _erase_one(tx: Tx, m: RunRow, now: datetime) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    _check_erasable(tx, m)
+    execution_id = m.id
     refs: list[tuple[str, str]] = []
     values: dict[str, Any] = {"erased_at": m.erased_at or now, "updated_at": now}
     fields = 0
@@ -223,8 +288,7 @@ def erase(tx: Tx, execution_id: str, now: datetime) -> tuple[dict[str, Any], lis
     tx.conn.execute(activity_tasks.update().where(
         (activity_tasks.c.execution_id == execution_id) & activity_tasks.c.last_error.is_not(None))
         .values(last_error=ERASED_TEXT))
-    # unsent messages of an adopted task carry its input as their argument
-    tx.conn.execute(outbox.delete().where(outbox.c.task_id.like(f"{execution_id}:%")))
+    _delete_outbox_rows(tx, [execution_id])
     refs += _erase_attempt_errors(tx, execution_id)
     touched = 0
     for seq, data, _at in tx.raw_history(execution_id):
@@ -236,7 +300,21 @@ def erase(tx: Tx, execution_id: str, now: datetime) -> tuple[dict[str, Any], lis
             tx.conn.execute(events.update().where(
                 (events.c.execution_id == execution_id) & (events.c.seq == seq)).values(data=changed))
     return {"execution_id": execution_id, "events": touched, "fields": fields,
-            "blobs": len(refs)}, refs
+            "blobs": len(refs), "forks": []}, refs
+
+def _delete_outbox_rows(tx: Tx, ids: Sequence[str]) -> None:
+    """Delete the runs' unsent outbox rows (an older build's: an adopted task's carry its input
+    as their argument) by their ``execution_id`` — never by a task-id pattern, which matched
+    other runs' rows. A row an older worker wrote during a rolling deploy has none yet: its run
+    is read from its arguments and headers, as migration 0006's backfill did."""
+    wanted = set(ids)
+    tx.conn.execute(outbox.delete().where(outbox.c.execution_id.in_(sorted(wanted))))
+    legacy = tx.conn.execute(sa.select(outbox.c.id, outbox.c.args, outbox.c.headers).where(
+        outbox.c.execution_id.is_(None))).all()
+    mine = [r.id for r in legacy if outbox_execution_id(r.args, r.headers) in wanted]
+    if mine:
+        tx.conn.execute(outbox.delete().where(outbox.c.id.in_(mine)))
+
 
 def _erase_attempt_errors(tx: Tx, execution_id: str) -> list[tuple[str, str]]:
     """Tombstone every recorded attempt error's message and traceback (a payload: exception text
@@ -275,5 +353,6 @@ def delete_runs(tx: Tx, ids: Sequence[str]) -> tuple[int, list[tuple[str, str]]]
         refs += references(detail)
     for table in (events, activity_tasks, timers, attempt_errors):
         tx.conn.execute(table.delete().where(table.c.execution_id.in_(list(ids))))
+    _delete_outbox_rows(tx, ids)
     tx.conn.execute(executions.delete().where(executions.c.id.in_(list(ids))))
     return removed, refs

@@ -139,7 +139,11 @@ outbox = Table(
     Column("headers", Json),
     Column("task_id", String(300), nullable=False),
     Column("created_at", Ts, nullable=False),
+    # the row's run (migration 0006, backfilled): erasure deletes a run's rows by it; NULL on a
+    # row an older build wrote during a rolling deploy (erasure derives it, as the backfill did)
+    Column("execution_id", String(200)),
     Index("ix_harvest_outbox_created_at", "created_at"),
+    Index("ix_harvest_outbox_execution_id", "execution_id"),
 )
 
 blobs = Table(

@@ -258,10 +258,10 @@ class Store:
         return out
 
     # ── erasure and retention (blobs deleted once the transaction commits) ─────────────────
-    def erase(self, execution_id: str) -> dict[str, Any]:
-        """PII erasure of one terminal run (see ``runs.erase``)."""
+    def erase(self, execution_id: str, *, with_forks: bool = False) -> dict[str, Any]:
+        """PII erasure of one terminal run, or of its whole fork family (see ``runs.erase``)."""
         with self.begin() as tx:
-            counts, refs = runs.erase(tx, execution_id, utcnow())
+            counts, refs = runs.erase(tx, execution_id, utcnow(), with_forks=with_forks)
         self._delete_blobs(refs)
         return counts
 

@@ -124,19 +124,42 @@ WITH run AS (
     FROM run
     WHERE t.execution_id = run.id AND t.activity_id = :activity_id
       AND ((t.attempt = :attempt AND t.status IN ('running', 'retry_wait'))
-           OR (t.attempt = :attempt + 1 AND t.status = 'scheduled'))
+           OR (t.attempt = :attempt + 1 AND t.status = 'scheduled')
+           OR (t.status = 'cancelled' AND t.attempt IN (:attempt, :attempt + 1)
+               AND run.cancelled_at IS NOT NULL
+               AND EXISTS (SELECT 1 FROM harvest_events AS s
+                           WHERE s.execution_id = run.id AND s.type = 'ActivityStarted'
+                             AND s.data->>'activity_id' = :activity_id
+                             AND s.data->>'attempt' = CAST(:attempt AS TEXT))))
     RETURNING t.activity_id
 )
 SELECT run.*, EXISTS (SELECT 1 FROM task) AS finished FROM run
 """)
 
 
-def accepts_completion(task: TaskRow, attempt: int) -> bool:
+def accepts_completion(task: TaskRow, attempt: int, *, started_in_cancelled_run: bool = False) -> bool:
     """A completion of ``attempt`` is recorded while no later attempt has claimed the row: its
     own attempt still running, or a late one (its lease expired during a database outage) whose
-    retry waits or is dispatched but not yet claimed — that retry is then refused by its claim."""
+    retry waits or is dispatched but not yet claimed — that retry is then refused by its claim.
+
+    A cancel abandons such a waiting retry (it never runs), not the attempt before it: that
+    body was running when the cancel landed, and its side effect happened, so its late
+    completion is recorded like any body's that outlives a cancel (``started_in_cancelled_run``:
+    the run is cancelled and the history holds this attempt's ActivityStarted — the proof a
+    body ran; a row a cancel abandoned before any attempt started never has it)."""
     return ((task.attempt == attempt and task.status in (TaskStatus.RUNNING.value, TaskStatus.RETRY_WAIT.value))
-            or (task.attempt == attempt + 1 and task.status == TaskStatus.SCHEDULED.value))
+            or (task.attempt == attempt + 1 and task.status == TaskStatus.SCHEDULED.value)
+            or (started_in_cancelled_run and task.status == TaskStatus.CANCELLED.value
+                and task.attempt in (attempt, attempt + 1)))
+
+
+def _attempt_started(tx: Tx, execution_id: str, activity_id: str, attempt: int) -> bool:
+    """The history holds ActivityStarted for this attempt (SQLite; Postgres asks in _FINISH)."""
+    for _seq, data, _at in tx.raw_history(execution_id):
+        if (data.get("type") == "ActivityStarted" and data.get("activity_id") == activity_id
+                and data.get("attempt") == attempt):
+            return True
+    return False
 
 
 def finish_completed(tx: Tx, execution_id: str, activity_id: str, attempt: int,
@@ -151,7 +174,12 @@ def finish_completed(tx: Tx, execution_id: str, activity_id: str, attempt: int,
             return None
         return RunRow.from_mapping(found._mapping)
     located = running_task(tx, execution_id, activity_id)
-    if located is None or not accepts_completion(located[1], attempt):
+    if located is None:
+        return None
+    row, task = located
+    started = (row.cancelled_at is not None and task.status == TaskStatus.CANCELLED.value
+               and _attempt_started(tx, execution_id, activity_id, attempt))
+    if not accepts_completion(task, attempt, started_in_cancelled_run=started):
         return None
     _finish(tx, execution_id, activity_id, TaskStatus.COMPLETED.value, now, None)
     return located[0]
@@ -205,10 +233,17 @@ def _finish(tx: Tx, execution_id: str, activity_id: str, status: str, now: datet
 
 
 # ── leases and retries (the sweeper's side) ──────────────────────────────────────────────────
-def renew_lease(tx: Tx, execution_id: str, activity_id: str, attempt: int, until: datetime) -> None:
-    tx.conn.execute(activity_tasks.update().where(
+def renew_lease(tx: Tx, execution_id: str, activity_id: str, attempt: int, now: datetime,
+                until: datetime) -> bool:
+    """Push the lease of ``attempt`` out to ``until`` while it is still live; False when it was
+    not renewed. A lease that has already expired is the sweeper's: a late heartbeat (a stalled
+    thread, a database outage) must not revive it, or the sweeper's expiry and a renewal would
+    race and a lost worker's row could stay 'running' past its expiry."""
+    renewed = tx.conn.execute(activity_tasks.update().where(
         _where(execution_id, activity_id) & (activity_tasks.c.attempt == attempt)
-        & (activity_tasks.c.status == TaskStatus.RUNNING.value)).values(lease_expires_at=until))
+        & (activity_tasks.c.status == TaskStatus.RUNNING.value)
+        & (activity_tasks.c.lease_expires_at > now)).values(lease_expires_at=until))
+    return bool(renewed.rowcount)
 
 
 def expire_lease(tx: Tx, execution_id: str, activity_id: str, attempt: int, now: datetime,

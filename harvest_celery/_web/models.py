@@ -114,11 +114,19 @@ class RetryResponse(BaseModel):
     dry_run: bool
 
 
+class EraseRequest(_Model):
+    with_forks: bool = Field(default=False, description=(
+        "also erase the run's fork family (the runs reset or retry forked from it or it from), "
+        "which hold copies of its payloads; without it such an erasure is refused (409)"))
+
+
 class EraseResponse(BaseModel):
     execution_id: str
     events: int = Field(description="events whose payload fields were tombstoned by this call")
     fields: int = Field(description="payload fields tombstoned by this call")
     blobs: int = Field(description="offloaded blobs deleted")
+    forks: list[str] = Field(default_factory=list,
+                             description="the other runs of the fork family erased with it")
 
 
 class PurgeRequest(_Model):

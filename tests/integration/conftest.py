@@ -53,8 +53,10 @@ def _fresh_database() -> None:
 
 class Worker:
     def __init__(self, name: str, queues: str, extra_env: dict[str, str] | None = None,
-                 app: str = "tests.integration.app", extra_args: list[str] | None = None) -> None:
+                 app: str = "tests.integration.app", extra_args: list[str] | None = None,
+                 root: Path = ROOT) -> None:
         self.name = name
+        self.root = root  # the checkout it runs from (another build's, in test_upgrade.py)
         self.app = app
         self.queues = queues
         self.extra_env = extra_env or {}
@@ -64,7 +66,7 @@ class Worker:
 
     def start(self) -> None:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, PYTHONPATH=str(ROOT), **self.extra_env)
+        env = dict(os.environ, PYTHONPATH=str(self.root), **self.extra_env)
         cmd = [sys.executable, "-m", "celery", "-A", self.app, "worker",
                "-Q", self.queues, "-n", f"{self.name}-{uuid.uuid4().hex[:6]}@%h", "-P", "threads",
                "-c", "4", "--without-gossip", "--without-mingle", "--without-heartbeat",
@@ -73,7 +75,7 @@ class Worker:
             out.write(f"\n===== start {time.time()} =====\n".encode())
             out.flush()
             marker_from = self.log.stat().st_size  # only this start's output counts
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=out, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         self._wait_ready(marker_from)
 

@@ -286,7 +286,22 @@ def test_reset_forks_a_run_and_its_refusals(client, harvest, redis_client, tag):
     assert (missing.status_code, missing.json()["error"]) == (404, "ExecutionNotFound")
     assert all_runs(harvest) == before
 
-    assert client.post(f"/workflows/{source}/erase-payloads").status_code == 200
+    # the fork holds copies of the source's payloads: erasing the source alone is refused
+    before = all_runs(harvest)
+    kept = client.post(f"/workflows/{source}/erase-payloads")
+    assert kept.status_code == 409, kept.text
+    assert kept.json()["error"] == "ForksHoldCopies" and kept.json()["forks"] == [new_id]
+    assert repr(new_id) in kept.json()["detail"] and "with_forks" in kept.json()["detail"]
+    assert all_runs(harvest) == before
+    assert tag in client.get(f"/workflows/{new_id}/history").text.replace(new_id, "")
+    bad = client.post(f"/workflows/{source}/erase-payloads", json={"with_forks": "please"})
+    assert bad.status_code == 422 and all_runs(harvest) == before
+    both = client.post(f"/workflows/{source}/erase-payloads", json={"with_forks": True})
+    assert both.status_code == 200, both.text
+    assert both.json()["forks"] == [new_id] and both.json()["fields"] > 0
+    for run_id in (source, new_id):
+        assert client.get(f"/workflows/{run_id}").json()["erased_at"] is not None
+        assert tag not in client.get(f"/workflows/{run_id}/history").text.replace(new_id, "")
     before = all_runs(harvest)
     erased = client.post(f"/workflows/{source}/reset", json={"to_seq": 4})
     assert erased.status_code == 409 and erased.json()["reason"] == "erased"
@@ -309,7 +324,7 @@ def test_erase_payloads_counts_is_idempotent_and_refuses_a_live_run(client, harv
     assert secret not in client.get(f"/workflows/{run_id}/history").text
     again = client.post(f"/workflows/{run_id}/erase-payloads")
     assert again.status_code == 200
-    assert again.json() == {"execution_id": run_id, "events": 0, "fields": 0, "blobs": 0}
+    assert again.json() == {"execution_id": run_id, "events": 0, "fields": 0, "blobs": 0, "forks": []}
 
     live = client.post("/workflows", json={"workflow": "approval", "input": {"tag": tag}}).json()["execution_id"]
     before = all_runs(harvest)

@@ -5,16 +5,29 @@ cancel; a sealed DAG dispatches no new node; the run graph degrades on any store
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from harvest_celery import Harvest, PostgresPayloadStore, WorkflowCancelledError, WorkflowFailed
+from harvest_celery import (
+    Harvest,
+    PostgresPayloadStore,
+    RetryPolicy,
+    WorkflowCancelledError,
+    WorkflowFailed,
+    activity,
+    workflow,
+)
 from harvest_celery._cli import main
 from harvest_celery._core.commands import Failed
 from harvest_celery._core.engine import replay_history
+from harvest_celery._runtime.inline import InlineDispatcher
+from harvest_celery._store import tasks
+from harvest_celery._store.store import utcnow
 from harvest_celery._web.api import create_app
 
 from .conftest import DATABASE_URL, effects, scrape_all, wait_for, worker_env
@@ -302,3 +315,54 @@ def test_the_run_graph_degrades_and_retry_answers_503_on_an_oserror(harvest, wor
     finally:
         reader.store.engine.dispose()
         store.engine.dispose()
+
+
+# ── a late completion after an expired lease and a cancel (Postgres's one-statement path) ────
+@activity(name="pg_late_charge", retry=RetryPolicy(max_attempts=3))
+def pg_late_charge(data: Any) -> str:
+    return "ch-1"
+
+
+@workflow(name="pg_late_checkout")
+async def pg_late_checkout(ctx: Any, data: Any) -> Any:
+    return await ctx.execute_activity("pg_late_charge", data)
+
+
+@pytest.fixture
+def by_hand(harvest: Any) -> Any:
+    """A Harvest on the test database whose messages are delivered by hand (no worker knows
+    its workflow, so no sweeper of theirs touches its runs)."""
+    h = Harvest(DATABASE_URL).register(pg_late_checkout, pg_late_charge)
+    h._inline = None
+    h.runtime.dispatcher = InlineDispatcher()
+    yield h
+    h.store.engine.dispose()
+
+
+def _types(h: Any, run_id: str) -> list[str]:
+    return [e.event.type for e in h.store.history(run_id)]
+
+
+def test_a_cancel_after_an_expired_lease_records_the_late_completion_of_the_body_that_ran(by_hand, tag):
+    h = by_hand
+    run_id = h.start_workflow("pg_late_checkout", {"tag": tag})
+    h.runtime.run_decision(run_id)
+    claim = h.runtime.claim(run_id, "1", 1)
+    with h.store.begin() as tx:  # the lease ran out while the completion was held up
+        tasks.expire_lease(tx, run_id, "1", 1, utcnow() + timedelta(seconds=600), "harvest")
+    assert h.store.activity_rows(run_id)[0]["status"] == "retry_wait"
+    h.cancel_workflow_execution(run_id, "customer asked")
+    h.runtime.complete(claim, "ch-1")
+    assert _types(h, run_id)[-2:] == ["WorkflowCancelled", "ActivityCompleted"]
+    assert h.runtime.claim(run_id, "1", 2) is None  # the abandoned retry never runs
+    assert h.describe(run_id).status == "CANCELLED"
+    # an attempt that never started records nothing after the cancel
+    other = h.start_workflow("pg_late_checkout", {"tag": tag, "n": 2})
+    h.runtime.run_decision(other)
+    first = h.runtime.claim(other, "1", 1)
+    assert h.runtime.fail(first, "ConnectionError", "flaky") == "retry"
+    with h.store.begin() as tx:
+        tasks.redispatch_next_attempt(tx, other, "1", utcnow())
+    h.cancel_workflow_execution(other, "stop")
+    h.runtime.complete(dataclasses.replace(first, attempt=2), "never ran")
+    assert "ActivityCompleted" not in _types(h, other)

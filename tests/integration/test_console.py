@@ -323,6 +323,19 @@ def test_erase_needs_the_run_id_typed_and_reset_forks(harvest, workers, tag, sig
     assert forked and page.locator("#run-id").text_content() == forked
     assert page.locator("#forked-from").text_content() == live
     harvest.cancel_workflow_execution(forked)
+    _settled(harvest, forked)
+    # the fork holds copies of the source's payloads: erasing the source alone is refused
+    page.goto(f"{signed_in}/console/runs/{live}", wait_until="load")
+    page.fill('#form-erase input[name="confirm"]', live)
+    _submit(page, "#form-erase")
+    assert f"{forked!r} hold copies" in (page.locator("#error").text_content() or "")
+    assert harvest.describe(live).erased_at is None and harvest.describe(forked).erased_at is None
+    page.goto(f"{signed_in}/console/runs/{live}", wait_until="load")
+    page.fill('#form-erase input[name="confirm"]', live)
+    page.check('#form-erase input[name="with_forks"]')
+    _submit(page, "#form-erase")
+    assert page.locator("#flash").text_content() == "Payloads erased."
+    assert harvest.describe(live).erased_at is not None and harvest.describe(forked).erased_at is not None
     page.close()
 
 

@@ -19,7 +19,7 @@ def test_the_exported_list_is_exactly_this():
     assert sorted(harvest_celery.__all__) == sorted([
         "ActivityContext", "ActivityError", "BodyInterrupted", "AsyncHarvest", "Cancelled", "CollectAll", "CompensatorNameCollidesWithNode", "CorruptHistory", "DagBuildError",
         "DagBuilder", "DagTaskFailed", "DuplicateRegistration", "ExecutionAlreadyExists",
-        "ExecutionNotFound", "FailFast", "FernetCodec", "FileSystemPayloadStore", "Harvest",
+        "ExecutionNotFound", "FailFast", "ForksHoldCopies", "FernetCodec", "FileSystemPayloadStore", "Harvest",
         "HarvestError", "InvalidExecutionId", "InvalidState", "NonDeterministic", "NotInActivity", "NotInWorkflow", "PayloadCodecError",
         "PayloadNotSerializable", "PayloadStoreError", "PayloadTooLarge", "PostgresPayloadStore",
         "RedactedActivityError", "RegistrationError", "RetryPolicy", "RetryRefused", "StartToCloseTimeout", "UnknownEventType", "UnknownNode", "Saga", "SagaCompensationFailed", "UnknownActivity",

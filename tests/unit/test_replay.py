@@ -546,6 +546,7 @@ SAMPLE_ARGS = {
     "ExecutionAlreadyExists": ("run-1", "checkout"),
     "InvalidExecutionId": ("a:b", "an id may not hold a ':'"),
     "InvalidState": ("run-1", "COMPLETED", "cancel"),
+    "ForksHoldCopies": ("run-1", ["run-1-reset", "run-1-retry"]),
     "PayloadCodecError": ("unknown key id 'k9'",),
     "PayloadStoreError": ("no payload store is configured",),
     "UnknownEventType": ("FutureEvent",),

@@ -3,6 +3,7 @@ hand (no worker): each test replays an interleaving that once broke an invariant
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -228,3 +229,56 @@ def test_a_cancel_fails_a_dispatched_but_unclaimed_row_without_an_event_and_its_
     assert SEEN == []
     assert types(h, run_id) == ["WorkflowStarted", "ActivityScheduled", "WorkflowCancelled"]
     assert h.describe(run_id).status == "CANCELLED"
+
+
+def test_a_late_heartbeat_never_revives_an_expired_lease(h):
+    from harvest_celery._store.schema import activity_tasks
+
+    run_id = h.start_workflow("checkout", {"o": 1})
+    h.runtime.run_decision(run_id)
+    assert h.runtime.claim(run_id, "1", 1) is not None
+    expired_at = utcnow() - timedelta(seconds=5)
+    with h.store.begin() as tx:  # the lease ran out while the heartbeat thread was stalled
+        tx.conn.execute(activity_tasks.update().where(activity_tasks.c.execution_id == run_id)
+                        .values(lease_expires_at=expired_at))
+    h.runtime.leases.renew([(run_id, "1", 1)])  # the stalled beat finally runs
+    with h.store.begin() as tx:
+        assert sweeps.expired_leases(tx, utcnow()) == [(run_id, "1", 1)]  # still the sweeper's
+    lease = h.store.activity_rows(run_id)[0]["lease_expires_at"]
+    assert lease.replace(tzinfo=None) <= utcnow().replace(tzinfo=None)
+
+
+def test_a_cancel_after_an_expired_lease_still_records_the_late_completion_of_the_body_that_ran(h):
+    # charge's attempt 1 runs; its lease expires while its completion is held up (a database
+    # outage): the sweeper records a StartToCloseTimeout and schedules a retry (no event); then
+    # the run is cancelled, which abandons the row (its retry never runs)
+    run_id = h.start_workflow("checkout", {"o": 1})
+    h.runtime.run_decision(run_id)
+    claim = h.runtime.claim(run_id, "1", 1)
+    later = utcnow() + timedelta(seconds=60)
+    with h.store.begin() as tx:
+        tasks.expire_lease(tx, run_id, "1", 1, later, "harvest")
+    assert h.store.activity_rows(run_id)[0]["status"] == "retry_wait"
+    h.cancel_workflow_execution(run_id, "customer asked")
+    assert h.store.activity_rows(run_id)[0]["status"] == "cancelled"
+    h.runtime.complete(claim, "ch-1")  # the body ran: the charge happened
+    assert types(h, run_id)[-1] == "ActivityCompleted"  # the history says so
+    assert h.store.activity_rows(run_id)[0]["status"] == "completed"
+    assert h.runtime.claim(run_id, "1", 2) is None  # the retry still never runs
+    pump(h)
+    assert h.describe(run_id).status == "CANCELLED"
+    assert types(h, run_id).count("ActivityScheduled") == 1  # no new durable work after the seal
+
+
+def test_a_cancel_never_lets_a_body_that_never_started_record_a_completion(h):
+    run_id = h.start_workflow("checkout", {"o": 1})
+    h.runtime.run_decision(run_id)
+    claim = h.runtime.claim(run_id, "1", 1)
+    assert h.runtime.fail(claim, "ConnectionError", "flaky") == "retry"
+    with h.store.begin() as tx:
+        tasks.redispatch_next_attempt(tx, run_id, "1", utcnow())  # attempt 2 sent, not claimed
+    h.cancel_workflow_execution(run_id, "stop")
+    forged = dataclasses.replace(claim, attempt=2)  # attempt 2 never claimed: never started
+    h.runtime.complete(forged, "ch-2")
+    assert "ActivityCompleted" not in types(h, run_id)
+    assert h.store.activity_rows(run_id)[0]["status"] == "cancelled"

@@ -128,7 +128,7 @@ class ConsoleActions:
     def erase(self, run_id: str, form: dict[str, str]) -> str:
         if form.get("confirm", "") != run_id:
             raise Refused(400, "type the run id exactly to confirm the erasure: nothing was erased")
-        self.harvest.erase_payloads(run_id)
+        self.harvest.erase_payloads(run_id, with_forks=form.get("with_forks", "") == "1")
         return run_id
 
     def retry(self, run_id: str, form: dict[str, str]) -> str:

@@ -89,10 +89,13 @@ def _terminal_actions(page: Page, x: Execution, dag_nodes: list[str] | None) -> 
                              '<button type="submit">Preview retry…</button>',
                              cls="action", method="get", form_id="form-retry"))
     if x.erased_at is None:
+        # forks hold copies of the payloads: erasing without them is refused while they do
+        forks = ('<label><input type="checkbox" name="with_forks" value="1"> with its forks</label>'
+                 if x.forked_from is not None or x.forked_to is not None else "")
         out.append(page.form(run_href(x.id, "/erase"),
                              f'<input type="text" name="confirm" required autocomplete="off" '
                              f'placeholder="type the run id to confirm" aria-label="type {e(x.id)} to confirm">'
-                             '<button type="submit" class="danger">Erase payloads</button>',
+                             f'{forks}<button type="submit" class="danger">Erase payloads</button>',
                              cls="action wide", form_id="form-erase"))
     return out
 

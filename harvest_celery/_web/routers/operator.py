@@ -15,6 +15,7 @@ from harvest_celery._core.jsonvalues import check_storable
 from harvest_celery._store.store import Execution
 from harvest_celery._web.deps import ExecutionIdPath, Guard, HarvestDep, check_id
 from harvest_celery._web.models import (
+    EraseRequest,
     EraseResponse,
     ForkResponse,
     PauseResponse,
@@ -65,11 +66,15 @@ def reset(harvest: HarvestDep, execution_id: ExecutionIdPath, body: ResetRequest
     return {"run_id": new_id, "forked_from": execution_id}
 
 
-def erase_payloads(harvest: HarvestDep, execution_id: ExecutionIdPath) -> dict[str, Any]:
+def erase_payloads(harvest: HarvestDep, execution_id: ExecutionIdPath,
+                   body: EraseRequest | None = None) -> dict[str, Any]:
     """PII erasure of a terminal run: every payload field is tombstoned, offloaded blobs are
     deleted; names, statuses and timings stay. Idempotent (a second call counts zero); 409 for
-    a run that is not terminal."""
-    return harvest.erase_payloads(check_id(execution_id))
+    a run that is not terminal, and for a run whose forks (reset, retry) still hold copies of
+    its payloads (``ForksHoldCopies``, naming them in ``forks``) unless the body asks
+    ``{"with_forks": true}``, which erases the whole fork family at once."""
+    with_forks = body.with_forks if body is not None else False
+    return harvest.erase_payloads(check_id(execution_id), with_forks=with_forks)
 
 
 def purge(harvest: HarvestDep, body: PurgeRequest) -> dict[str, Any]:
