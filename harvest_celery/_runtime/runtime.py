@@ -18,7 +18,6 @@ import socket
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from harvest_celery._runtime import activity_context
 from harvest_celery._runtime.leases import LeaseKeeper
 from harvest_celery._runtime.messages import Message, encode
 from harvest_celery._runtime.metrics import METRICS
+from harvest_celery._runtime.sessions import SessionCache
 from harvest_celery._runtime.sweeper import Sweeper
 from harvest_celery._store import tasks
 from harvest_celery._store.records import (
@@ -87,41 +87,24 @@ class Settings:
 _HOST = socket.gethostname()  # read once: a system call per attempt showed in a profile
 
 
+def _assumed_row(execution_id: str, workflow_type: str, next_seq: int, sticky: str | None) -> RunRow:
+    """The run row a one-statement completion assumes — exactly what its guard checks."""
+    return RunRow(id=execution_id, workflow_type=workflow_type, status=RUNNING, next_seq=next_seq,
+                  input=None, result=None, error=None, decision_requested_at=None,
+                  cancelled_at=None, paused_at=None, erased_at=None, nd_blocked_at=None,
+                  nd_retry_at=None, nd_block_count=0, forked_to=None, sticky_queue=sticky)
+
+
+def _open_activities(session: Session) -> int:
+    return sum(1 for future in session.replay.activity_futures.values() if not future.done())
+
+
 class _NotThisWay(Exception):
     """The one-statement completion does not apply here (``_complete_in_one_statement``)."""
 
 
 def worker_id() -> str:
     return f"{_HOST}:{os.getpid()}:{threading.get_ident()}"
-
-
-class SessionCache:
-    """Warm replays by execution id (LRU). A session is taken out for a decision and put back
-    only after that decision committed, so two threads never share one."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict[str, Session] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def take(self, execution_id: str) -> Session | None:
-        with self._lock:
-            return self._items.pop(execution_id, None)
-
-    def __contains__(self, execution_id: str) -> bool:
-        return execution_id in self._items
-
-    def put(self, execution_id: str, session: Session) -> None:
-        with self._lock:
-            self._items[execution_id] = session
-            evicted = []
-            while len(self._items) > self.size:
-                evicted.append(self._items.popitem(last=False)[1])
-        for old in evicted:
-            old.close()
-
-    def __len__(self) -> int:
-        return len(self._items)
 
 
 class _Decided:
@@ -405,20 +388,21 @@ class Runtime:
         workflow_type = session.replay.activation.workflow_type
         started = ev.ActivityStarted(claim.activity_id, claim.attempt, claim.worker_id)
         completion = ev.ActivityCompleted(claim.activity_id, output, claim.attempt)
+        if len(session.events) != seq or _open_activities(session) != 1:
+            # not positioned at this attempt, or other attempts may append meanwhile (a
+            # parallel branch's claims would fail the guard and cost a cold replay)
+            self.sessions.restore(claim.execution_id, session)
+            return False
         try:
-            if len(session.events) != seq:
-                raise _NotThisWay
             if self.before_inline_decision is not None:
                 self.before_inline_decision(claim.execution_id)
             decision = session.advance([ev.HistoryEvent(seq, started, claim.started_at),
                                         ev.HistoryEvent(seq + 1, completion, now)], s.engine)
-            if decision is None or decision.nd is not None or decision.outcome is not None:
-                raise _NotThisWay
-            row = RunRow(id=claim.execution_id, workflow_type=workflow_type, status=RUNNING,
-                         next_seq=seq + 1, input=None, result=None, error=None,
-                         decision_requested_at=None, cancelled_at=None, paused_at=None,
-                         erased_at=None, nd_blocked_at=None, nd_retry_at=None, nd_block_count=0,
-                         forked_to=None, sticky_queue=self.sticky_queue)  # what the guard checks
+            outcome = decision.outcome if decision is not None else None
+            if decision is None or decision.nd is not None or (
+                    isinstance(outcome, Failed) and outcome.interrupt):
+                raise _NotThisWay  # (an interrupted decision is the ordinary way's to judge)
+            row = _assumed_row(claim.execution_id, workflow_type, seq + 1, self.sticky_queue)
             guard = CompletionGuard(claim.activity_id, claim.attempt, seq + 1, self.sticky_queue, now)
 
             def work(tx: Tx) -> list[ev.HistoryEvent] | None:

@@ -14,6 +14,7 @@ different columns) returns ``None`` and the caller uses Core.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from functools import cache, lru_cache
 from typing import Any
 
@@ -21,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from harvest_celery._store.records import CompletionGuard
-from harvest_celery._store.schema import activity_tasks, executions, metadata
+from harvest_celery._store.schema import activity_tasks, executions, metadata, timers
 
 _DIALECT = postgresql.psycopg2.dialect()  # type: ignore[attr-defined]
 
@@ -52,19 +53,26 @@ def statement(execution_id: str, inserts: Sequence[tuple[sa.Table, Rows]],
 
 
 def guarded(execution_id: str, inserts: Sequence[tuple[sa.Table, Rows]], values: dict[str, Any],
-            guard: CompletionGuard) -> tuple[str, dict[str, Any]] | None:
+            guard: CompletionGuard, *, closing: tuple[datetime, str] | None = None,
+            notify: bool = False) -> tuple[str, dict[str, Any]] | None:
     """A completion and its decision as ONE statement that writes only while ``guard`` holds
     (``records.CompletionGuard``): the run row is locked and checked, the attempt's task row
     closed, and the inserts and the run update happen only if both did. Its row count is 1
-    when written, 0 when not. In autocommit it is a whole step's commit in one round trip."""
+    when written, 0 when not. In autocommit it is a whole step's commit in one round trip.
+
+    ``closing``: the run closes — its unstarted task rows are abandoned with that reason and its
+    timers stopped (the caller writes no new task row or timer then: a sibling CTE cannot see
+    them). ``notify``: wake the run's waiters on commit."""
     found = statement(execution_id, inserts, values)
     if found is None:
         return None
     _sql, params = found
     params.update(g_next_seq=guard.next_seq, g_sticky=guard.sticky_queue, g_now=guard.now,
                   g_activity_id=guard.activity_id, g_attempt=guard.attempt)
+    if closing is not None:
+        params.update(g_closed_at=closing[0], g_why=closing[1])
     tables = tuple((table.name, tuple(rows[0]), len(rows)) for table, rows in inserts)
-    return _guarded_text((tables, tuple(values))), params
+    return _guarded_text((tables, tuple(values)), closing is not None, notify), params
 
 
 _GUARD = f"""run AS (
@@ -84,10 +92,20 @@ _GUARD = f"""run AS (
 )"""
 
 
+_CLOSING = f"""abandoned AS (
+    UPDATE {activity_tasks.name} AS a
+    SET status = 'cancelled', finished_at = %(g_closed_at)s, last_error = %(g_why)s
+    FROM done WHERE a.execution_id = done.execution_id AND a.status IN ('scheduled', 'retry_wait')
+), stopped AS (
+    UPDATE {timers.name} AS tm SET fired = true FROM done WHERE tm.execution_id = done.execution_id
+)"""
+_NOTIFY = "notified AS (SELECT pg_notify('harvest_runs', %(run_id)s) FROM done)"
+
+
 @lru_cache(maxsize=256)
-def _guarded_text(shape: Shape) -> str:
+def _guarded_text(shape: Shape, closing: bool, notify: bool) -> str:
     tables, columns = shape
-    ctes = [_GUARD]
+    ctes = [_GUARD] + ([_CLOSING] if closing else []) + ([_NOTIFY] if notify else [])
     for t, (table, names, count) in enumerate(tables):
         types = [_type(table, n) for n in names]
         rows = ", ".join("(" + ", ".join(f"CAST(%(t{t}r{r}_{n})s AS {kind})"
@@ -97,8 +115,9 @@ def _guarded_text(shape: Shape) -> str:
         ctes.append(f"new_{table} AS (INSERT INTO {table} ({cols}) "
                     f"SELECT v.* FROM (VALUES {rows}) AS v, done)")
     sets = ", ".join(f"{_quote(n)} = %(v_{n})s" for n in columns) or "next_seq = e.next_seq"
+    sources = "done, notified" if notify else "done"  # a plain CTE runs only if read
     return (f"WITH {', '.join(ctes)} UPDATE {executions.name} AS e SET {sets} "
-            f"FROM done WHERE e.id = done.execution_id")
+            f"FROM {sources} WHERE e.id = done.execution_id")
 
 
 def _type(table: str, column: str) -> str:

@@ -248,16 +248,20 @@ class Tx:
                                eager: EagerClaim | None) -> list[ev.HistoryEvent] | None:
         """A completion and the decision taken on it in ONE statement, written only if the run
         and the task row are still exactly what ``row`` and ``guard`` say (``pgwrite.guarded``);
-        else nothing is written and None is returned. For a decision that keeps the run running
-        and writes nothing but its rows (no nd-block, no closing, no error row)."""
+        else nothing is written and None is returned. Not for an nd-block, nor for a decision
+        that closes the run while scheduling work (its abandon could not see the new rows)."""
+        if decision.nd is not None:
+            return None
         staged = self.stage_decision(row, history, decision, registry, now, timings,
                                      workflow_label, leading, sticky, eager)
         w = staged.write
-        if staged.status != RUNNING or w.abandon is not None or w.errors:
+        if w.abandon is not None and (w.tasks or w.timers):
             return None
         inserts = [(table, rows) for table, rows in ((events, w.events), (activity_tasks, w.tasks),
-                                                      (timers, w.timers)) if rows]
-        sql = pgwrite.guarded(row.id, inserts, w.values, guard)
+                                                      (timers, w.timers), (attempt_errors, w.errors))
+                   if rows]
+        notify = staged.status in TERMINAL_STATUSES or any(k in w.values for k in _SETTLING)
+        sql = pgwrite.guarded(row.id, inserts, w.values, guard, closing=w.abandon, notify=notify)
         if sql is None or self.conn.exec_driver_sql(*sql).rowcount != 1:
             return None
         return self._decided(row, decision, staged, workflow_label)
