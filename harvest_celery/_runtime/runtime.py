@@ -278,7 +278,9 @@ class Runtime:
             session.close()
             raise SystemExit("worker shutting down in the middle of a decision")
         keeps = session.reusable and self.settings.sticky_sessions
-        written = tx.apply_decision(row, session.events, decision, self.registry, utcnow(),
+        # the events are stored at the time the replay saw the pending ones at (ctx.now())
+        now = pending[-1].recorded_at if pending else utcnow()
+        written = tx.apply_decision(row, session.events, decision, self.registry, now,
                                     self.settings.timings, row.workflow_type,
                                     leading=[h.event for h in pending],
                                     sticky=self.sticky_queue if keeps else None,
@@ -378,7 +380,10 @@ class Runtime:
         assumes). False: nothing was written — not that case, the guard failed, or any error —
         and the caller records the completion the ordinary way (a cold replay)."""
         s = self.settings
+        # not with a payload store that offloads: staging puts blobs at keys named by seq, which
+        # only the run lock (the ordinary way) makes free to write
         if not (s.inline_decisions and s.sticky_sessions and self.store.dialect.dml_ctes
+                and self.store.payloads.offload_threshold is None
                 and claim.started_seq is not None and claim.started_at is not None):
             return False
         session = self.sessions.take(claim.execution_id)

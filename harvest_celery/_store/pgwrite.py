@@ -13,6 +13,7 @@ different columns) returns ``None`` and the caller uses Core.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import cache, lru_cache
@@ -121,7 +122,9 @@ def _guarded_text(shape: Shape, closing: bool, notify: bool) -> str:
 
 
 def _type(table: str, column: str) -> str:
-    return str(metadata.tables[table].c[column].type.compile(dialect=_DIALECT))
+    """The column's type for a CAST in VALUES, without a length: an explicit cast to
+    VARCHAR(n) would silently truncate, where the INSERT itself refuses an over-long value."""
+    return re.sub(r"\(\d+\)", "", str(metadata.tables[table].c[column].type.compile(dialect=_DIALECT)))
 
 
 @lru_cache(maxsize=256)

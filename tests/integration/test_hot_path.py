@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from harvest_celery import Harvest, RetryPolicy, Saga, WorkflowContext, activity, workflow
+from harvest_celery import (
+    Harvest,
+    PostgresPayloadStore,
+    RetryPolicy,
+    Saga,
+    WorkflowContext,
+    activity,
+    workflow,
+)
 from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._store import pgwrite
 from harvest_celery._store.tx import RunWrite, Tx
@@ -78,6 +86,12 @@ async def hp_parallel(ctx: WorkflowContext, n: int) -> Any:
     return [fanned, await ctx.execute_activity(hp_step, "after")]
 
 
+@workflow(name="hp_clock")
+async def hp_clock(ctx: WorkflowContext, _input: Any) -> Any:
+    await ctx.execute_activity(hp_step, 1)
+    return ctx.now().isoformat()  # the completion's time, as this replay saw it
+
+
 @workflow(name="hp_signalled")
 async def hp_signalled(ctx: WorkflowContext, _input: Any) -> Any:
     first = await ctx.execute_activity(hp_step, 1)
@@ -87,7 +101,7 @@ async def hp_signalled(ctx: WorkflowContext, _input: Any) -> Any:
 
 def make(inline: bool = True, url: str = DATABASE_URL) -> Harvest:
     h = Harvest(url).register(hp_step, hp_fails, hp_undo, hp_steps, hp_saga, hp_retried, hp_one,
-                              hp_signalled, hp_parallel)
+                              hp_signalled, hp_parallel, hp_clock)
     h.runtime.settings.inline_decisions = inline
     return h
 
@@ -215,6 +229,32 @@ def test_parallel_completions_keep_the_warm_replay(harvest, monkeypatch):
     rid = h.start_workflow("hp_parallel", 4, execution_id=run_id())
     assert h.result(rid, timeout=10) == [[0, 1, 2, 3], "after"]
     assert cold == [rid], cold
+
+
+@pytest.mark.parametrize("sticky", [True, False], ids=["one-statement", "ordinary"])
+def test_the_completion_is_stored_at_the_time_the_deciding_replay_saw(harvest, sticky):
+    """ctx.now() reads event times: a decision taken on a completion must store that completion
+    at the time its replay saw, or a later replay of the history sees another time."""
+    h = make()
+    h.runtime.settings.sticky_sessions = sticky  # off: every decision is the ordinary way's
+    rid = h.start_workflow("hp_clock", None, execution_id=run_id())
+    seen = h.result(rid, timeout=10)
+    completed = next(e for e in h.history(rid) if e.event.type == "ActivityCompleted")
+    assert seen == completed.recorded_at.isoformat()
+
+
+def test_no_one_statement_completion_with_an_offloading_payload_store(harvest, monkeypatch):
+    """Staging a decision offloads its big payloads to the store at keys named by seq, which
+    only the run lock makes free to write: with a store that offloads, the guarded statement
+    (staged before its guard is checked) is never used."""
+    tried: list[str] = []
+    monkeypatch.setattr(Tx, "apply_guarded_decision",
+                        lambda self, row, *a, **k: tried.append(row.id))
+    h = Harvest(DATABASE_URL, payload_store=PostgresPayloadStore(), offload_threshold=1024)
+    h.register(hp_step, hp_steps)
+    rid = h.start_workflow("hp_steps", 3, execution_id=run_id())
+    assert h.result(rid, timeout=10) == 3
+    assert tried == []
 
 
 def _count(h: Harvest, work: Any) -> dict[str, int]:
