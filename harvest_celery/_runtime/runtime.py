@@ -372,6 +372,14 @@ class Runtime:
                                                                            inline=inline))
         self._after_decision(tx, decided)
 
+    def _one_statement_may(self, claim: Claim) -> bool:
+        """Not with a payload store that offloads: staging puts blobs at keys named by seq,
+        which only the run lock (the ordinary way) makes free to write."""
+        s = self.settings
+        return (s.inline_decisions and s.sticky_sessions and self.store.dialect.dml_ctes
+                and self.store.payloads.offload_threshold is None
+                and claim.started_seq is not None and claim.started_at is not None)
+
     def _complete_in_one_statement(self, claim: Claim, output: Any) -> bool:
         """The common step as ONE autocommit statement: when this process holds the run's warm
         replay, positioned just before this attempt's ``ActivityStarted``, the completion and
@@ -380,14 +388,8 @@ class Runtime:
         assumes). False: nothing was written — not that case, the guard failed, or any error —
         and the caller records the completion the ordinary way (a cold replay)."""
         s = self.settings
-        # not with a payload store that offloads: staging puts blobs at keys named by seq, which
-        # only the run lock (the ordinary way) makes free to write
-        if not (s.inline_decisions and s.sticky_sessions and self.store.dialect.dml_ctes
-                and self.store.payloads.offload_threshold is None
-                and claim.started_seq is not None and claim.started_at is not None):
-            return False
-        session = self.sessions.take(claim.execution_id)
-        if session is None:
+        session = self.sessions.take(claim.execution_id) if self._one_statement_may(claim) else None
+        if session is None or claim.started_seq is None or claim.started_at is None:
             return False
         seq, now = claim.started_seq, utcnow()
         workflow_type = session.replay.activation.workflow_type

@@ -23,7 +23,7 @@ from harvest_celery._core.names import TaskStatus
 from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
-from harvest_celery._store import runs
+from harvest_celery._store import redaction, runs
 from harvest_celery._store.dialect import Dialect, dialect_for
 from harvest_celery._store.listener import listener_for
 from harvest_celery._store.records import (
@@ -39,6 +39,7 @@ from harvest_celery._store.schema import activity_tasks, attempt_errors, events,
 from harvest_celery._store.tx import RawEvent, Tx
 
 log = logging.getLogger("harvest_celery")
+redaction.install()  # no value a Postgres error quotes reaches harvest's logs
 T = TypeVar("T")
 __all__ = ["Execution", "Store", "Timings", "is_transient", "utcnow"]  # the records callers of the store use
 
@@ -240,7 +241,11 @@ class Store:
         """Every recorded failed attempt of the run (and the workflow's own failure, activity
         ""), oldest first, decoded; a detail that cannot be decoded stays raw (a read-only view)."""
         q = (sa.select(attempt_errors).where(attempt_errors.c.execution_id == execution_id)
-             .order_by(attempt_errors.c.recorded_at, attempt_errors.c.activity_id, attempt_errors.c.attempt))
+             # the workflow's own error ("" activity) after an attempt's at the same instant:
+             # a failure decided on inline is recorded at its cause's time
+             .order_by(attempt_errors.c.recorded_at,
+                       sa.case((attempt_errors.c.activity_id == "", 1), else_=0),
+                       attempt_errors.c.activity_id, attempt_errors.c.attempt))
         with self.engine.connect() as conn:
             rows = conn.execute(q).fetchall()
         out = []
