@@ -115,9 +115,14 @@ def install(app: Celery, runtime: Runtime) -> None:
     # shared=False: with two Celery apps in one process each keeps its own runtime.
     # Options per task, never app-wide: joining an app changes nothing for its own tasks.
     @app.task(name=DECIDE_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
-              store_errors_even_if_ignored=False, typing=False, shared=False)
-    def decide(execution_id: str) -> None:
-        runtime.run_decision(execution_id)
+              store_errors_even_if_ignored=False, typing=False, shared=False, bind=True)
+    def decide(self: Any, execution_id: str) -> None:
+        # the activity this decision schedules on a queue this worker consumes runs here too
+        # (eager execution), so a decision taken by the process holding the run's warm replay
+        # does not send its next step away from that replay
+        with runtime.eager_scope(True) as take:
+            runtime.run_decision(execution_id)
+            eager.run_chain(app, self.request.hostname, runtime, take, _timeout_as_failure)
 
     signals.task_prerun.connect(_on_prerun, weak=False)
     def _start_sweeper(sender: Any = None, **_kw: Any) -> None:

@@ -1,7 +1,8 @@
 """Eager activity execution (Temporal's eager activities are the precedent).
 
-When a worker thread records a completion and takes the next decision inline, and that decision
-schedules an activity on a queue this worker consumes, the activity runs here, in the same
+When a worker thread takes a decision — inline, on a completion it records, or in a
+``harvest.decide`` task — and that decision schedules an activity on a queue this worker
+consumes, the activity runs here, in the same
 thread, instead of going to the broker and back: it goes through the same claim as every other
 path (``ActivityStarted`` commits before the body; a refused claim runs nothing) — taken in the
 decision's own write when that decision was written by this thread (``EagerClaim``: no claim

@@ -212,8 +212,9 @@ def test_every_activity_and_compensator_shows_under_its_own_name_and_queue(env, 
         if not r["eager"]:  # the queue column: from the sender's task-sent event
             assert task["routing_key"] == queues[r["name"]], (r, task)
     delivered = {r["name"] for r in run.ran if not r["eager"]}
-    # release_stock: a compensator, delivered on its own queue
-    assert {"reserve_stock", "charge_card", "ship_order", "release_stock"} <= delivered
+    # release_stock: a compensator, delivered on its own queue (the first step may run eagerly
+    # in the decision task that scheduled it, on a worker consuming its queue)
+    assert {"charge_card", "ship_order", "release_stock"} <= delivered
     decisions = [t for tid, t in run.tasks.items() if tid.startswith(f"decide:{run.rid}:")]
     assert decisions and all(t["name"] == "harvest.decide" for t in decisions)
     assert all(t["routing_key"] == env.app.DECIDE and t["args"] == repr([run.rid]) for t in decisions)

@@ -456,6 +456,7 @@ def test_eager_runs_the_next_activity_here_through_the_claim_and_caps_the_chain(
     assert all(e["queue"] == "alpha" for e in ran)  # run as its own task, on its own queue
     eager = [e["eager"] for e in ran]
     assert any(eager)  # the eager path really ran
+    assert eager[0]  # the first step too: in the harvest.decide task that scheduled it
     longest = max(len(run) for run in "".join("e" if x else "." for x in eager).split("."))
     assert longest <= 8  # Settings.eager_max_chain: then the broker takes a turn
     # every body had its ActivityStarted, appended by the claim, before it ran
