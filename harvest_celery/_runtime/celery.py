@@ -68,12 +68,22 @@ class ActivityTask(Task):  # type: ignore[misc]
         assert fn is not None
         runtime = self.harvest_runtime
         # no eager chain under a deadline: it would run under this message's time limit
-        with runtime.eager_scope(claim is not None and claim.start_to_close is None) as take:
+        eager_ok = claim is not None and claim.start_to_close is None and not _time_limited(self)
+        with runtime.eager_scope(eager_ok) as take:
             ran, error = claims.run_claimed(runtime, claim, _timeout_as_failure(fn))
             del claim  # its input must not sit in a frame an error tracker captures
             if error is None or not stops_the_worker(runtime, error):  # no new body at shutdown
                 eager.run_chain(self.app, self.request.hostname, runtime, take, _timeout_as_failure)
         settle(runtime, ran, error, self.request.id)
+
+
+def _time_limited(task: Any) -> bool:
+    """Does this task run under a Celery time limit — its message's, its own or the app's
+    (``task_time_limit``)? An eager chain inside it would run under that limit too."""
+    conf = task.app.conf
+    limits = (*(getattr(task.request, "timelimit", None) or ()), task.time_limit,
+              task.soft_time_limit, conf.task_time_limit, conf.task_soft_time_limit)
+    return any(limits)
 
 
 def _timeout_as_failure(fn: Any) -> Any:
@@ -120,7 +130,7 @@ def install(app: Celery, runtime: Runtime) -> None:
         # the activity this decision schedules on a queue this worker consumes runs here too
         # (eager execution), so a decision taken by the process holding the run's warm replay
         # does not send its next step away from that replay
-        with runtime.eager_scope(True) as take:
+        with runtime.eager_scope(not _time_limited(self)) as take:
             runtime.run_decision(execution_id)
             eager.run_chain(app, self.request.hostname, runtime, take, _timeout_as_failure)
 
