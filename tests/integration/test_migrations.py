@@ -10,7 +10,9 @@ from alembic.migration import MigrationContext
 from harvest_celery._store.migrate import downgrade, upgrade
 from harvest_celery._store.schema import metadata
 
-from .conftest import ADMIN_URL
+from .conftest import ADMIN_URL, DB_NAME
+
+DRIFT_DB = f"{DB_NAME}_drift"  # beside the suite's own database: two runs never share it
 
 pytestmark = pytest.mark.integration
 
@@ -18,9 +20,9 @@ pytestmark = pytest.mark.integration
 def test_migrating_an_empty_postgres_database_gives_the_models_schema():
     admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(sa.text("DROP DATABASE IF EXISTS harvest_drift"))
-        conn.execute(sa.text("CREATE DATABASE harvest_drift"))
-    url = "postgresql+psycopg2://postgres@127.0.0.1:5432/harvest_drift"
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{DRIFT_DB}"'))
+        conn.execute(sa.text(f'CREATE DATABASE "{DRIFT_DB}"'))
+    url = ADMIN_URL.rsplit("/", 1)[0] + f"/{DRIFT_DB}"
     try:
         upgrade(url)
         engine = sa.create_engine(url)
@@ -35,6 +37,7 @@ def test_migrating_an_empty_postgres_database_gives_the_models_schema():
     finally:
         with admin.connect() as conn:
             conn.execute(sa.text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = 'harvest_drift'"))
-            conn.execute(sa.text("DROP DATABASE IF EXISTS harvest_drift"))
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :name"),
+                {"name": DRIFT_DB})
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{DRIFT_DB}"'))
         admin.dispose()
