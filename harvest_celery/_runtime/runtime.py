@@ -377,8 +377,7 @@ class Runtime:
         which only the run lock (the ordinary way) makes free to write."""
         s = self.settings
         return (s.inline_decisions and s.sticky_sessions and self.store.dialect.dml_ctes
-                and self.store.payloads.offload_threshold is None
-                and claim.started_seq is not None and claim.started_at is not None)
+                and self.store.payloads.offload_threshold is None)
 
     def _complete_in_one_statement(self, claim: Claim, output: Any) -> bool:
         """The common step as ONE autocommit statement: when this process holds the run's warm
@@ -410,14 +409,15 @@ class Runtime:
                     isinstance(outcome, Failed) and outcome.interrupt):
                 raise _NotThisWay  # (an interrupted decision is the ordinary way's to judge)
             row = _assumed_row(claim.execution_id, workflow_type, seq + 1, self.sticky_queue)
-            guard = CompletionGuard(claim.activity_id, claim.attempt, seq + 1, self.sticky_queue, now)
+            guard = CompletionGuard(claim.activity_id, claim.attempt)
 
             def work(tx: Tx) -> list[ev.HistoryEvent] | None:
                 written = tx.apply_guarded_decision(
                     row, session.events, decision, self.registry, now, s.timings, workflow_type,
                     guard, leading=[completion], eager=self._eager_claim(),
                     sticky=self.sticky_queue if session.reusable else None)
-                tx.metrics.append(("decisions", {"workflow": workflow_type, "path": "inline"}))
+                if written is not None:
+                    tx.metrics.append(("decisions", {"workflow": workflow_type, "path": "inline"}))
                 return written
 
             written, tx = self.store.transaction(work, one_statement=True)

@@ -22,7 +22,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
-from harvest_celery._store.records import CompletionGuard
+from harvest_celery._store.records import CompletionGuard, RunRow
 from harvest_celery._store.schema import activity_tasks, executions, metadata, timers
 
 _DIALECT = postgresql.psycopg2.dialect()  # type: ignore[attr-defined]
@@ -34,6 +34,36 @@ Shape = tuple[tuple[tuple[str, tuple[str, ...], int], ...], tuple[str, ...]]
 def statement(execution_id: str, inserts: Sequence[tuple[sa.Table, Rows]],
               values: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
     """The SQL and parameters of one run write, or None when Core must build it."""
+    found = _shape_and_params(execution_id, inserts, values)
+    return (_text(found[0]), found[1]) if found is not None else None
+
+
+def guarded(row: RunRow, inserts: Sequence[tuple[sa.Table, Rows]], values: dict[str, Any],
+            guard: CompletionGuard, now: datetime, *, closing: tuple[datetime, str] | None = None,
+            notify: bool = False) -> tuple[str, dict[str, Any]] | None:
+    """A completion and its decision as ONE statement that writes only while ``guard`` holds
+    (``records.CompletionGuard``): the run row is locked and checked against ``row`` (its next
+    seq and sticky queue; live, nothing pending), the attempt's task row closed, and the
+    inserts and the run update happen only if both did. Its row count is 1 when written, 0
+    when not. In autocommit it is a whole step's commit in one round trip.
+
+    ``closing``: the run closes — its unstarted task rows are abandoned with that reason and its
+    timers stopped (the caller writes no new task row or timer then: a sibling CTE cannot see
+    them). ``notify``: wake the run's waiters on commit."""
+    found = _shape_and_params(row.id, inserts, values)
+    if found is None:
+        return None
+    shape, params = found
+    params.update(g_next_seq=row.next_seq, g_sticky=row.sticky_queue, g_now=now,
+                  g_activity_id=guard.activity_id, g_attempt=guard.attempt)
+    if closing is not None:
+        params.update(g_closed_at=closing[0], g_why=closing[1])
+    return _guarded_text(shape, closing is not None, notify), params
+
+
+def _shape_and_params(execution_id: str, inserts: Sequence[tuple[sa.Table, Rows]],
+                      values: dict[str, Any]) -> tuple[Shape, dict[str, Any]] | None:
+    """A write's shape (what its cached text depends on) and its bound parameters."""
     if any(isinstance(v, sa.ClauseElement) for v in values.values()):
         return None
     tables = []
@@ -42,7 +72,6 @@ def statement(execution_id: str, inserts: Sequence[tuple[sa.Table, Rows]],
         if any(tuple(row) != columns for row in rows):
             return None
         tables.append((table.name, columns, len(rows)))
-    shape: Shape = (tuple(tables), tuple(values))
     params: dict[str, Any] = {"run_id": execution_id}
     for t, (table, rows) in enumerate(inserts):
         for r, row in enumerate(rows):
@@ -50,30 +79,7 @@ def statement(execution_id: str, inserts: Sequence[tuple[sa.Table, Rows]],
                 params[f"t{t}r{r}_{name}"] = _bind(table.name, name)(value)
     for name, value in values.items():
         params[f"v_{name}"] = _bind(executions.name, name)(value)
-    return _text(shape), params
-
-
-def guarded(execution_id: str, inserts: Sequence[tuple[sa.Table, Rows]], values: dict[str, Any],
-            guard: CompletionGuard, *, closing: tuple[datetime, str] | None = None,
-            notify: bool = False) -> tuple[str, dict[str, Any]] | None:
-    """A completion and its decision as ONE statement that writes only while ``guard`` holds
-    (``records.CompletionGuard``): the run row is locked and checked, the attempt's task row
-    closed, and the inserts and the run update happen only if both did. Its row count is 1
-    when written, 0 when not. In autocommit it is a whole step's commit in one round trip.
-
-    ``closing``: the run closes — its unstarted task rows are abandoned with that reason and its
-    timers stopped (the caller writes no new task row or timer then: a sibling CTE cannot see
-    them). ``notify``: wake the run's waiters on commit."""
-    found = statement(execution_id, inserts, values)
-    if found is None:
-        return None
-    _sql, params = found
-    params.update(g_next_seq=guard.next_seq, g_sticky=guard.sticky_queue, g_now=guard.now,
-                  g_activity_id=guard.activity_id, g_attempt=guard.attempt)
-    if closing is not None:
-        params.update(g_closed_at=closing[0], g_why=closing[1])
-    tables = tuple((table.name, tuple(rows[0]), len(rows)) for table, rows in inserts)
-    return _guarded_text((tables, tuple(values)), closing is not None, notify), params
+    return (tuple(tables), tuple(values)), params
 
 
 _GUARD = f"""run AS (
@@ -108,13 +114,8 @@ def _guarded_text(shape: Shape, closing: bool, notify: bool) -> str:
     tables, columns = shape
     ctes = [_GUARD] + ([_CLOSING] if closing else []) + ([_NOTIFY] if notify else [])
     for t, (table, names, count) in enumerate(tables):
-        types = [_type(table, n) for n in names]
-        rows = ", ".join("(" + ", ".join(f"CAST(%(t{t}r{r}_{n})s AS {kind})"
-                                         for n, kind in zip(names, types, strict=True)) + ")"
-                         for r in range(count))
-        cols = ", ".join(_quote(n) for n in names)
-        ctes.append(f"new_{table} AS (INSERT INTO {table} ({cols}) "
-                    f"SELECT v.* FROM (VALUES {rows}) AS v, done)")
+        ctes.append(f"new_{table} AS (INSERT INTO {table} ({_columns(names)}) SELECT v.* FROM "
+                    f"(VALUES {_rows(t, table, names, count, cast=True)}) AS v, done)")
     sets = ", ".join(f"{_quote(n)} = %(v_{n})s" for n in columns) or "next_seq = e.next_seq"
     sources = "done, notified" if notify else "done"  # a plain CTE runs only if read
     return (f"WITH {', '.join(ctes)} UPDATE {executions.name} AS e SET {sets} "
@@ -132,13 +133,23 @@ def _text(shape: Shape) -> str:
     tables, columns = shape
     ctes = []
     for t, (table, names, count) in enumerate(tables):
-        rows = ", ".join("(" + ", ".join(f"%(t{t}r{r}_{n})s" for n in names) + ")"
-                         for r in range(count))
-        cols = ", ".join(_quote(n) for n in names)
-        ctes.append(f"new_{table} AS (INSERT INTO {table} ({cols}) VALUES {rows})")
+        ctes.append(f"new_{table} AS (INSERT INTO {table} ({_columns(names)}) "
+                    f"VALUES {_rows(t, table, names, count, cast=False)})")
     sets = ", ".join(f"{_quote(n)} = %(v_{n})s" for n in columns) or "next_seq = next_seq"
     head = f"WITH {', '.join(ctes)} " if ctes else ""
     return f"{head}UPDATE {executions.name} SET {sets} WHERE id = %(run_id)s"
+
+
+def _rows(t: int, table: str, names: tuple[str, ...], count: int, *, cast: bool) -> str:
+    """``count`` VALUES rows of table ``t``'s parameters; cast to the column types where the
+    rows stand in a SELECT (no INSERT target to coerce them)."""
+    cells = [f"CAST(%(t{t}r{{r}}_{n})s AS {_type(table, n)})" if cast else f"%(t{t}r{{r}}_{n})s"
+             for n in names]
+    return ", ".join("(" + ", ".join(cell.format(r=r) for cell in cells) + ")" for r in range(count))
+
+
+def _columns(names: tuple[str, ...]) -> str:
+    return ", ".join(_quote(n) for n in names)
 
 
 def _quote(name: str) -> str:

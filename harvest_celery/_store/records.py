@@ -295,17 +295,14 @@ class EagerClaim:
 
 @dataclass(frozen=True)
 class CompletionGuard:
-    """What a completion written in one statement with its decision assumes
-    (``Tx.apply_guarded_decision``): the run is live and untouched since this worker's warm
-    replay last saw it — its next seq, no cancel, pause, erasure, nd-block or pending decision,
-    the same sticky queue — and the attempt still holds its task row. Checked under the run's
-    row lock by the statement itself; anything else writes nothing."""
+    """The attempt a completion written in one statement with its decision closes
+    (``Tx.apply_guarded_decision``). The statement writes only if that attempt still holds its
+    task row and the run row is as the deciding warm replay assumes (the ``RunRow`` it is
+    given: its next seq and sticky queue, live, no cancel, pause, erasure, nd-block or pending
+    decision) — checked under the run's row lock by the statement itself; else nothing."""
 
     activity_id: str
     attempt: int
-    next_seq: int
-    sticky_queue: str | None
-    now: datetime
 
 
 @dataclass(frozen=True)

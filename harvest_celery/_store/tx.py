@@ -60,6 +60,12 @@ class RunWrite:
     # the run closes: its unstarted task rows are abandoned (after the inserts) with this reason
     abandon: tuple[datetime, str] | None = None
 
+    def inserts(self) -> list[tuple[sa.Table, list[dict[str, Any]]]]:
+        """The tables this write inserts into, with their rows (empty ones left out)."""
+        tables = ((events, self.events), (activity_tasks, self.tasks), (timers, self.timers),
+                  (attempt_errors, self.errors))
+        return [(table, rows) for table, rows in tables if rows]
+
 
 @dataclass
 class Staged:
@@ -70,6 +76,12 @@ class Staged:
     first: int  # the seq of the decision's first own event
     new_events: list[ev.Event]
     now: datetime
+
+
+def _closes(values: dict[str, Any]) -> bool:
+    """Does a run update close the run (or settle its post-cancel branch)? Its waiters are
+    woken on commit."""
+    return values.get("status") in TERMINAL_STATUSES or any(k in values for k in _SETTLING)
 
 
 def timer_row(execution_id: str, timer_id: str, fire_at: str) -> dict[str, Any]:
@@ -107,8 +119,7 @@ class Tx:
         return updated
 
     def _notify_if_closed(self, execution_id: str, values: dict[str, Any]) -> None:
-        """A run that closes (or whose post-cancel branch settles) wakes its waiters on commit."""
-        if values.get("status") in TERMINAL_STATUSES or any(k in values for k in _SETTLING):
+        if _closes(values):
             self.dialect.notify(self.conn, execution_id)
 
     def raw_history(self, execution_id: str, since: int = 0) -> list[RawEvent]:
@@ -154,9 +165,7 @@ class Tx:
         """Everything one operation writes to a run: its new events, task rows and timers and the
         run-row update. Postgres: ONE statement (the inserts are data-modifying CTEs of the
         UPDATE). SQLite: one statement each."""
-        inserts = [(events, w.events), (activity_tasks, w.tasks), (timers, w.timers),
-                   (attempt_errors, w.errors)]
-        inserts = [(table, rows) for table, rows in inserts if rows]
+        inserts = w.inserts()
         if not inserts and not w.values:
             return
         if self.dialect.dml_ctes:
@@ -257,11 +266,8 @@ class Tx:
         w = staged.write
         if w.abandon is not None and (w.tasks or w.timers):
             return None
-        inserts = [(table, rows) for table, rows in ((events, w.events), (activity_tasks, w.tasks),
-                                                      (timers, w.timers), (attempt_errors, w.errors))
-                   if rows]
-        notify = staged.status in TERMINAL_STATUSES or any(k in w.values for k in _SETTLING)
-        sql = pgwrite.guarded(row.id, inserts, w.values, guard, closing=w.abandon, notify=notify)
+        sql = pgwrite.guarded(row, w.inserts(), w.values, guard, now, closing=w.abandon,
+                              notify=_closes(w.values))
         if sql is None or self.conn.exec_driver_sql(*sql).rowcount != 1:
             return None
         return self._decided(row, decision, staged, workflow_label)
