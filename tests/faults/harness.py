@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ from typing import Any
 
 import redis
 import sqlalchemy as sa
+
+from tests.processes import kill_group, stop_group
 
 from .invariants import Expect, Verdict, check
 
@@ -82,17 +83,10 @@ class Worker:
 
     def kill9(self) -> None:
         assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
+        kill_group(self.proc)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
+        stop_group(self.proc, timeout=20)
 
 
 @dataclass

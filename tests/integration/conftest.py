@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from typing import Any
 import pytest
 import redis
 import sqlalchemy as sa
+
+from tests.processes import kill_group, stop_group
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_URL = os.environ.get("HARVEST_TEST_ADMIN_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
@@ -98,17 +99,10 @@ class Worker:
 
     def kill9(self) -> None:
         assert self.proc is not None
-        os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
+        kill_group(self.proc)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
+        stop_group(self.proc)
 
 
 @pytest.fixture(scope="session")

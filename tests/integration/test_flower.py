@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import pytest
 import sqlalchemy as sa
 
 from harvest_celery import WorkflowFailed
+from tests.processes import stop_group
 
 from .conftest import ADMIN_URL, BROKER_URL, LOG_DIR, ROOT, Worker, wait_for
 
@@ -114,13 +114,7 @@ class Flower:
         wait_for(heard, timeout=WAIT, interval=0.5, what="flower to receive a probe event")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
+        stop_group(self.proc)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ The worker consumes a queue only this test uses, so it never takes the shared wo
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -16,17 +15,7 @@ import uuid
 from typing import Any
 
 from tests.integration.conftest import LOG_DIR, ROOT, wait_for
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=5)
+from tests.processes import stop_group
 
 
 class _Events:
@@ -99,4 +88,4 @@ def test_harvest_worker_passes_celery_options_through(harvest: Any) -> None:
             wait_for(lambda: {"task-received", "task-succeeded"} <= events.types(), timeout=30,
                      what=f"task events from {node} (-E)")
     finally:
-        _stop(proc)
+        stop_group(proc)
