@@ -235,6 +235,12 @@ def plot_history(res: dict[str, Any], path: Path) -> bool:
     ax.set_xlabel("step k (the history holds ≈ 3k events when it is decided)")
     ax.set_ylabel(f"step cost, ms (rolling mean of {window})")
     ax.set_title(f"B3: step cost against history length ({hist['steps']} sequential steps)")
+    _save(plt, fig, ax, path)
+    return True
+
+
+def _save(plt: Any, fig: Any, ax: Any, path: Path) -> None:
+    """The finish both plots share: axis from 0, grid, legend, written as a PNG."""
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -242,7 +248,6 @@ def plot_history(res: dict[str, Any], path: Path) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return True
 
 
 def plot_throughput(res: dict[str, Any], path: Path) -> bool:
@@ -266,13 +271,7 @@ def plot_throughput(res: dict[str, Any], path: Path) -> bool:
     ax.set_ylabel("steps / s")
     ax.set_title(f"B2: throughput, {res['throughput']['steps']}-step workflows, "
                  f"{res['throughput']['topology']}")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(plt, fig, ax, path)
     return True
 
 
