@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -277,3 +278,102 @@ def test_samples_hold_the_secret_only_in_payload_and_scrubbed_fields() -> None:
     for name, event in SAMPLES.items():
         holding = {f.name for f in dataclasses.fields(event) if SECRET in json.dumps(getattr(event, f.name))}
         assert holding == set(PAYLOADS.get(name, ())) | set(SCRUBBED.get(name, ())), name
+
+
+# ── the set is closed: what a new event type is told ──────────────────────────────────────────
+DECLARED = {  # name: (family, terminal, cursor, advance)
+    "WorkflowStarted": ("lifecycle", False, "in the way", False),
+    "ActivityScheduled": ("command", False, "matched", False),
+    "ActivityStarted": ("result", False, "stepped over", True),
+    "ActivityCompleted": ("result", False, "stepped over", True),
+    "ActivityFailed": ("result", False, "stepped over", True),
+    "MarkerRecorded": ("command", False, "matched", False),
+    "SignalReceived": ("input", False, "held", True),
+    "TimerStarted": ("command", False, "matched", False),
+    "TimerFired": ("result", False, "stepped over", True),
+    "WorkflowCancelled": ("lifecycle", False, "in the way", False),
+    "WorkflowCancelRequested": ("input", False, "stepped over", True),
+    "WorkflowCompleted": ("lifecycle", True, "stepped over", False),
+    "WorkflowFailed": ("lifecycle", True, "stepped over", False),
+}
+
+
+def test_each_type_declares_what_it_is() -> None:
+    got = {name: (cls.family.value, cls.terminal, cls.cursor.value, cls.advance)
+           for name, cls in ev.EVENT_TYPES.items()}
+    assert got == DECLARED
+    assert ev.EVENT_CLASSES == tuple(ev.EVENT_TYPES.values()) and set(ev.EVENT_CLASSES) == set(
+        typing.get_args(ev.AnyEvent))
+    mine = {cls for cls in ev.Event.__subclasses__() if cls.__module__ == ev.__name__}
+    assert mine == set(ev.EVENT_CLASSES)
+
+
+def test_a_class_without_declarations_fails_at_creation() -> None:
+    with pytest.raises(TypeError, match="family"):
+        @dataclasses.dataclass(frozen=True)
+        class Bare(ev.Event):  # type: ignore[call-arg]
+            type: ClassVar[str] = "Bare"
+
+    with pytest.raises(TypeError, match="family"):  # a subclass of a member declares again
+        class Louder(ev.SignalReceived):  # type: ignore[call-arg]
+            type: ClassVar[str] = "Louder"
+
+
+@pytest.mark.parametrize(("family", "terminal", "cursor", "advance", "says"), [
+    (ev.Family.RESULT, False, ev.Cursor.MATCHED, False, "command events, and only they"),
+    (ev.Family.COMMAND, False, ev.Cursor.HELD, False, "command events, and only they"),
+    (ev.Family.RESULT, True, ev.Cursor.STEPPED_OVER, False, "terminal"),
+    (ev.Family.LIFECYCLE, False, ev.Cursor.IN_THE_WAY, True, "Session.advance"),
+    ("input", False, ev.Cursor.HELD, True, "must be a Family"),
+])
+def test_contradictory_declarations_fail_at_creation(family: Any, terminal: bool, cursor: Any, advance: bool,
+                                                     says: str) -> None:
+    with pytest.raises(TypeError, match=says):
+        class Odd(ev.Event, family=family, terminal=terminal, cursor=cursor, advance=advance):
+            type: ClassVar[str] = "Odd"
+
+
+def test_the_registry_check() -> None:
+    ev.check_closed_set(ev.EVENT_CLASSES)
+    with pytest.raises(TypeError, match="WorkflowFailed"):  # left out of AnyEvent
+        ev.check_closed_set(ev.EVENT_CLASSES[:-1])
+
+    @dataclasses.dataclass(frozen=True)
+    class Sneaky(ev.Event, family=ev.Family.INPUT, terminal=False, cursor=ev.Cursor.HELD, advance=True):
+        type: ClassVar[str] = "Sneaky"
+        payload: Any = None  # user JSON, not declared: it would be stored unencrypted, never erased
+
+    with pytest.raises(TypeError, match=r"Sneaky.payload holds user JSON"):
+        ev.check_closed_set((*ev.EVENT_CLASSES, Sneaky))
+
+    @dataclasses.dataclass(frozen=True)
+    class Again(ev.Event, family=ev.Family.INPUT, terminal=False, cursor=ev.Cursor.HELD, advance=True):
+        type: ClassVar[str] = "SignalReceived"
+
+    with pytest.raises(TypeError, match="a stored name twice"):
+        ev.check_closed_set((*ev.EVENT_CLASSES, Again))
+    with pytest.raises(TypeError, match="declares no stored type name"):
+        class Nameless(ev.Event, family=ev.Family.INPUT, terminal=False, cursor=ev.Cursor.HELD, advance=True):
+            pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Undeclared(ev.Event, family=ev.Family.INPUT, terminal=False, cursor=ev.Cursor.HELD, advance=True):
+    """Declared on its class but never added to AnyEvent: no exhaustive match knows it."""
+
+    type: ClassVar[str] = "Undeclared"
+    name: str = "x"
+
+
+def test_an_event_outside_the_closed_set_fails_loudly() -> None:
+    stray = Undeclared()
+    with pytest.raises(TypeError, match="not a declared event type"):
+        ev.describe(stray)
+    with pytest.raises(TypeError, match="not a declared event type"):
+        render_timeline(history([SAMPLES["WorkflowStarted"], stray]))
+    replay = replay_of([SAMPLES["WorkflowStarted"], stray])
+    with pytest.raises(TypeError, match="not a declared event type"):
+        replay.deliver(1)
+    assert replay.candidates == []  # never met by a matcher either
+    with pytest.raises(UnknownEventType):  # and never read back from storage
+        ev.event_from_data(stray.to_data())
