@@ -13,7 +13,7 @@ MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 60
 # A lazy import of a package module is allowed only where it stands for an optional dependency:
 # `harvest api` needs FastAPI (the [api] extra), the rest of the CLI does not.
-OPTIONAL_LAZY = {("harvest_celery._cli", "harvest_celery._web.api")}
+OPTIONAL_LAZY = {("harvest_celery._cli.worker", "harvest_celery._web.api")}
 
 
 def _modules() -> dict[str, Path]:
