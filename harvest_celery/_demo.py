@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from harvest_celery._client import Harvest
 from harvest_celery._core.timeline import render_status, render_timeline
 from harvest_celery._errors import HarvestError
+from harvest_celery.examples import checkout, dag_compensation_example, fulfillment, orders
 
 CANCEL_NOTE = (
     "known limitation: once WorkflowCancelled is recorded, a durable compensation cannot be "
@@ -36,9 +37,6 @@ COOPERATIVE_NOTE = (
 
 
 def run_demo(out: TextIO, *, keep: bool = False) -> int:
-    # the example workflows are not part of the engine
-    from workflows import checkout, dag_compensation_example, fulfillment, orders
-
     workdir = Path(tempfile.mkdtemp(prefix="harvest-demo-"))
     url = f"sqlite:///{workdir / 'harvest.db'}"
     try:
