@@ -18,7 +18,9 @@ request-cancel), ``operator`` (terminate, pause, resume, reset, retry, erase, pu
 and the database for all of them.
 
 Exit codes: 0 success; 1 the run asked about failed or was cancelled (``result``, ``start
---wait``); 2 a usage error or a ``HarvestError`` (``harvest: error: ...`` on stderr).
+--wait``); 2 a usage error or a ``HarvestError`` (``harvest: error: ...`` on stderr); 130 on
+Ctrl-C; 141 when the reader of the output went away (``harvest list | head``): quietly, like a
+Unix tool killed by SIGPIPE.
 
 May not import: ``contrib`` (the frameworks' commands call :func:`main`); ``_web`` only inside
 ``harvest api`` (FastAPI is the optional ``[api]`` extra).
@@ -62,12 +64,25 @@ def main(argv: list[str] | None = None) -> int:
         getattr(args, "help_parser", parser).print_help(sys.stderr)
         return 2
     try:
-        return int(args.handler(args) or 0)
+        code = int(args.handler(args) or 0)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except (CliError, HarvestError, ValueError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _reader_gone() -> int:
+    """The output's reader closed it (``harvest list | head``): no traceback, and stdout pointed
+    at /dev/null so the interpreter's last flush of what is buffered fails no more."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -76,11 +91,11 @@ def _parser() -> argparse.ArgumentParser:
     url_help = "database for commands that only need the database (env HARVEST_DATABASE_URL)"
     p.add_argument("-A", "--app", default=os.environ.get("HARVEST_APP"), metavar="APP", help=app_help)
     p.add_argument("--database-url", default=os.environ.get("HARVEST_DATABASE_URL"), metavar="URL", help=url_help)
-    # The same options after the command name (harvest worker -A myshop.celery); SUPPRESS keeps a
-    # value given before the command.
+    # The same options after the command name (harvest worker -A myshop.celery), listed in each
+    # command's --help; SUPPRESS keeps a value given before the command.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-A", "--app", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    common.add_argument("--database-url", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    common.add_argument("-A", "--app", default=argparse.SUPPRESS, metavar="APP", help=app_help)
+    common.add_argument("--database-url", default=argparse.SUPPRESS, metavar="URL", help=url_help)
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
 
     def command(name: str, help: str) -> argparse.ArgumentParser:

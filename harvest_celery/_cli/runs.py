@@ -81,10 +81,11 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(line)
     for hint in _waiting(args, store):
         print("  " + waiting_line(hint, args.app))
+    attempt_errors = store.attempt_errors(args.execution_id)
     print("  timeline:")
-    for line in render_timeline(store.history(args.execution_id)):
+    for line in render_timeline(store.history(args.execution_id), attempt_errors):
         print("  " + line)
-    errors = render_errors(store.attempt_errors(args.execution_id))
+    errors = render_errors(attempt_errors)
     if errors:
         print("  errors (every attempt):\n" + "\n".join("  " + line for line in errors))
     return 0
