@@ -9,36 +9,74 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import textwrap
 import threading
 import time
 from collections.abc import Callable
-from functools import partial
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from harvest_celery._client import Harvest
 from harvest_celery._core.timeline import render_status, render_timeline
 from harvest_celery._errors import HarvestError
+from harvest_celery.examples import checkout, dag_compensation_example, fulfillment, orders
 
+# A scenario's explanation is printed under its title, before the run: the reader knows what to
+# expect before the output shows an error.
 CANCEL_NOTE = (
-    "known limitation: once WorkflowCancelled is recorded, a durable compensation cannot be "
-    "scheduled (its dispatch diverges: expected ActivityScheduled(..), got WorkflowCancelled), so "
-    "the unwind fails with SagaCompensationFailed and the charge and reservation are left for manual "
-    "reconciliation (or reset); see docs/concepts.md, \"Known limitation: durable compensations after a recorded cancel\"."
+    "what to expect, a known limitation: once WorkflowCancelled is recorded, a durable compensation "
+    "cannot be scheduled (its dispatch diverges: expected ActivityScheduled(..), got "
+    "WorkflowCancelled), so the unwind fails with SagaCompensationFailed and the charge and "
+    "reservation are left for manual reconciliation (or reset); see docs/concepts.md, \"Known "
+    "limitation: durable compensations after a recorded cancel\". The cooperative cancel of (d2) "
+    "undoes them."
 )
-
 
 COOPERATIVE_NOTE = (
-    "request_cancellation does not seal the run: it shows CANCELLING, ctx.is_cancelled() turns "
-    "true at the request, and the cancel branch's compensations run as activities (with retries); "
-    "the run ends CANCELLED when the workflow raises Cancelled. See docs/concepts.md, \"Cancellation\"."
+    "what to expect: request_cancellation does not seal the run: it shows CANCELLING, "
+    "ctx.is_cancelled() turns true at the request, and the cancel branch's compensations run as "
+    "activities (with retries); the run ends CANCELLED when the workflow raises Cancelled. See "
+    "docs/concepts.md, \"Cancellation\"."
 )
+
+ORDER = {"order_id": 1, "items": [{"sku": "tea", "qty": 2, "price": 4}, {"sku": "mug", "qty": 1, "price": 9}]}
+
+Begin = Callable[[Harvest, TextIO], Any]  # starts the scenario's run (and cancels it, for a cancel)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    label: str
+    title: str
+    execution_id: str
+    begin: Begin
+    note: str = ""  # printed before the run
+    order_id: int | None = None  # whose ledger entries are printed after it
+
+
+def scenarios() -> list[Scenario]:
+    """What the demo runs, in order."""
+    return [
+        Scenario("a", "order_pipeline: validate, price, confirm", "demo-order-1",
+                 _starting("order_pipeline", ORDER, "demo-order-1")),
+        Scenario("b", "checkout: charge, reserve, confirm", "demo-checkout-2",
+                 _starting("checkout", {"order_id": 2}, "demo-checkout-2"), order_id=2),
+        Scenario("c", "checkout, out of stock: reserve fails (after one retry), the saga refunds the charge",
+                 "demo-checkout-3",
+                 _starting("checkout", {"order_id": 3, "out_of_stock": True}, "demo-checkout-3"), order_id=3),
+        Scenario("d", "checkout cancelled while reserving: the cancel-and-compensate branch", "demo-checkout-4",
+                 _cancelling("demo-checkout-4", cooperative=False), note=CANCEL_NOTE, order_id=4),
+        Scenario("d2", "checkout, cooperative cancel while reserving: the release and the refund run "
+                 "as activities", "demo-checkout-7",
+                 _cancelling("demo-checkout-7", cooperative=True), note=COOPERATIVE_NOTE, order_id=7),
+        Scenario("e", "fulfillment DAG: reserve → capture → print label", "fulfil-5", _fulfilling("5")),
+        Scenario("f", "fulfillment DAG, printer jam: the engine refunds, then releases (LIFO); "
+                 "self-checks pass", "fulfil-6jam", _fulfilling("6jam")),
+    ]
 
 
 def run_demo(out: TextIO, *, keep: bool = False) -> int:
-    # the example workflows are not part of the engine
-    from workflows import checkout, dag_compensation_example, fulfillment, orders
-
     workdir = Path(tempfile.mkdtemp(prefix="harvest-demo-"))
     url = f"sqlite:///{workdir / 'harvest.db'}"
     try:
@@ -47,37 +85,7 @@ def run_demo(out: TextIO, *, keep: bool = False) -> int:
         harvest = Harvest(url)
         harvest.migrate()
         harvest.register(orders, checkout, fulfillment)
-        outcomes: list[tuple[str, str, str, str]] = []
-
-        run = partial(_report, harvest, out, outcomes, checkout.LEDGER)
-
-        order = {"order_id": 1, "items": [{"sku": "tea", "qty": 2, "price": 4}, {"sku": "mug", "qty": 1, "price": 9}]}
-        run("a", "order_pipeline: validate, price, confirm", "demo-order-1",
-            lambda: _start(harvest, "order_pipeline", order, "demo-order-1"))
-
-        run("b", "checkout: charge, reserve, confirm", "demo-checkout-2",
-            lambda: _start(harvest, "checkout", {"order_id": 2}, "demo-checkout-2"), order_id=2)
-
-        run("c", "checkout, out of stock: reserve fails (after one retry), the saga refunds the charge",
-            "demo-checkout-3",
-            lambda: _start(harvest, "checkout", {"order_id": 3, "out_of_stock": True}, "demo-checkout-3"),
-            order_id=3)
-
-        run("d", "checkout cancelled while reserving: the cancel-and-compensate branch",
-            "demo-checkout-4", partial(_cancel_while_reserving, harvest, out, "demo-checkout-4"),
-            note=CANCEL_NOTE, order_id=4)
-
-        run("d2", "checkout, cooperative cancel while reserving: the release and the refund run "
-            "as activities", "demo-checkout-7",
-            partial(_cancel_while_reserving, harvest, out, "demo-checkout-7", cooperative=True),
-            note=COOPERATIVE_NOTE, order_id=7)
-
-        run("e", "fulfillment DAG: reserve → capture → print label", "fulfil-5",
-            lambda: dag_compensation_example.run(harvest, "5"))
-        run("f", "fulfillment DAG, printer jam: the engine refunds, then releases (LIFO); "
-            "self-checks pass", "fulfil-6jam",
-            lambda: dag_compensation_example.run(harvest, "6jam"))
-
+        outcomes = [_report(harvest, out, scenario) for scenario in scenarios()]
         print("\nsummary:", file=out)
         for label, workflow, status, error in outcomes:
             print(f"  ({label}) {workflow:<15} {status:<10} {error}".rstrip(), file=out)
@@ -91,29 +99,40 @@ def run_demo(out: TextIO, *, keep: bool = False) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _report(harvest: Harvest, out: TextIO, outcomes: list[tuple[str, str, str, str]],
-            ledger: dict[str, Any], label: str,
-            title: str, execution_id: str, begin: Callable[[], Any], note: str = "",
-            order_id: int | None = None) -> None:
-    """Run one demo scenario and print its status, timeline, outcome and ledger."""
-    print(f"\n== ({label}) {title} ==", file=out)
-    begin()
+def _report(harvest: Harvest, out: TextIO, scenario: Scenario) -> tuple[str, str, str, str]:
+    """Run one scenario and print its explanation, status, timeline, outcome and ledger; returns
+    its line of the summary."""
+    print(f"\n== ({scenario.label}) {scenario.title} ==", file=out)
+    if scenario.note:
+        print(textwrap.fill(scenario.note, 100, initial_indent="  ", subsequent_indent="  "), file=out)
+    scenario.begin(harvest, out)
+    execution_id = scenario.execution_id
     outcome = _settle(harvest, execution_id)
     row = harvest.describe(execution_id)
     for line in render_status(row):
         print(line, file=out)
     print("  timeline:", file=out)
-    for line in render_timeline(harvest.history(execution_id)):
+    for line in render_timeline(harvest.history(execution_id), harvest.store.attempt_errors(execution_id)):
         print("  " + line, file=out)
     print(f"  outcome   {outcome}", file=out)
-    if order_id is not None:
-        entries = {k: v for k, v in ledger.items() if k.endswith(f"_{order_id}")}
-        print("  ledger    " + (", ".join(f"{k}={v}" for k, v in sorted(entries.items()))
-                                or "(nothing)"), file=out)
-    if note:
-        print(f"  note: {note}", file=out)
+    if scenario.order_id is not None:
+        entries = {k: v for k, v in checkout.LEDGER.items() if k.endswith(f"_{scenario.order_id}")}
+        print("  ledger    " + (", ".join(f"{k}={v}" for k, v in sorted(entries.items())) or "(nothing)"),
+              file=out)
     error = (row.error or {}).get("type", "") if isinstance(row.error, dict) else ""
-    outcomes.append((label, row.workflow_type, row.status, f"({error})" if error else ""))
+    return scenario.label, row.workflow_type, row.status, f"({error})" if error else ""
+
+
+def _starting(workflow: str, data: Any, execution_id: str) -> Begin:
+    return lambda harvest, out: _start(harvest, workflow, data, execution_id)
+
+
+def _fulfilling(order_id: str) -> Begin:
+    return lambda harvest, out: dag_compensation_example.run(harvest, order_id)
+
+
+def _cancelling(execution_id: str, *, cooperative: bool) -> Begin:
+    return lambda harvest, out: _cancel_while_reserving(harvest, out, execution_id, cooperative=cooperative)
 
 
 def _cancel_while_reserving(harvest: Harvest, out: TextIO, execution_id: str, *,

@@ -1,9 +1,10 @@
 """The example Celery app that docker-compose.yml runs: the checkout saga and the order pipeline
 on a Celery app configured for harvest-celery.
 
-``celery -A workflows.celery_app worker`` / ``harvest worker -A workflows.celery_app`` import this
-module, which creates the ``Harvest`` object (registering the decision task) and registers the
-example workflows and activities (one Celery task per activity). ``HARVEST_DATABASE_URL`` and
+``celery -A harvest_celery.examples.celery_app worker`` / ``harvest worker -A
+harvest_celery.examples.celery_app`` import this module, which creates the ``Harvest`` object
+(registering the decision task) and registers the example workflows and activities (one Celery
+task per activity). ``HARVEST_DATABASE_URL`` and
 ``HARVEST_BROKER_URL`` come from the environment (config/settings.example.env).
 """
 
@@ -14,7 +15,8 @@ import os
 from celery import Celery
 
 from harvest_celery import Harvest, configure_celery
-from workflows import checkout, fulfillment, orders
+
+from . import checkout, fulfillment, orders
 
 app = Celery("harvest_example", broker=os.environ.get("HARVEST_BROKER_URL", "redis://localhost:6379/0"))
 configure_celery(app)

@@ -7,6 +7,7 @@ Pure functions over an ``Execution`` and a ``list[HistoryEvent]``, shared by ``h
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -34,24 +35,56 @@ def _offset(at: datetime, start: datetime) -> str:
     return f"+{(at - start).total_seconds():.3f}s"
 
 
-def render_timeline(history: list[ev.HistoryEvent]) -> list[str]:
-    """One line per event: seq, time since the first event, kind and its key fields."""
+def render_timeline(history: list[ev.HistoryEvent], errors: Sequence[Any] = ()) -> list[str]:
+    """One line per event: seq, time since the first event, kind and its key fields.
+
+    ``errors`` are the run's failed attempts (``AttemptError`` records, ``Store.attempt_errors``).
+    The history holds only an activity's last failure (``ActivityFailed``); an attempt that failed
+    and was retried gets a line of its own, ``(attempt failed)`` and no seq, after its
+    ``ActivityStarted`` and where its time falls, so a retry never shows two starts with nothing
+    between."""
     if not history:
         return ["  (no events)"]
     start = history[0].recorded_at
     names: dict[str, str] = {}  # activity id -> activity name, learnt from ActivityScheduled
-    seq_width = len(str(history[-1].seq))
-    offsets = [_offset(h.recorded_at, start) for h in history]
-    offset_width = max(len(o) for o in offsets)
-    lines = []
-    for item, offset in zip(history, offsets, strict=True):
+    rows: list[tuple[str, datetime, str, str]] = []
+    for item in history:
         event = item.event
         if isinstance(event, ev.ActivityScheduled):
             names[event.activity_id] = event.activity_name
-        detail = _detail(ev.known(event), names)
-        line = f"  {item.seq:>{seq_width}}  {offset:>{offset_width}}  {event.type:<18} {detail}"
-        lines.append(line.rstrip())
+        rows.append((str(item.seq), item.recorded_at, event.type, _detail(ev.known(event), names)))
+    for at, error in reversed(_retried_failures(history, errors)):
+        detail = f"{_activity(error.activity_id, names)} attempt={error.attempt} {error.error_type}: "
+        rows.insert(at, ("", error.recorded_at, "(attempt failed)", detail + _cut(error.message, MAX_VALUE)))
+    seq_width = len(str(history[-1].seq))
+    offsets = [_offset(at, start) for _, at, _, _ in rows]
+    offset_width = max(len(o) for o in offsets)
+    lines = []
+    for (seq, _, kind, detail), offset in zip(rows, offsets, strict=True):
+        lines.append(f"  {seq:>{seq_width}}  {offset:>{offset_width}}  {kind:<18} {detail}".rstrip())
     return lines
+
+
+def _retried_failures(history: list[ev.HistoryEvent], errors: Sequence[Any]) -> list[tuple[int, Any]]:
+    """(index in ``history`` to insert before, error) for each failed attempt the history does not
+    record, in order: after its attempt's ``ActivityStarted`` and after every event recorded no
+    later than the failure."""
+    recorded = {(e.activity_id, e.attempt) for e in (h.event for h in history) if isinstance(e, ev.ActivityFailed)}
+    started = {
+        (h.event.activity_id, h.event.attempt): i
+        for i, h in enumerate(history)
+        if isinstance(h.event, ev.ActivityStarted)
+    }
+    out = []
+    for error in errors:
+        key = (error.activity_id, error.attempt)
+        if not error.activity_id or key in recorded:
+            continue
+        at = started.get(key, -1) + 1
+        while at < len(history) and history[at].recorded_at <= error.recorded_at:
+            at += 1
+        out.append((at, error))
+    return sorted(out, key=lambda pair: pair[0])
 
 
 def _activity(activity_id: str, names: dict[str, str]) -> str:
@@ -132,12 +165,20 @@ def render_status(execution: Any) -> list[str]:
 
 
 def render_errors(errors: list[Any]) -> list[str]:
-    """Every failed attempt (``AttemptError`` records), oldest first, with the innermost lines of
-    its traceback: what ``harvest show`` prints under the timeline."""
+    """Every failed attempt (``AttemptError`` records), oldest first, with the innermost frame of
+    its traceback and the exception: what ``harvest show`` prints under the timeline."""
     lines = []
     for e in errors:
         who = "workflow" if not e.activity_id else f"activity #{e.activity_id} attempt {e.attempt}"
         lines.append(f"{who}: {e.error_type}: {e.message}")
-        tail = [line for line in e.traceback.rstrip().splitlines() if line.strip()][-4:]
-        lines.extend("    " + line for line in tail)
+        lines.extend("    " + line for line in innermost(e.traceback))
     return lines
+
+
+def innermost(traceback: str) -> list[str]:
+    """The innermost frame of a formatted traceback (its ``File`` line, its code and the code's
+    ``^^^`` marks) and the exception after it; cut at a frame, never inside one. A text with no
+    frame: its last four lines."""
+    lines = [line for line in traceback.rstrip().splitlines() if line.strip()]
+    frames = [i for i, line in enumerate(lines) if line.lstrip().startswith('File "')]
+    return lines[frames[-1] :] if frames else lines[-4:]

@@ -18,7 +18,7 @@ from celery import Celery, current_task
 from harvest_celery import PostgresPayloadStore, RetryPolicy, Saga, WorkflowContext, activity, workflow
 from harvest_celery._client import Harvest, configure_celery
 from harvest_celery._store.store import Timings
-from workflows import checkout, orders
+from harvest_celery.examples import checkout, orders
 
 DATABASE_URL = os.environ.get("HARVEST_TEST_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/harvest_it")
 BROKER_URL = os.environ.get("HARVEST_TEST_BROKER_URL", "redis://127.0.0.1:6379/5")

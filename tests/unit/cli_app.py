@@ -9,7 +9,7 @@ import os
 from celery import Celery
 
 from harvest_celery import Harvest
-from workflows import orders
+from harvest_celery.examples import orders
 
 URL = "sqlite:///" + os.environ["HARVEST_CLI_TEST_DB"]
 

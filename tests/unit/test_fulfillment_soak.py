@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import random
 
+from harvest_celery.examples import fulfillment
 from harvest_celery.testing import Simulator
-from workflows import fulfillment
 
 
 def test_fulfillment_dag_leaves_zero_uncompensated_side_effects_across_1000_runs():

@@ -8,8 +8,8 @@ import random
 import pytest
 
 from harvest_celery import Saga, WorkflowContext, activity, workflow
+from harvest_celery.examples import checkout, fulfillment, orders
 from harvest_celery.testing import Simulator
-from workflows import checkout, fulfillment, orders
 
 
 @activity

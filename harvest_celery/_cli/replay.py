@@ -1,6 +1,5 @@
 """``harvest replay`` and ``harvest export``: the CLI glue of the pre-deploy replay check
-(``_replayer``). ``_cli`` registers these commands and hands in how it resolves the ``--app`` and
-the store, so this module imports nothing of the CLI.
+(``_replayer``).
 
 Exit codes: ``replay`` 0 when every run replays (or in ``--canary`` mode), 1 when a run diverged
 or could not be replayed in ``--strict`` mode (the default); 2 a usage error.
@@ -11,19 +10,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
-from typing import Any
 
+from harvest_celery._cli.common import Command, harvest_of, store_of
+from harvest_celery._client import Harvest
 from harvest_celery._replayer import WorkflowReplayer, export_run, write_export
 from harvest_celery._store.store import Store
 
-Resolver = Callable[[argparse.Namespace], Any]
 
-
-def replay_commands(command: Callable[..., argparse.ArgumentParser], common: argparse.ArgumentParser,
-                    *, app: Resolver, store: Resolver) -> None:
-    """replay, export. ``app(args)`` gives the Harvest of ``--app``; ``store(args)`` the Store of
-    ``--database-url`` or of the app."""
+def replay_commands(command: Command, common: argparse.ArgumentParser) -> None:
+    """replay, export."""
     r = command("replay", help="replay stored histories against the current code (pre-deploy check)")
     mode = r.add_mutually_exclusive_group()
     mode.add_argument("--strict", dest="strict", action="store_true", default=True,
@@ -39,13 +34,13 @@ def replay_commands(command: Callable[..., argparse.ArgumentParser], common: arg
     r.add_argument("--file", dest="files", nargs="+", action="extend", default=[], metavar="FILE",
                    help="replay the runs of these export files instead of the database")
     r.add_argument("--json", action="store_true", help="print the report as JSON")
-    r.set_defaults(handler=cmd_replay, resolve_app=app, resolve_store=store)
+    r.set_defaults(handler=cmd_replay)
 
     x = command("export", help="write a run's history as JSON, payloads decoded (for harvest replay --file)")
     x.add_argument("execution_id", metavar="ID")
     x.add_argument("--out", default=None, metavar="FILE",
                    help="write to FILE (created readable by its owner only) instead of stdout")
-    x.set_defaults(handler=cmd_export, resolve_app=app, resolve_store=store)
+    x.set_defaults(handler=cmd_export)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -54,7 +49,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
                          "--workflow or --status")
     if args.limit < 1:
         raise ValueError("--limit must be at least 1")
-    harvest = args.resolve_app(args)
+    harvest = harvest_of(args)
     replayer = WorkflowReplayer(harvest, store=None if args.files else _store_of(args, harvest))
     if args.files:
         report = replayer.replay_files(args.files)
@@ -71,18 +66,18 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return report.exit_code(strict=args.strict)
 
 
-def _store_of(args: argparse.Namespace, harvest: Any) -> Store:
+def _store_of(args: argparse.Namespace, harvest: Harvest) -> Store:
     """The app's store (its codec and payload store decode the payloads), on ``--database-url``
     when one is given (e.g. a read replica)."""
     url = getattr(args, "database_url", None)
     if not url or url == harvest.database_url:
-        return harvest.store  # type: ignore[no-any-return]
+        return harvest.store
     return Store(url, payloads=harvest.store.payloads)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     # with --app, its codec and payload store decode the payloads, on --database-url too
-    store = _store_of(args, args.resolve_app(args)) if args.app else args.resolve_store(args)
+    store = _store_of(args, harvest_of(args)) if args.app else store_of(args)
     document = export_run(store, args.execution_id)
     if args.out is None:
         json.dump(document, sys.stdout, indent=1, ensure_ascii=False)
