@@ -122,8 +122,14 @@ def gr_mapped(g: DagBuilder) -> None:
     g.activity(gr_ship).upstream(cells)
 
 
+@dag
+def gr_deadline_twice(g: DagBuilder) -> None:
+    """slow with two attempts (the console test: both time out)."""
+    g.activity(gr_slow).retry(RetryPolicy(max_attempts=2, initial_interval=0.01))
+
+
 OBJECTS = (gr_reserve, gr_pack, gr_label, gr_charge, gr_ship, gr_release, gr_slow, gr_items, gr_cell,
-           gr_order, gr_plain, gr_deadline, gr_mapped)
+           gr_order, gr_plain, gr_deadline, gr_mapped, gr_deadline_twice)
 CASES = ("success", "failure", "timeout", "cancel", "live", "compensation", "retry_source", "retry_fork",
          "mapped")
 
@@ -134,7 +140,7 @@ def harvest_at(url: str) -> Harvest:
     return h
 
 
-def _by_hand(h: Harvest) -> Harvest:
+def by_hand(h: Harvest) -> Harvest:
     h._inline = None  # deliver messages by hand
     h.runtime.dispatcher = InlineDispatcher()
     return h
@@ -177,7 +183,7 @@ def pump(h: Harvest, hold: tuple[str, ...] = (), expire: tuple[str, ...] = (),
 
 def record_all(url: str) -> dict[str, tuple[str, str]]:
     """Run every case on a fresh database; ``{case: (dag name, run id)}``."""
-    h = _by_hand(harvest_at(url))
+    h = by_hand(harvest_at(url))
     runs: dict[str, tuple[str, str]] = {}
 
     def start(case: str, name: str, **pump_kw: Any) -> str:
