@@ -76,6 +76,14 @@ def ratio(a: float | None, b: float | None) -> float:
     return a / b
 
 
+def spread(ratios: list[float]) -> dict[str, float]:
+    """Median and min–max of per-repeat ratios (each repeat interleaves the systems compared)."""
+    values = [r for r in ratios if not math.isnan(r)]
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), "median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
 def bench_call(fn: Callable[[], Any], min_time: float = 0.3, repeats: int = 5) -> float:
     """Seconds per call of ``fn``: the median over ``repeats`` batches, each >= ``min_time``."""
     fn()

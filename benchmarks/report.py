@@ -31,6 +31,13 @@ def x(v: Any) -> str:
     return "n/a" if fmt(v) == "n/a" else f"{fmt(v)}×"
 
 
+def xs(s: Any) -> str:
+    """A median ratio with its min–max spread, e.g. ``1.02× (0.97–1.08, n=5)``."""
+    if not isinstance(s, dict) or not s.get("n"):
+        return "n/a"
+    return f"{x(s['median'])} ({fmt(s['min'])}–{fmt(s['max'])}, n={s['n']})"
+
+
 def _get(d: Any, *keys: str) -> Any:
     for k in keys:
         if not isinstance(d, dict) or k not in d:
@@ -58,6 +65,8 @@ def main_rows(res: dict[str, Any]) -> list[Row]:
         rows.append([tag, f"sequential, {t['label']}: ms/step, client start→result",
                      fmt(h), fmt(raw), fmt(dbos_step), x(t["ratios"]["harvest_over_raw_celery"]),
                      x(t["ratios"]["harvest_over_dbos"])])
+        rows.append([tag, "  same runs, median of per-round ratios (min–max)", "", "", "",
+                     xs(t["ratios"].get("rounds_harvest_over_raw_celery")), ""])
         rows.append([tag, "  same runs, server span (no client wait in it): ms/step", fmt(span),
                      fmt(raw), fmt(dbos_step), x(t["ratios"]["harvest_span_over_raw_celery"]),
                      x(span / dbos_step if dbos_step else None)])
@@ -66,6 +75,9 @@ def main_rows(res: dict[str, Any]) -> list[Row]:
                      fmt(lv["harvest"].get("steps_per_s"), 1), fmt(lv["raw_celery"].get("steps_per_s"), 1),
                      fmt(lv["dbos"].get("steps_per_s"), 1), x(lv["raw_over_harvest"]),
                      x(lv["dbos_over_harvest"])])
+        if lv.get("repeats_raw_over_harvest"):
+            rows.append(["B2", "  median of per-repeat ratios (min–max)", "", "", "",
+                         xs(lv["repeats_raw_over_harvest"]), ""])
     fan = res.get("fanout")
     if fan and "error" not in fan:
         rows.append(["B4", f"fan-out {fan['cells']} cells + unwind: s (raw: {fan['cells']} undo tasks)",

@@ -46,7 +46,7 @@ SCENARIOS = {"sequential": sequential.run, "throughput": throughput.run, "histor
 PROFILES: dict[str, tuple[Any, Any]] = {
     "steps": (20, 10), "runs": (20, 3), "inflight": ([1, 4, 16, 64], [1, 4, 16, 64]),
     "min_jobs": (32, 8), "history_steps": (1000, 300), "fanout_cells": (1000, 200),
-    "memory_runs": (1000, 200), "budget_steps": (100, 40),
+    "memory_runs": (1000, 200), "budget_steps": (100, 40), "repeats": (5, 3),
 }
 
 
@@ -60,6 +60,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, help="B1: measured workflows per topology (20; quick 3)")
     p.add_argument("--inflight", type=lambda s: [int(c) for c in s.split(",")],
                    help="B2: workflows in flight, comma-separated (1,4,16,64)")
+    p.add_argument("--repeats", type=int, help="B2: interleaved repeats per level (5; quick 3)")
     p.add_argument("--min-jobs", type=int, help="B2: workflows per level at least (32; quick 8)")
     p.add_argument("--history-steps", type=int, help="B3: steps in the one long run (1000; quick 300)")
     p.add_argument("--fanout-cells", type=int, help="B4: mapped cells (1000; quick 200)")
@@ -79,7 +80,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown scenario(s) {unknown}; choose from {list(SCENARIOS)}")
     if min(args.steps, args.runs, args.history_steps, args.fanout_cells, args.memory_runs,
-           args.budget_steps, *args.inflight) < 1:
+           args.budget_steps, args.repeats, *args.inflight) < 1:
         p.error("sizes must be >= 1")
     return args
 

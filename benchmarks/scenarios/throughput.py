@@ -3,13 +3,17 @@ Celery client-waited chains at the same C and DBOS workflows at the same C.
 
 Both Celery systems get the same two worker processes (each consuming every queue); each of C
 client threads runs one workflow (or one client-waited chain) after another, ``max(min_jobs,
-2C)`` in all. DBOS runs its workflows in the client process (no worker)."""
+2C)`` in all, repeated ``--repeats`` times per level with the two systems interleaved (the
+order alternating), so drift hits both alike. A level's steps/s is the median over its repeats;
+its ratio is the median of the per-repeat ratios, with their spread. DBOS runs its workflows in
+the client process (no worker)."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
-from benchmarks.common import TOPOLOGY_LABELS, Cluster, closed_loop, harvest_client, log, ratio
+from benchmarks.common import TOPOLOGY_LABELS, Cluster, closed_loop, harvest_client, log, ratio, spread
 from benchmarks.scenarios.sequential import raw_client_chain
 
 TOPOLOGY = "pair"
@@ -39,12 +43,32 @@ def run(args: Any, dbos: dict[str, Any]) -> dict[str, Any]:
         raw_client_chain(steps)
         for c in args.inflight:
             total = max(args.min_jobs, 2 * c)
-            log(f"   {c} in flight: {total} workflows of {steps} steps per system…")
-            h = _rate(closed_loop(lambda: harvest_job(steps), c, total), steps)
-            r = _rate(closed_loop(lambda: raw_client_chain(steps), c, total), steps)
+            log(f"   {c} in flight: {total} workflows of {steps} steps per system, {args.repeats} repeats…")
+            h, r = _interleaved(c, total, steps, args.repeats)
             d = dbos_rows.get(c, {"error": dbos.get("error", "not run at this level")})
             levels.append({"inflight": c, "harvest": h, "raw_celery": r, "dbos": d,
                            "raw_over_harvest": ratio(r.get("steps_per_s"), h.get("steps_per_s")),
+                           "repeats_raw_over_harvest": spread(
+                               [ratio(a, b) for a, b in zip(r.get("repeats", []), h.get("repeats", []),
+                                                            strict=False)]),
                            "dbos_over_harvest": ratio(d.get("steps_per_s"), h.get("steps_per_s"))})
     return {"steps": steps, "topology": TOPOLOGY_LABELS[TOPOLOGY],
             "worker_concurrency": args.worker_concurrency, "levels": levels}
+
+
+def _interleaved(c: int, total: int, steps: int, repeats: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``repeats`` rounds of harvest and raw Celery at ``c`` in flight, the order alternating;
+    each system's row holds its per-repeat steps/s and their median (or the first error)."""
+    systems = {"harvest": lambda: harvest_job(steps), "raw": lambda: raw_client_chain(steps)}
+    rates: dict[str, list[float]] = {"harvest": [], "raw": []}
+    for i in range(repeats):
+        for name in (("harvest", "raw") if i % 2 == 0 else ("raw", "harvest")):
+            row = _rate(closed_loop(systems[name], c, total), steps)
+            if "error" in row:
+                return (row, {"error": "not measured"}) if name == "harvest" else ({"error": "not measured"}, row)
+            rates[name].append(row["steps_per_s"])
+
+    def row(values: list[float]) -> dict[str, Any]:
+        return {"inflight": c, "jobs": total, "repeats": values, "steps_per_s": statistics.median(values)}
+
+    return row(rates["harvest"]), row(rates["raw"])

@@ -30,7 +30,7 @@ class WorkflowInfo:
 
 
 class ReplayPort(Protocol):
-    """What the context needs from the replay that drives it (``_core.engine.Replay`` implements
+    """What the context needs from the replay that drives it (``_core.replay.Replay`` implements
     it). The context depends on this port, never on the engine, so the two form no cycle."""
 
     current_time: datetime

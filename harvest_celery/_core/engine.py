@@ -7,6 +7,8 @@ deterministic event loop and replays it against the recorded history:
   order by a command cursor. The cursor steps over result events, signals and terminal events;
   a ``WorkflowCancelled`` is never consumed and stays in its way, so any dispatch after a cancel
   diverges against it. At the end of the history (the live frontier) a new command is emitted.
+  Each event type declares which of these it is (``_core.events``); the replay itself, the
+  cursor and the delivery, is ``_core.replay``, and this module keeps it warm (``Session``).
 * **Result events** (``ActivityCompleted``/``Failed``, ``TimerFired``, ``SignalReceived``) are
   delivered one at a time, in history order, each time the workflow is quiescent. Live and
   replay therefore run the same algorithm over the same prefix, so they issue the same commands.
@@ -19,12 +21,6 @@ deterministic event loop and replays it against the recorded history:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import random as _random
-from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from harvest_celery._core import events as ev
@@ -37,424 +33,13 @@ from harvest_celery._core.commands import (
     Outcome,
     RecordMarker,
     ScheduleActivity,
-    StartTimer,
 )
 from harvest_celery._core.context import WorkflowContext, WorkflowInfo
 from harvest_celery._core.futures import Future
-from harvest_celery._core.jsonvalues import check_cap, check_json
-from harvest_celery._core.names import (
-    PATCH,
-    SAGA_COMPENSATED,
-    SAGA_COMPENSATION_FAILED,
-    is_marker,
-    marker,
-)
+from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.registry import Registry, WorkflowDefinition
-from harvest_celery._core.retry import RetryPolicy
-from harvest_celery._errors import (
-    ActivityError,
-    Cancelled,
-    CorruptHistory,
-    HarvestError,
-    NonDeterministic,
-    NotInWorkflow,
-)
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Live configuration the engine consults (not recorded in history). ``offloads``: would the
-    payload pipeline put this value in a payload store (``None``: no store)? The cap applies to
-    what is stored inline, and an offloaded value is stored as a reference."""
-
-    max_activity_input_bytes: int | None = 2 * 1024 * 1024
-    offloads: Callable[[Any], bool] | None = None
-
-
-@dataclass(frozen=True)
-class Activation:
-    """Everything one decision needs: the run's identity and its history so far."""
-
-    execution_id: str
-    workflow_type: str
-    history: list[ev.HistoryEvent]
-    config: EngineConfig = field(default_factory=EngineConfig)
-    # A probe (replayer / canary) is a pure read: frontier arms of observability markers record
-    # and count nothing.
-    probe: bool = False
-
-
-class _Task:
-    """A coroutine driven by the replay loop."""
-
-    def __init__(self, replay: Replay, coro: Coroutine[Any, Any, Any]) -> None:
-        self.replay = replay
-        self.coro = coro
-        self.future = Future()
-        replay.tasks.append(self)
-        replay.ready.append(self)
-
-    def step(self) -> None:
-        replay = self.replay
-        replay.running = True
-        try:
-            yielded = self.coro.send(None)
-        except StopIteration as stop:
-            self.future.set_result(stop.value)
-            return
-        except RuntimeError as exc:
-            # asyncio.sleep(n), wait_for, create_task… look for a running asyncio loop first.
-            if "no running event loop" in str(exc):
-                self.future.set_exception(_foreign_await("an asyncio primitive"))
-            else:
-                self.future.set_exception(exc)
-            return
-        except BaseException as exc:  # noqa: BLE001 - a workflow error becomes the task's outcome
-            # BaseException too (SystemExit, KeyboardInterrupt, GeneratorExit, CancelledError, a
-            # class of the workflow's own): left to escape, it would wedge the decision worker
-            self.future.set_exception(exc)
-            return
-        finally:
-            replay.running = False
-        if not isinstance(yielded, Future):
-            self.coro.close()
-            self.future.set_exception(_foreign_await(repr(yielded)))
-            return
-        yielded.add_done_callback(lambda _f: replay.ready.append(self))
-
-
-def _foreign_await(what: str) -> TypeError:
-    return TypeError(
-        f"a workflow awaited {what}; workflows may only await ctx.* calls "
-        "(no asyncio.sleep, asyncio.gather or other event loops): see docs/concepts.md"
-    )
-
-
-class Replay:
-    """One replay of one execution. Built fresh for every decision."""
-
-    def __init__(self, definition: WorkflowDefinition, activation: Activation, registry: Registry) -> None:
-        if not activation.history or not isinstance(activation.history[0].event, ev.WorkflowStarted):
-            raise CorruptHistory("a history starts with WorkflowStarted")
-        self.definition = definition
-        self.activation = activation
-        self.registry = registry
-        self.events = [h.event for h in activation.history]
-        self.times = [h.recorded_at for h in activation.history]
-        self.consumed: set[int] = set()
-        # positions a command matcher can meet: everything but WorkflowStarted, results,
-        # cancellation requests and outcomes
-        self.candidates = [i for i, e in enumerate(self.events) if i > 0 and not isinstance(
-            e, ev.RESULT_EVENTS + ev.TERMINAL_EVENTS + (ev.WorkflowCancelRequested,))]
-        self.cpos = 0
-        self.commands: list[Command] = []
-        self.nd: NonDeterministic | None = None
-        self.ready: deque[_Task] = deque()
-        self.tasks: list[_Task] = []
-        self.running = False
-        self.current_time = self.times[0]
-        self.activity_seq = 0
-        self.timer_seq = 0
-        self.unwind_seq = 0
-        self.compensating = 0
-        self.activity_names: dict[str, str] = {}
-        self.activity_futures: dict[str, Future] = {}
-        self.timer_futures: dict[str, Future] = {}
-        self.results: dict[str, ev.Event] = {}  # activity id → its delivered result
-        self.fired_timers: set[str] = set()
-        self.signal_buffer: dict[str, deque[tuple[int, Any]]] = {}
-        self.signal_waiters: dict[str, deque[Future]] = {}
-        cancels = [e for e in self.events if isinstance(e, ev.WorkflowCancelled)]
-        self.cancel: ev.WorkflowCancelled | None = cancels[0] if cancels else None
-        # a cooperative request, from its delivery on; the seal's position once delivered (what
-        # a cancellable wait observes: history order, on every replay)
-        self.cancel_request: ev.WorkflowCancelRequested | None = None
-        self.seal_delivered = False
-        self.cancellable_waits: list[tuple[str, Future]] = []
-        seed = hashlib.sha256(activation.execution_id.encode()).digest()
-        self.rng = _random.Random(int.from_bytes(seed[:8], "big"))
-
-    # ── the command cursor ─────────────────────────────────────────────────────────────────
-    @property
-    def sealed(self) -> bool:
-        """A cancelled run is sealed: divergences are raised into the workflow, never nd-block."""
-        return self.cancel is not None
-
-    @property
-    def cancellation(self) -> ev.WorkflowCancelled | ev.WorkflowCancelRequested | None:
-        """What ``ctx.is_cancelled()`` reads: the seal, for the whole replay (the spec), else a
-        cooperative request from its position in history on."""
-        return self.cancel or self.cancel_request
-
-    def _candidates(self, *, skip_signals: bool) -> Iterator[int]:
-        """Unconsumed positions from the command cursor that command matchers must look at
-        (result and terminal events never are), lazily: matching a command costs O(1) amortised,
-        so a replay stays linear in history length."""
-        for i in self.candidates[self.cpos:]:
-            if i in self.consumed:
-                continue
-            if skip_signals and isinstance(self.events[i], ev.SignalReceived):
-                continue
-            yield i
-
-    def _rest(self, *, skip_signals: bool) -> list[int]:
-        return list(self._candidates(skip_signals=skip_signals))
-
-    def _consume(self, index: int) -> None:
-        self.consumed.add(index)
-        while self.cpos < len(self.candidates) and self.candidates[self.cpos] in self.consumed:
-            self.cpos += 1
-
-    def _next_command(self) -> int | None:
-        return next(self._candidates(skip_signals=True), None)
-
-    def diverge(self, expected: str, index: int | None) -> NonDeterministic:
-        actual = ev.describe(self.events[index]) if index is not None else "end of history"
-        err = NonDeterministic(expected, actual, index if index is not None else len(self.events),
-                               self.definition.name)
-        if self.nd is None and not self.sealed:
-            self.nd = err  # recorded when raised: catching it in the workflow hides nothing
-        return err
-
-    def match(self, kind: type[ev.Event], expected: str, same: Callable[[Any], bool]) -> ev.Event | None:
-        """Match one command: the recorded event, or None at the live frontier."""
-        index = self._next_command()
-        if index is None:
-            return None
-        event = self.events[index]
-        if isinstance(event, kind) and same(event):
-            self._consume(index)
-            return event
-        raise self.diverge(expected, index)
-
-    # ── commands the context issues ──────────────────────────────────────────────────────────
-    def check_running(self, api: str) -> None:
-        if not self.running:
-            raise NotInWorkflow(api)
-
-    def schedule_activity(self, name: str, input: Any, queue: str, *,
-                          retry: RetryPolicy | None = None,
-                          start_to_close: float | None = None) -> Future:
-        definition = self.registry.activity(name)
-        what = f"input of activity {name!r}"
-        payload = check_json(input, what)
-        if not self.recorded_next(name):
-            # A deterministic pre-dispatch rejection: before an id is allocated or anything
-            # recorded, so it is re-decided on every replay. A dispatch the history already
-            # records is never re-checked: lowering the cap cannot strand a run in flight.
-            config = self.activation.config
-            check_cap(payload, what, config.max_activity_input_bytes, config.offloads)
-        resolved_queue = definition.resolve_queue(queue)
-        self.activity_seq += 1
-        activity_id = str(self.activity_seq)
-        recorded = self.match(
-            ev.ActivityScheduled, f"ActivityScheduled({name})", lambda e: e.activity_name == name
-        )
-        if recorded is None:
-            self.commands.append(ScheduleActivity(activity_id, name, payload, resolved_queue,
-                                                  self.compensating > 0, retry, start_to_close))
-        else:
-            assert isinstance(recorded, ev.ActivityScheduled)
-            activity_id = recorded.activity_id
-        future = Future()
-        self.activity_names[activity_id] = name
-        self.activity_futures[activity_id] = future
-        if activity_id in self.results:
-            self._resolve_activity(self.results[activity_id])
-        return future
-
-    def start_timer(self, seconds: float) -> Future:
-        if seconds < 0:
-            raise ValueError("ctx.sleep() needs a non-negative number of seconds")
-        self.timer_seq += 1
-        timer_id = str(self.timer_seq)
-        recorded = self.match(ev.TimerStarted, f"TimerStarted({timer_id})", lambda e: True)
-        if recorded is None:
-            fire_at = (self.current_time + timedelta(seconds=seconds)).isoformat()
-            self.commands.append(StartTimer(timer_id, float(seconds), fire_at))
-        else:
-            assert isinstance(recorded, ev.TimerStarted)
-            timer_id = recorded.timer_id
-        future = Future()
-        self.timer_futures[timer_id] = future
-        if timer_id in self.fired_timers:
-            future.set_result(None)
-        return future
-
-    def check_inputs(self, name: str, inputs: Any) -> list[Any]:
-        """The pre-dispatch checks of ``schedule_activity`` for a whole fan-out at once, so a bad
-        cell rejects the node before any cell is recorded."""
-        what = f"input of activity {name!r}"
-        config = self.activation.config
-        cap = None if self.recorded_next(name) else config.max_activity_input_bytes
-        checked = []
-        for i, item in enumerate(inputs):
-            payload = check_json(item, what)
-            check_cap(payload, f"{what} (cell {i})", cap, config.offloads)
-            checked.append(payload)
-        return checked
-
-    def recorded_next(self, activity_name: str) -> bool:
-        """Is the next command event a dispatch of ``activity_name`` (a replayed dispatch)?"""
-        index = self._next_command()
-        event = self.events[index] if index is not None else None
-        return isinstance(event, ev.ActivityScheduled) and event.activity_name == activity_name
-
-    def unwind_recorded_next(self) -> bool:
-        """Does the next command event begin an unwind (its saga marker, or a compensation
-        dispatch of an uncounted one)? I.e. an unwind recorded before a seal, to replay."""
-        index = self._next_command()
-        event = self.events[index] if index is not None else None
-        if isinstance(event, ev.MarkerRecorded):
-            return is_marker(event.name, SAGA_COMPENSATED)
-        return isinstance(event, ev.ActivityScheduled) and event.compensation
-
-    def patched(self, patch_id: str) -> bool:
-        """``patch:{id}`` marker with an Absent arm: histories recorded before the patch replay
-        the old branch. A trailing ``WorkflowCancelled`` is transparent here, as for the saga
-        markers, so the answer a post-cancel decision recorded reads back the same."""
-        name = marker(PATCH, patch_id)
-        rest = self._rest(skip_signals=True)
-        if rest and isinstance(self.events[rest[0]], ev.WorkflowCancelled):
-            rest = rest[1:]
-        if not rest:
-            if not self.activation.probe:
-                self.commands.append(RecordMarker(name))
-            return True
-        event = self.events[rest[0]]
-        if isinstance(event, ev.MarkerRecorded) and event.name == name:
-            self._consume(rest[0])
-            return True
-        return False
-
-    def wait_signal(self, name: str, cancellable: bool = False) -> Future:
-        """The next signal ``name``. ``cancellable``: a cancellation (a request, or the seal)
-        delivered first — before the signal, in history order — raises ``Cancelled`` instead."""
-        future = Future()
-        buffered = self.signal_buffer.get(name)
-        if buffered:
-            index, payload = buffered.popleft()
-            self._consume(index)
-            future.set_result(payload)
-        elif cancellable and (self.cancel_request is not None or self.seal_delivered):
-            future.set_exception(self._cancelled())
-        else:
-            self.signal_waiters.setdefault(name, deque()).append(future)
-            if cancellable:
-                self.cancellable_waits.append((name, future))
-        return future
-
-    def _cancelled(self) -> Cancelled:
-        found = self.cancellation
-        return Cancelled((found.reason if found is not None else "") or "cancelled")
-
-    def _wake_cancellable(self) -> None:
-        """A cancellation was delivered: every cancellable wait still open raises ``Cancelled``
-        (and gives up its place in the signal queue)."""
-        waits, self.cancellable_waits = self.cancellable_waits, []
-        for name, future in waits:
-            if not future.done():
-                self.signal_waiters[name].remove(future)
-                future.set_exception(self._cancelled())
-
-    # ── saga observability markers ────────────────────────────────────────────────────────────
-    def saga_unwind_started(self, workflow_label: str) -> tuple[int, bool]:
-        """Number the unwind and decide, once, whether it is counted."""
-        self.unwind_seq += 1
-        seq = self.unwind_seq
-        name = marker(SAGA_COMPENSATED, seq)
-        rest = self._rest(skip_signals=False)
-        counted = self._observe_marker(name, rest, SAGA_COMPENSATED)
-        if counted is None:
-            # Drained signal frontier (all remaining are un-awaited signals), or unconsumed
-            # events at the cursor (a history recorded before the markers existed): uncounted.
-            return seq, False
-        return seq, counted
-
-    def saga_unwind_failed(self, seq: int) -> None:
-        """Failure marker of a counted unwind: recorded even past a trailing signal."""
-        self._observe_marker(marker(SAGA_COMPENSATION_FAILED, seq), self._rest(skip_signals=True),
-                             SAGA_COMPENSATION_FAILED)
-
-    def _observe_marker(self, name: str, rest: list[int], metric: str) -> bool | None:
-        """Frontier → record (and count); recorded → consume silently; else None (Absent arm).
-
-        A trailing ``WorkflowCancelled`` is transparent here (and only here): the unwind of a
-        freshly cancelled run is the live frontier.
-        """
-        if rest and isinstance(self.events[rest[0]], ev.WorkflowCancelled):
-            rest = rest[1:]
-        if not rest:
-            if self.activation.probe:
-                return False
-            self.commands.append(RecordMarker(name, metric=metric))
-            return True
-        event = self.events[rest[0]]
-        if isinstance(event, ev.MarkerRecorded) and event.name == name:
-            self._consume(rest[0])
-            return True
-        return None
-
-    # ── delivery of results ──────────────────────────────────────────────────────────────────
-    def _resolve_activity(self, event: ev.Event) -> None:
-        assert isinstance(event, (ev.ActivityCompleted, ev.ActivityFailed))
-        future = self.activity_futures.get(event.activity_id)
-        if future is None:
-            return
-        if isinstance(event, ev.ActivityCompleted):
-            future.set_result(event.output)
-        else:
-            name = self.activity_names.get(event.activity_id, "?")
-            future.set_exception(ActivityError(name, event.error_type, event.message, event.attempt))
-
-    def deliver(self, index: int) -> None:
-        event = self.events[index]
-        self.current_time = self.times[index]
-        if isinstance(event, (ev.ActivityCompleted, ev.ActivityFailed)):
-            self.results[event.activity_id] = event
-            self._resolve_activity(event)
-        elif isinstance(event, ev.TimerFired):
-            self.fired_timers.add(event.timer_id)
-            timer = self.timer_futures.get(event.timer_id)
-            if timer is not None:
-                timer.set_result(None)
-        elif isinstance(event, ev.SignalReceived):
-            waiters = self.signal_waiters.get(event.name)
-            if waiters:
-                self._consume(index)
-                waiters.popleft().set_result(event.payload)
-            else:
-                self.signal_buffer.setdefault(event.name, deque()).append((index, event.payload))
-        elif isinstance(event, ev.WorkflowCancelRequested):
-            if self.cancel_request is None:  # a second request changes nothing
-                self.cancel_request = event
-                self._wake_cancellable()
-        elif isinstance(event, ev.WorkflowCancelled):
-            self.seal_delivered = True
-            self._wake_cancellable()
-
-    def close(self) -> None:
-        """Drop coroutines still suspended (a blocked workflow): their frames must not outlive the
-        decision. Errors raised by their cleanup are the workflow's, and are not ours to report."""
-        for task in self.tasks:
-            if not task.future.done():
-                try:
-                    task.coro.close()
-                except BaseException:  # noqa: BLE001
-                    pass
-
-    def run_ready(self) -> None:
-        while self.ready:
-            self.ready.popleft().step()
-
-    def spawn(self, awaitable: Awaitable[Any]) -> Future:
-        if isinstance(awaitable, Future):
-            return awaitable
-
-        async def _wrap() -> Any:
-            return await awaitable
-
-        return _Task(self, _wrap()).future
+from harvest_celery._core.replay import Activation, EngineConfig, Replay, _Task
+from harvest_celery._errors import CorruptHistory, HarvestError
 
 
 def _outcome_of(future: Future, workflow_type: str) -> Outcome:
@@ -527,7 +112,7 @@ class Session:
             if not _same(command, item.event):
                 return None
         results = new[len(ours):]
-        if not all(isinstance(h.event, ev.RESULT_EVENTS + ev.INPUT_EVENTS) for h in results):
+        if not all(isinstance(h.event, ev.ADVANCE_EVENTS) for h in results):  # declared: Event.advance
             return None
         # What this session emitted at the frontier is matched already: never a candidate.
         for item in new[:len(ours)]:
@@ -538,7 +123,7 @@ class Session:
             index = len(replay.events)
             replay.events.append(item.event)
             replay.times.append(item.recorded_at)
-            if isinstance(item.event, ev.SignalReceived):
+            if isinstance(item.event, ev.CANDIDATE_EVENTS):  # a held one: a signal
                 replay.candidates.append(index)
             indices.append(index)
         replay.commands = []
@@ -593,5 +178,5 @@ def replay_history(definition: WorkflowDefinition, execution_id: str,
     return decide(definition, activation, registry)
 
 
-__all__ = ["Activation", "EngineConfig", "HarvestError", "Replay", "WorkflowInfo", "decide",
+__all__ = ["Activation", "EngineConfig", "HarvestError", "Replay", "Session", "WorkflowInfo", "decide",
            "replay_history"]

@@ -1,34 +1,86 @@
-"""The append-only history: typed, versioned events.
+"""The append-only history: typed, versioned events, a closed set.
 
 Events are frozen dataclasses. On disk each is ``{"type": ..., "v": 1, ...fields}`` in the
-``events.data`` column, plus the row's ``seq`` and ``recorded_at``. Three families matter to replay
-(see DESIGN.md, "The replay model"):
+``events.data`` column, plus the row's ``seq`` and ``recorded_at``. Each type declares on its class
+what it is to replay (DESIGN.md, "The replay model"), and every set the engine, the payload
+pipeline and erasure use is derived from those declarations:
 
-* command events exist only because the workflow issued a command and are matched in order:
-  ``ActivityScheduled``, ``MarkerRecorded``, ``TimerStarted``;
-* result events are delivered to the workflow in history order: ``ActivityStarted``,
-  ``ActivityCompleted``, ``ActivityFailed``, ``TimerFired``, ``SignalReceived``;
-* lifecycle events: ``WorkflowStarted``, ``WorkflowCancelled`` (never consumed: it stays at the
-  replay cursor), ``WorkflowCancelRequested`` (a cooperative request: delivered in history order,
-  never met by a matcher) and the terminal ``WorkflowCompleted`` / ``WorkflowFailed`` (never
-  matched).
+* ``family``: a **command** event exists only because the workflow issued a command
+  (``ActivityScheduled``, ``MarkerRecorded``, ``TimerStarted``); a **result** of a command is
+  delivered in history order (``ActivityStarted``, ``ActivityCompleted``, ``ActivityFailed``,
+  ``TimerFired``); an **input**, sent to a run from outside, is delivered the same way
+  (``SignalReceived``, a cooperative ``WorkflowCancelRequested``); a **lifecycle** event is the
+  run's own (``WorkflowStarted``, the seal ``WorkflowCancelled``, and the ``terminal``
+  ``WorkflowCompleted`` / ``WorkflowFailed``, never matched);
+* ``cursor``: how the command cursor treats it (``Cursor``);
+* ``advance``: whether ``Session.advance`` (the warm replay) accepts it after the session's own
+  commands;
+* its payload fields, as field metadata (``PAYLOAD``; ``SCRUBBED`` for free text that erasure
+  replaces, since it may quote a payload).
+
+Adding an event type is declaring its class, adding it to ``AnyEvent``, and giving it an arm in
+every exhaustive ``match`` that mypy then points at. A class without its declarations fails at
+its creation; one left out of ``AnyEvent`` fails this module's import.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, ClassVar
+from types import MappingProxyType
+from typing import Any, ClassVar, NoReturn, TypeAlias, cast, get_args
 
 from harvest_celery._errors import CorruptHistory, UnknownEventType
 
 EVENT_VERSION = 1
 
 
+class Family(enum.Enum):
+    COMMAND = "command"
+    RESULT = "result"
+    INPUT = "input"
+    LIFECYCLE = "lifecycle"
+
+
+class Cursor(enum.Enum):
+    """How the command cursor (``Replay.candidates``) treats an event."""
+
+    # met by the command matchers, consumed in order: a command event
+    MATCHED = "matched"
+    # met and never consumed: any command that meets it diverges (the seal, so nothing is
+    # dispatched after a cancel; a WorkflowStarted anywhere but first)
+    IN_THE_WAY = "in the way"
+    # stepped over by the command matchers, but held on the cursor until the wait that takes it
+    # consumes it: a signal (the saga marker's drained-signal check sees it)
+    HELD = "held"
+    # never on the cursor
+    STEPPED_OVER = "stepped over"
+
+
+_ROLE = "harvest"
+# field metadata: a user payload (encoded, offloaded and erased by ``_payloads``)
+PAYLOAD: Mapping[str, str] = MappingProxyType({_ROLE: "payload"})
+# field metadata: free text replaced by ``[erased]`` on erasure (it often quotes the input)
+SCRUBBED: Mapping[str, str] = MappingProxyType({_ROLE: "scrubbed"})
+
+
 @dataclass(frozen=True)
 class Event:
     type: ClassVar[str] = ""
+    family: ClassVar[Family]
+    terminal: ClassVar[bool]
+    cursor: ClassVar[Cursor]
+    advance: ClassVar[bool]
+
+    def __init_subclass__(
+        cls, *, family: Family, terminal: bool, cursor: Cursor, advance: bool, **kwargs: Any
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.family, cls.terminal, cls.cursor, cls.advance = family, terminal, cursor, advance
+        _check_declarations(cls)
 
     def to_data(self) -> dict[str, Any]:
         data = {"type": self.type, "v": EVENT_VERSION}
@@ -36,23 +88,53 @@ class Event:
         return data
 
 
+def _check_declarations(cls: type[Event]) -> None:
+    """The declarations of one event class, checked at its creation: what the engine assumes."""
+    name = cls.__name__
+    if not isinstance(cls.__dict__.get("type"), str) or not cls.__dict__["type"]:
+        raise TypeError(f"event class {name} declares no stored type name (type: ClassVar[str])")
+    if not (
+        isinstance(cls.family, Family)
+        and isinstance(cls.cursor, Cursor)
+        and isinstance(cls.terminal, bool)
+        and isinstance(cls.advance, bool)
+    ):
+        raise TypeError(
+            f"event class {name}: family must be a Family, cursor a Cursor, terminal and advance bools"
+        )
+    if (cls.family is Family.COMMAND) != (cls.cursor is Cursor.MATCHED):
+        raise TypeError(f"event class {name}: command events, and only they, are matched by the cursor")
+    if cls.terminal and (
+        cls.family is not Family.LIFECYCLE or cls.cursor is not Cursor.STEPPED_OVER or cls.advance
+    ):
+        raise TypeError(
+            f"event class {name}: a terminal event is a lifecycle event, off the cursor, never advanced over"
+        )
+    if cls.advance and cls.cursor not in (Cursor.HELD, Cursor.STEPPED_OVER):
+        raise TypeError(
+            f"event class {name}: Session.advance accepts only events the command matchers step over"
+        )
+
+
 @dataclass(frozen=True)
-class WorkflowStarted(Event):
+class WorkflowStarted(
+    Event, family=Family.LIFECYCLE, terminal=False, cursor=Cursor.IN_THE_WAY, advance=False
+):
     type: ClassVar[str] = "WorkflowStarted"
     workflow_type: str
-    input: Any = None
+    input: Any = field(default=None, metadata=PAYLOAD)
     # A DAG run forked by retry-from-node: {node: {"input": ..., "output": ...}} carried over from
     # the source run's succeeded nodes (their side effects are live, so they stay compensable).
-    carried: Any = None
+    carried: Any = field(default=None, metadata=PAYLOAD)
     forked_from: str | None = None
 
 
 @dataclass(frozen=True)
-class ActivityScheduled(Event):
+class ActivityScheduled(Event, family=Family.COMMAND, terminal=False, cursor=Cursor.MATCHED, advance=False):
     type: ClassVar[str] = "ActivityScheduled"
     activity_id: str
     activity_name: str
-    input: Any = None
+    input: Any = field(default=None, metadata=PAYLOAD)
     queue: str = ""
     # True for a dispatch made while a saga/DAG unwind runs. Not a payload field, so it survives
     # erasure; lets a cancel tell that it landed mid-unwind.
@@ -60,7 +142,7 @@ class ActivityScheduled(Event):
 
 
 @dataclass(frozen=True)
-class ActivityStarted(Event):
+class ActivityStarted(Event, family=Family.RESULT, terminal=False, cursor=Cursor.STEPPED_OVER, advance=True):
     type: ClassVar[str] = "ActivityStarted"
     activity_id: str
     attempt: int
@@ -68,38 +150,40 @@ class ActivityStarted(Event):
 
 
 @dataclass(frozen=True)
-class ActivityCompleted(Event):
+class ActivityCompleted(
+    Event, family=Family.RESULT, terminal=False, cursor=Cursor.STEPPED_OVER, advance=True
+):
     type: ClassVar[str] = "ActivityCompleted"
     activity_id: str
-    output: Any = None
+    output: Any = field(default=None, metadata=PAYLOAD)
     attempt: int = 1
 
 
 @dataclass(frozen=True)
-class ActivityFailed(Event):
+class ActivityFailed(Event, family=Family.RESULT, terminal=False, cursor=Cursor.STEPPED_OVER, advance=True):
     type: ClassVar[str] = "ActivityFailed"
     activity_id: str
     error_type: str
-    message: str
+    message: str = field(metadata=SCRUBBED)
     attempt: int = 1
 
 
 @dataclass(frozen=True)
-class MarkerRecorded(Event):
+class MarkerRecorded(Event, family=Family.COMMAND, terminal=False, cursor=Cursor.MATCHED, advance=False):
     type: ClassVar[str] = "MarkerRecorded"
     name: str
-    details: Any = None
+    details: Any = field(default=None, metadata=PAYLOAD)
 
 
 @dataclass(frozen=True)
-class SignalReceived(Event):
+class SignalReceived(Event, family=Family.INPUT, terminal=False, cursor=Cursor.HELD, advance=True):
     type: ClassVar[str] = "SignalReceived"
     name: str
-    payload: Any = None
+    payload: Any = field(default=None, metadata=PAYLOAD)
 
 
 @dataclass(frozen=True)
-class TimerStarted(Event):
+class TimerStarted(Event, family=Family.COMMAND, terminal=False, cursor=Cursor.MATCHED, advance=False):
     type: ClassVar[str] = "TimerStarted"
     timer_id: str
     seconds: float
@@ -107,19 +191,25 @@ class TimerStarted(Event):
 
 
 @dataclass(frozen=True)
-class TimerFired(Event):
+class TimerFired(Event, family=Family.RESULT, terminal=False, cursor=Cursor.STEPPED_OVER, advance=True):
     type: ClassVar[str] = "TimerFired"
     timer_id: str
 
 
 @dataclass(frozen=True)
-class WorkflowCancelled(Event):
+class WorkflowCancelled(
+    Event, family=Family.LIFECYCLE, terminal=False, cursor=Cursor.IN_THE_WAY, advance=False
+):
+    """The seal: never consumed, it stays in the command cursor's way."""
+
     type: ClassVar[str] = "WorkflowCancelled"
     reason: str = ""
 
 
 @dataclass(frozen=True)
-class WorkflowCancelRequested(Event):
+class WorkflowCancelRequested(
+    Event, family=Family.INPUT, terminal=False, cursor=Cursor.STEPPED_OVER, advance=True
+):
     """A cooperative cancellation request (``Harvest.request_cancellation``): an input event,
     delivered in history order like a signal. From its position on ``ctx.is_cancelled()`` is
     true; it never seals the run and no matcher ever meets it. No payload field."""
@@ -129,36 +219,101 @@ class WorkflowCancelRequested(Event):
 
 
 @dataclass(frozen=True)
-class WorkflowCompleted(Event):
+class WorkflowCompleted(
+    Event, family=Family.LIFECYCLE, terminal=True, cursor=Cursor.STEPPED_OVER, advance=False
+):
     type: ClassVar[str] = "WorkflowCompleted"
-    result: Any = None
+    result: Any = field(default=None, metadata=PAYLOAD)
 
 
 @dataclass(frozen=True)
-class WorkflowFailed(Event):
+class WorkflowFailed(
+    Event, family=Family.LIFECYCLE, terminal=True, cursor=Cursor.STEPPED_OVER, advance=False
+):
     type: ClassVar[str] = "WorkflowFailed"
     error_type: str
-    message: str
+    message: str = field(metadata=SCRUBBED)
 
 
-EVENT_TYPES: dict[str, type[Event]] = {
-    cls.type: cls
-    for cls in (
-        WorkflowStarted, ActivityScheduled, ActivityStarted, ActivityCompleted, ActivityFailed,
-        MarkerRecorded, SignalReceived, TimerStarted, TimerFired, WorkflowCancelled,
-        WorkflowCancelRequested, WorkflowCompleted, WorkflowFailed,
-    )
-}
+# The closed set: every exhaustive ``match`` over events is checked by mypy against this union.
+AnyEvent: TypeAlias = (
+    WorkflowStarted
+    | ActivityScheduled
+    | ActivityStarted
+    | ActivityCompleted
+    | ActivityFailed
+    | MarkerRecorded
+    | SignalReceived
+    | TimerStarted
+    | TimerFired
+    | WorkflowCancelled
+    | WorkflowCancelRequested
+    | WorkflowCompleted
+    | WorkflowFailed
+)
+EVENT_CLASSES: tuple[type[Event], ...] = get_args(AnyEvent)
+EVENT_TYPES: dict[str, type[Event]] = {cls.type: cls for cls in EVENT_CLASSES}
+_CLOSED = frozenset(EVENT_CLASSES)
 
-COMMAND_EVENTS = (ActivityScheduled, MarkerRecorded, TimerStarted)
-# results of commands, delivered in history order; never met by a command matcher. Signals are
-# delivered too, but a command matcher sees them (the saga marker's drained-signal check).
-RESULT_EVENTS = (ActivityStarted, ActivityCompleted, ActivityFailed, TimerFired)
-TERMINAL_EVENTS = (WorkflowCompleted, WorkflowFailed)
-# sent to a run from outside, delivered in history order: a command matcher never meets a
-# cancellation request (nor does the saga marker matcher); signals it steps over
-INPUT_EVENTS = (SignalReceived, WorkflowCancelRequested)
 
+def _marked(cls: type[Event], role: Mapping[str, str]) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get(_ROLE) == role[_ROLE])
+
+
+def payload_fields(cls: type[Event]) -> tuple[str, ...]:
+    """The fields of ``cls`` that hold user payloads, in field order."""
+    return _marked(cls, PAYLOAD)
+
+
+def scrubbed_fields(cls: type[Event]) -> tuple[str, ...]:
+    """The free-text fields of ``cls`` that erasure replaces by ``[erased]``."""
+    return _marked(cls, SCRUBBED)
+
+
+def check_closed_set(classes: tuple[type[Event], ...]) -> None:
+    """Run at import over ``AnyEvent``: every event class of this module is in it, once by stored
+    name, and each field typed ``Any`` (user JSON) is declared a payload, so the codec and erasure
+    see it."""
+    ours = {cls.__name__ for cls in Event.__subclasses__() if cls.__module__ == __name__}
+    left_out = ours - {cls.__name__ for cls in classes}
+    if left_out or len({cls.type for cls in classes}) != len(classes):
+        raise TypeError(f"event classes left out of AnyEvent, or a stored name twice: {sorted(left_out)}")
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            if f.type in ("Any", Any) and f.metadata.get(_ROLE) != PAYLOAD[_ROLE]:
+                raise TypeError(f"{cls.__name__}.{f.name} holds user JSON: declare it metadata=PAYLOAD")
+
+
+check_closed_set(EVENT_CLASSES)
+
+
+def _family(*families: Family) -> tuple[type[Event], ...]:
+    return tuple(cls for cls in EVENT_CLASSES if cls.family in families)
+
+
+COMMAND_EVENTS = _family(Family.COMMAND)
+RESULT_EVENTS = _family(Family.RESULT)
+INPUT_EVENTS = _family(Family.INPUT)
+TERMINAL_EVENTS = tuple(cls for cls in EVENT_CLASSES if cls.terminal)
+# what a command matcher can meet (``Replay.candidates``; never the first WorkflowStarted), and of
+# those what the command matchers step over
+CANDIDATE_EVENTS = tuple(cls for cls in EVENT_CLASSES if cls.cursor is not Cursor.STEPPED_OVER)
+HELD_EVENTS = tuple(cls for cls in EVENT_CLASSES if cls.cursor is Cursor.HELD)
+# what ``Session.advance`` accepts after the session's own commands
+ADVANCE_EVENTS = tuple(cls for cls in EVENT_CLASSES if cls.advance)
+
+
+def known(event: Event) -> AnyEvent:
+    """``event`` as a member of the closed set, the subject of an exhaustive ``match``. Any other
+    class (one never added to ``AnyEvent``, a subclass of a member) is a programming error."""
+    if type(event) not in _CLOSED:
+        raise TypeError(f"{type(event).__name__} is not a declared event type (events.AnyEvent)")
+    return cast(AnyEvent, event)
+
+
+def unhandled(event: NoReturn) -> NoReturn:
+    """The last arm of an exhaustive ``match``: mypy proves it unreachable."""
+    raise TypeError(f"unhandled event type {type(event).__name__}")
 
 
 _PLAIN: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "bool": bool,
@@ -205,14 +360,27 @@ class HistoryEvent:
 
 def describe(event: Event) -> str:
     """Short human form used in divergence messages and timelines: ``ActivityScheduled(x)``."""
-    if isinstance(event, ActivityScheduled):
-        return f"ActivityScheduled({event.activity_name})"
-    if isinstance(event, MarkerRecorded):
-        return f"MarkerRecorded({event.name})"
-    if isinstance(event, TimerStarted):
-        return f"TimerStarted({event.timer_id})"
-    if isinstance(event, SignalReceived):
-        return f"SignalReceived({event.name})"
-    if isinstance(event, (ActivityStarted, ActivityCompleted, ActivityFailed)):
-        return f"{event.type}({event.activity_id})"
-    return event.type
+    match known(event):
+        case ActivityScheduled(activity_name=name):
+            return f"ActivityScheduled({name})"
+        case MarkerRecorded(name=name) | SignalReceived(name=name):
+            return f"{event.type}({name})"
+        case TimerStarted(timer_id=timer_id):
+            return f"TimerStarted({timer_id})"
+        case (
+            ActivityStarted(activity_id=activity_id)
+            | ActivityCompleted(activity_id=activity_id)
+            | ActivityFailed(activity_id=activity_id)
+        ):
+            return f"{event.type}({activity_id})"
+        case (
+            WorkflowStarted()
+            | TimerFired()
+            | WorkflowCancelled()
+            | WorkflowCancelRequested()
+            | WorkflowCompleted()
+            | WorkflowFailed()
+        ):
+            return event.type
+        case other:
+            unhandled(other)

@@ -48,7 +48,7 @@ def render_timeline(history: list[ev.HistoryEvent]) -> list[str]:
         event = item.event
         if isinstance(event, ev.ActivityScheduled):
             names[event.activity_id] = event.activity_name
-        detail = _detail(event, names)
+        detail = _detail(ev.known(event), names)
         line = f"  {item.seq:>{seq_width}}  {offset:>{offset_width}}  {event.type:<18} {detail}"
         lines.append(line.rstrip())
     return lines
@@ -59,34 +59,38 @@ def _activity(activity_id: str, names: dict[str, str]) -> str:
     return f"{name} #{activity_id}" if name else f"activity #{activity_id}"
 
 
-def _detail(event: ev.Event, names: dict[str, str]) -> str:
-    if isinstance(event, ev.WorkflowStarted):
-        return f"{event.workflow_type} input={short(event.input)}"
-    if isinstance(event, ev.ActivityScheduled):
-        text = f"{_activity(event.activity_id, names)} queue={event.queue or '-'}"
-        return text + (" (compensation)" if event.compensation else "")
-    if isinstance(event, ev.ActivityStarted):
-        return f"{_activity(event.activity_id, names)} attempt={event.attempt} worker={event.worker_id}"
-    if isinstance(event, ev.ActivityCompleted):
-        return f"{_activity(event.activity_id, names)} attempt={event.attempt} -> {short(event.output)}"
-    if isinstance(event, ev.ActivityFailed):
-        return (f"{_activity(event.activity_id, names)} attempt={event.attempt} "
-                f"{event.error_type}: {_cut(event.message, MAX_VALUE)}")
-    if isinstance(event, ev.MarkerRecorded):
-        return event.name if event.details is None else f"{event.name} {short(event.details)}"
-    if isinstance(event, ev.SignalReceived):
-        return event.name if event.payload is None else f"{event.name} payload={short(event.payload)}"
-    if isinstance(event, ev.TimerStarted):
-        return f"timer #{event.timer_id} {event.seconds:g}s (fires {event.fire_at})"
-    if isinstance(event, ev.TimerFired):
-        return f"timer #{event.timer_id}"
-    if isinstance(event, (ev.WorkflowCancelled, ev.WorkflowCancelRequested)):
-        return f"reason={short(event.reason)}" if event.reason else ""
-    if isinstance(event, ev.WorkflowCompleted):
-        return f"-> {short(event.result)}"
-    if isinstance(event, ev.WorkflowFailed):
-        return f"{event.error_type}: {_cut(event.message, 2 * MAX_VALUE)}"
-    return ev.describe(event)
+def _detail(event: ev.AnyEvent, names: dict[str, str]) -> str:
+    match event:
+        case ev.WorkflowStarted():
+            return f"{event.workflow_type} input={short(event.input)}"
+        case ev.ActivityScheduled():
+            text = f"{_activity(event.activity_id, names)} queue={event.queue or '-'}"
+            return text + (" (compensation)" if event.compensation else "")
+        case ev.ActivityStarted():
+            return f"{_activity(event.activity_id, names)} attempt={event.attempt} worker={event.worker_id}"
+        case ev.ActivityCompleted():
+            return f"{_activity(event.activity_id, names)} attempt={event.attempt} -> {short(event.output)}"
+        case ev.ActivityFailed():
+            return (
+                f"{_activity(event.activity_id, names)} attempt={event.attempt} "
+                f"{event.error_type}: {_cut(event.message, MAX_VALUE)}"
+            )
+        case ev.MarkerRecorded():
+            return event.name if event.details is None else f"{event.name} {short(event.details)}"
+        case ev.SignalReceived():
+            return event.name if event.payload is None else f"{event.name} payload={short(event.payload)}"
+        case ev.TimerStarted():
+            return f"timer #{event.timer_id} {event.seconds:g}s (fires {event.fire_at})"
+        case ev.TimerFired():
+            return f"timer #{event.timer_id}"
+        case ev.WorkflowCancelled() | ev.WorkflowCancelRequested():
+            return f"reason={short(event.reason)}" if event.reason else ""
+        case ev.WorkflowCompleted():
+            return f"-> {short(event.result)}"
+        case ev.WorkflowFailed():
+            return f"{event.error_type}: {_cut(event.message, 2 * MAX_VALUE)}"
+        case other:
+            ev.unhandled(other)
 
 
 def _when(at: datetime | None) -> str:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from harvest_celery._payloads.fields import PAYLOAD_FIELDS
+from harvest_celery._payloads.fields import PAYLOAD_FIELDS, SCRUBBED_FIELDS
 from harvest_celery._payloads.stores import OFFLOAD_KEY
 
 ERASED: dict[str, Any] = {"_harvest_erased": True}
 ERASED_TEXT = "[erased]"
-FAILURE_EVENTS = ("ActivityFailed", "WorkflowFailed")
 
 BlobRef = tuple[str, str]  # (store_id, key)
 
@@ -40,8 +39,9 @@ def erase_event(data: dict[str, Any]) -> tuple[dict[str, Any], list[BlobRef], in
             refs += references(value)
             changed[name] = ERASED
             fields += 1
-    if data.get("type") in FAILURE_EVENTS and data.get("message") != ERASED_TEXT:
-        changed["message"] = ERASED_TEXT
+    for name in SCRUBBED_FIELDS.get(data.get("type", ""), ()):
+        if data.get(name) != ERASED_TEXT:
+            changed[name] = ERASED_TEXT
     return changed, refs, fields
 
 

@@ -1,15 +1,20 @@
-"""The payload-bearing fields: the one definition every encode, decode and erase pass uses."""
+"""The payload-bearing fields: the one definition every encode, decode and erase pass uses.
+
+Derived from the event classes' own field declarations (``metadata=PAYLOAD`` / ``SCRUBBED`` in
+``_core.events``), keyed by the stored type name, as the passes read stored JSON.
+"""
 
 from __future__ import annotations
 
-# event type -> its fields that hold user payloads
+from harvest_celery._core.events import EVENT_TYPES, payload_fields, scrubbed_fields
+
+# event type -> its fields that hold user payloads (types with none are absent)
 PAYLOAD_FIELDS: dict[str, tuple[str, ...]] = {
-    "WorkflowStarted": ("input", "carried"),
-    "ActivityScheduled": ("input",),
-    "ActivityCompleted": ("output",),
-    "MarkerRecorded": ("details",),
-    "SignalReceived": ("payload",),
-    "WorkflowCompleted": ("result",),
+    name: fields for name, cls in EVENT_TYPES.items() if (fields := payload_fields(cls))
+}
+# event type -> its free-text fields erasure replaces by ``[erased]`` (a failure's message)
+SCRUBBED_FIELDS: dict[str, tuple[str, ...]] = {
+    name: fields for name, cls in EVENT_TYPES.items() if (fields := scrubbed_fields(cls))
 }
 # execution-row columns that hold user payloads
 EXECUTION_PAYLOAD_COLUMNS = ("input", "result")
