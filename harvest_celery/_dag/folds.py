@@ -1,9 +1,11 @@
-"""The one fold of a DAG run's history into its dispatches: what each ``ActivityScheduled`` became.
+"""The DAG view of a run's activities: what each ``ActivityScheduled`` became, forward or
+compensation.
 
-``fold_dispatches(history)`` walks a *decoded* history once and yields, per dispatch (one
-``ActivityScheduled``; all attempts share its activity id): when it was scheduled, its latest
-``ActivityStarted``, the highest attempt seen, and its final result — **a completion wins over any
-failure; otherwise the last failure recorded; otherwise it is still open**.
+The activities and their results come from the one activity fold, ``_core.activities``:
+per dispatch (one ``ActivityScheduled``; all attempts share its activity id) when it was
+scheduled, its latest ``ActivityStarted``, the highest attempt seen, and its final result — **a
+completion wins over any failure; otherwise the last failure recorded; otherwise it is still
+open** — and its status in the run-graph API's words. This view adds the envelope handling:
 
 Each dispatch is classified **forward** or **compensation** by history alone (never the
 definition, so the rule cannot drift across definition versions): a compensation dispatch is an
@@ -14,8 +16,8 @@ keys but names nothing dispatched is forward. A compensator dispatch is never re
 node, even when a later definition version declares a node under the compensator's name.
 
 The corroboration reads ``ActivityScheduled.input``, a payload-bearing field, so the fold takes
-decoded history. Its readers: the run graph (``graph``), the retry guard and plan (``retry``) and
-the run page's compensation badges (``_web.pages``).
+decoded history. Its readers: the run graph (``graph``), the retry guard and plan (``retry``),
+the run page's compensation badges (``_web.pages``) and a reset's open dispatches (``_store.runs``).
 """
 
 from __future__ import annotations
@@ -25,45 +27,72 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from harvest_celery._core import activities as acts
 from harvest_celery._core import events as ev
-from harvest_celery._core.names import START_TO_CLOSE_TIMEOUT
 from harvest_celery._dag.model import is_envelope
 
-SUCCEEDED, FAILED, TIMED_OUT, OPEN = "succeeded", "failed", "timed_out", "open"
+# a dispatch's outcome, as the DAG readers ask it: finished how, or still open (no result yet)
+SUCCEEDED, FAILED, TIMED_OUT, OPEN = acts.SUCCEEDED, acts.FAILED, acts.TIMED_OUT, "open"
 OUTCOMES = (SUCCEEDED, FAILED, TIMED_OUT, OPEN)
 
 
 @dataclass(frozen=True)
 class Dispatch:
-    """One ``ActivityScheduled`` and what history recorded for its activity id."""
+    """One ``ActivityScheduled`` and what history recorded for its activity id (the core
+    fold's ``Activity``), with the node it compensates, if it is a compensation dispatch."""
 
-    item: ev.HistoryEvent  # the ActivityScheduled as recorded (seq, recorded_at)
-    scheduled: ev.ActivityScheduled
-    started_at: datetime | None  # the latest ActivityStarted
-    finished_at: datetime | None  # when the final result was recorded
-    attempts: int  # the highest attempt on any start or result (0: never claimed)
-    result: ev.ActivityCompleted | ev.ActivityFailed | None  # the final result (see the module)
+    activity: acts.Activity
     compensates: str | None = None  # a compensation dispatch: the node it undoes
 
     @property
+    def item(self) -> ev.HistoryEvent:
+        return self.activity.item  # the ActivityScheduled as recorded (seq, recorded_at)
+
+    @property
+    def scheduled(self) -> ev.ActivityScheduled:
+        return self.activity.scheduled
+
+    @property
+    def started_at(self) -> datetime | None:
+        return self.activity.started_at  # the latest ActivityStarted
+
+    @property
+    def finished_at(self) -> datetime | None:
+        return self.activity.finished_at  # when the final result was recorded
+
+    @property
+    def attempts(self) -> int:
+        return self.activity.attempt_count  # the highest attempt on any start or result
+
+    @property
+    def result(self) -> ev.ActivityCompleted | ev.ActivityFailed | None:
+        return self.activity.result
+
+    @property
+    def status(self) -> acts.Status:
+        """The core fold's status (``succeeded`` · ``failed`` · ``timed_out`` · ``cancelled`` ·
+        ``running`` · ``pending``)."""
+        return self.activity.status
+
+    @property
     def activity_id(self) -> str:
-        return self.scheduled.activity_id
+        return self.activity.activity_id
 
     @property
     def activity_name(self) -> str:
-        return self.scheduled.activity_name
+        return self.activity.activity_name
 
     @property
     def input(self) -> Any:
-        return self.scheduled.input
+        return self.activity.input
 
     @property
     def seq(self) -> int:
-        return self.item.seq
+        return self.activity.seq
 
     @property
     def scheduled_at(self) -> datetime:
-        return self.item.recorded_at
+        return self.activity.scheduled_at
 
     @property
     def forward(self) -> bool:
@@ -72,25 +101,21 @@ class Dispatch:
     @property
     def started(self) -> bool:
         """An ``ActivityStarted`` exists: without one, the body provably never ran."""
-        return self.started_at is not None
+        return self.activity.started
 
     @property
     def outcome(self) -> str:
         """``succeeded`` · ``failed`` · ``timed_out`` (a start-to-close timeout) · ``open``."""
-        if isinstance(self.result, ev.ActivityCompleted):
-            return SUCCEEDED
-        if isinstance(self.result, ev.ActivityFailed):
-            return TIMED_OUT if self.result.error_type == START_TO_CLOSE_TIMEOUT else FAILED
-        return OPEN
+        return self.activity.status if self.activity.finished else OPEN
 
     @property
     def error_type(self) -> str | None:
-        return self.result.error_type if isinstance(self.result, ev.ActivityFailed) else None
+        return self.activity.error_type
 
     @property
     def error(self) -> str | None:
         """The failure's message, raw (truncated only when rendered)."""
-        return self.result.message if isinstance(self.result, ev.ActivityFailed) else None
+        return self.activity.error
 
 
 @dataclass(frozen=True)
@@ -129,54 +154,18 @@ def is_compensation_dispatch(event: ev.Event, dispatched_names: Iterable[str]) -
             and event.input["dag_compensate"] in dispatched_names)
 
 
-@dataclass
-class _Results:
-    """Per activity id: the latest start, the highest attempt, the final result."""
-
-    started: dict[str, datetime]
-    attempts: dict[str, int]
-    final: dict[str, ev.HistoryEvent]
-
-    def add(self, item: ev.HistoryEvent) -> None:
-        event = item.event
-        if not isinstance(event, (ev.ActivityStarted, ev.ActivityCompleted, ev.ActivityFailed)):
-            return
-        aid = event.activity_id
-        self.attempts[aid] = max(self.attempts.get(aid, 0), event.attempt)
-        if isinstance(event, ev.ActivityStarted):
-            self.started[aid] = item.recorded_at
-            return
-        prev = self.final.get(aid)
-        if prev is None or not isinstance(prev.event, ev.ActivityCompleted):
-            self.final[aid] = item  # a completion wins; otherwise the last failure
-
-
-def fold_dispatches(history: Sequence[ev.HistoryEvent]) -> DispatchFold:
-    """The run's dispatches, forward and compensation, from its decoded history (one pass)."""
+def fold_dispatches(history: Sequence[ev.HistoryEvent], live: bool | None = None) -> DispatchFold:
+    """The run's dispatches, forward and compensation, from its decoded history: the core fold
+    (``live`` as there), each classified in scheduling order."""
     carried = carried_nodes(history)
     seen: set[str] = set(carried)  # forward names so far: the corroborating set
-    scheduled: list[tuple[ev.HistoryEvent, ev.ActivityScheduled, str | None]] = []
-    results = _Results({}, {}, {})
-    for item in history:
-        event = item.event
-        if isinstance(event, ev.ActivityScheduled):
-            if is_compensation_dispatch(event, seen):
-                scheduled.append((item, event, event.input["dag_compensate"]))
-            else:
-                seen.add(event.activity_name)
-                scheduled.append((item, event, None))
-        else:
-            results.add(item)
     dispatches = []
-    for item, event, compensates in scheduled:
-        end = results.final.get(event.activity_id)
-        result = end.event if end is not None else None
-        assert result is None or isinstance(result, (ev.ActivityCompleted, ev.ActivityFailed))
-        dispatches.append(Dispatch(
-            item, event, started_at=results.started.get(event.activity_id),
-            finished_at=end.recorded_at if end is not None else None,
-            attempts=results.attempts.get(event.activity_id, 0), result=result,
-            compensates=compensates))
+    for activity in acts.fold_activities(history, live):
+        if is_compensation_dispatch(activity.scheduled, seen):
+            dispatches.append(Dispatch(activity, activity.scheduled.input["dag_compensate"]))
+        else:
+            seen.add(activity.activity_name)
+            dispatches.append(Dispatch(activity))
     return DispatchFold(tuple(dispatches), tuple(carried))
 
 

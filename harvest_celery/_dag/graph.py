@@ -33,14 +33,15 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from harvest_celery._core import activities as acts
 from harvest_celery._core import events as ev
 from harvest_celery._core.lifecycle import TERMINAL_STATUSES
-from harvest_celery._dag.folds import Dispatch, fold_dispatches
+from harvest_celery._dag.folds import OPEN, Dispatch, fold_dispatches
 from harvest_celery._dag.model import CollectAll, DagDefinition, Node
 
 ERROR_MAX_CHARS = 200
 
-NODE_STATUSES = ("succeeded", "failed", "timed_out", "cancelled", "running", "pending", "skipped")
+NODE_STATUSES = acts.STATUSES  # the core fold's words, the API's NodeStatus
 
 
 class RunRow(Protocol):
@@ -97,14 +98,16 @@ def _node(node: Node, status: str, started_at: datetime | None = None,
 
 
 def _open_status(live: bool) -> str:
-    # scheduled with no result: in flight on a live run; on a sealed run it never will finish
-    return "running" if live else "cancelled"
+    # scheduled with no result: in flight on a live run; on a sealed run it never will finish. A
+    # node shows running from its dispatch on (the core fold's pending too: the graph has always
+    # drawn a dispatched node as running, its start falling back to the dispatch's time)
+    return acts.RUNNING if live else acts.CANCELLED
 
 
 def _activity_node(node: Node, dispatches: list[Dispatch], live: bool) -> dict[str, Any]:
     d = dispatches[-1]
-    status = _open_status(live) if d.outcome == "open" else d.outcome
-    failure = d if status in ("failed", "timed_out") else None
+    status = _open_status(live) if d.outcome == OPEN else d.outcome
+    failure = d if status in (acts.FAILED, acts.TIMED_OUT) else None
     return _node(node, status, d.started_at or d.scheduled_at, d.finished_at, d.attempts, failure)
 
 
@@ -112,9 +115,9 @@ def _mapped_node(node: Node, cells: list[Dispatch], live: bool) -> dict[str, Any
     """A mapped node from all its cells: open if any cell is; else failed (timed_out if the first
     failing cell timed out) when any cell failed — unless the node is ``CollectAll``, which always
     succeeds; attempts is the most any cell took."""
-    failed = [c for c in cells if c.outcome in ("failed", "timed_out")]
+    failed = [c for c in cells if c.outcome in (acts.FAILED, acts.TIMED_OUT)]
     failure = None
-    if any(c.outcome == "open" for c in cells):
+    if any(c.outcome == OPEN for c in cells):
         status = _open_status(live)
     elif failed and node.policy is not CollectAll:
         failure = failed[0]

@@ -11,13 +11,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from harvest_celery._core.activities import Status as ActivityStatus
+
 # the run statuses of _lifecycle and the node statuses of _rungraph (a unit test pins both)
 Status = Literal["RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED"]
 # what a list may filter on: a stored status, or the derived CANCELLING (an open cancel request)
 StatusFilter = Literal["RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "CANCELLING"]
 # outcomes of a sealed run's cancel branch (WorkflowCancelledError.OUTCOMES)
 BranchOutcome = Literal["returned", "cancelled", "failed", "stopped", "pending"]
-NodeStatus = Literal["succeeded", "failed", "timed_out", "cancelled", "running", "pending", "skipped"]
+NodeStatus = ActivityStatus  # the core activity fold's words (``_core.activities.STATUSES``)
 # what a start of an existing id does (_store.starts.ID_REUSE; a unit test pins them equal)
 IdReuse = Literal["idempotent", "use_existing", "reject"]
 # every reason a RetryRefused carries (a unit test pins them against the raisers)

@@ -157,15 +157,9 @@ def _node_title(node: dict[str, Any], compensation: str) -> str:
     return "\n".join(lines)
 
 
-def _svg(graph: dict[str, Any], compensation: dict[str, str]) -> str:
-    nodes = graph["nodes"]
-    positions, width, height = layout(nodes)
-    out = [f'<svg id="dag" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" role="img" aria-label="DAG run graph">',
-           '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="8" '
-           'markerHeight="8" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
-           'fill="#7d8590"/></marker></defs>',
-           '<g class="edges">']
+def _edges(nodes: list[dict[str, Any]], positions: dict[str, tuple[int, int]]) -> list[str]:
+    """One curved arrow per ``depends_on`` edge, upstream's right side to the node's left."""
+    out = []
     for node in nodes:
         x2, y2 = positions[node["node_name"]]
         for up in node["depends_on"]:
@@ -178,7 +172,18 @@ def _svg(graph: dict[str, Any], compensation: dict[str, str]) -> str:
                        f'd="M{sx},{sy} C{mid},{sy} {mid},{ty} {tx},{ty}" fill="none" '
                        f'stroke="#7d8590" stroke-width="1.6" marker-end="url(#arrow)">'
                        f'<title>{_e(up)} → {_e(node["node_name"])}</title></path>')
-    out.append('</g><g class="nodes">')
+    return out
+
+
+def _svg(graph: dict[str, Any], compensation: dict[str, str]) -> str:
+    nodes = graph["nodes"]
+    positions, width, height = layout(nodes)
+    out = [f'<svg id="dag" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" role="img" aria-label="DAG run graph">',
+           '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="8" '
+           'markerHeight="8" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
+           'fill="#7d8590"/></marker></defs>',
+           '<g class="edges">', *_edges(nodes, positions), '</g><g class="nodes">']
     for node in nodes:
         name, status = node["node_name"], node["status"]
         comp = compensation.get(name, NO_COMPENSATION)

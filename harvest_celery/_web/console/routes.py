@@ -21,6 +21,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from harvest_celery._client import Harvest
+from harvest_celery._core.lifecycle import TERMINAL_STATUSES
 from harvest_celery._dag.graph import build_run_graph
 from harvest_celery._errors import ExecutionNotFound, HarvestError, http_status
 from harvest_celery._web.auth import Auth, LoginRequired, login_redirect, safe_next
@@ -115,7 +116,7 @@ class Console:
             status = http_status(exc)
             message = f"no run with id {run_id!r}" if isinstance(exc, ExecutionNotFound) else str(exc)
             return page.respond(str(status), error_body(status, message), status=status)
-        view = build_run_view(history, self.harvest.store.attempt_errors(run_id))
+        view = build_run_view(history, self.harvest.store.attempt_errors(run_id), live=x.status not in TERMINAL_STATUSES)
         graph_html, nodes, link = self._graph(x, history)
         body = render_run_page(page, x, history, view, graph_html=graph_html, dag_nodes=nodes,
                                dag_link=link, done=done,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from harvest_celery._core import activities as core
 from harvest_celery._core.timeline import render_timeline
 from harvest_celery._store.store import Execution
 from harvest_celery._web.console.html import Page, badge, e, run_href, snippet, table, when
@@ -19,6 +20,14 @@ DONE = {"cancel": "Cancelled.", "request-cancel": "Cancellation requested.",
         "terminate": "Terminated.", "pause": "Paused: decisions are held until resumed.",
         "resume": "Resumed.", "signal": "Signal sent.", "erase": "Payloads erased.",
         "reset": "This run was forked by a reset.", "retry": "This run retries the failed run."}
+# the activity fold's words as the console has always shown them (``data-status`` keeps the word)
+STATUS_LABEL = {core.SUCCEEDED: "completed", core.FAILED: "failed", core.TIMED_OUT: "timed out",
+                core.CANCELLED: "cancelled", core.RUNNING: "running", core.PENDING: "scheduled",
+                core.SKIPPED: "skipped"}
+
+
+def status_label(status: str) -> str:
+    return STATUS_LABEL.get(status, status)
 
 
 def _meta(x: Execution) -> str:
@@ -130,7 +139,8 @@ def _attempts(act: Activity) -> str:
         a = act.attempts[number]
         error = f' · <span class="err">{e(a.error_type)}: {e(a.message)}</span>' if a.error_type else ""
         worker = f" on {e(a.worker)}" if a.worker else ""
-        items.append(f'<li data-attempt="{number}">#{number} {e(a.outcome)}{worker} '
+        items.append(f'<li data-attempt="{number}" data-status="{e(a.status)}">'
+                     f'#{number} {e(status_label(a.status))}{worker} '
                      f'<span class="muted">{e(when(a.started_at))}</span>{error}</li>')
     return '<ul class="attempts">' + "".join(items) + "</ul>" if items else '<span class="muted">-</span>'
 
@@ -138,7 +148,7 @@ def _attempts(act: Activity) -> str:
 def _activities(view: RunView) -> str:
     rows = [f'<tr data-activity="{e(a.name)}" data-status="{e(a.status)}"><td class="mono nw">#{e(a.activity_id)}</td>'
             f'<td>{e(a.name)}{" <span class=tag>compensation</span>" if a.compensation else ""}</td>'
-            f'<td>{e(a.queue)}</td><td class="nw">{e(a.status)}</td><td>{e(when(a.scheduled_at))}</td>'
+            f'<td>{e(a.queue)}</td><td class="nw">{e(status_label(a.status))}</td><td>{e(when(a.scheduled_at))}</td>'
             f'<td>{_attempts(a)}</td><td><code class="snip">{e(snippet(a.input, 120))}</code></td></tr>'
             for a in view.activities]
     return ('<section id="activities"><h2>Activities</h2>'
@@ -164,7 +174,7 @@ def _saga(view: RunView) -> str:
                f'<td><code class="snip">{e(snippet(m.details, 200))}</code></td><td>{e(when(m.recorded_at))}</td></tr>'
                for m in view.markers]
     comps = [f'<tr data-compensation="{e(a.name)}"><td class="mono">#{e(a.activity_id)}</td><td>{e(a.name)}</td>'
-             f'<td>{e(a.status)}</td><td>{len(a.attempts)}</td></tr>' for a in view.compensations]
+             f'<td>{e(status_label(a.status))}</td><td>{len(a.attempts)}</td></tr>' for a in view.compensations]
     if not markers and not comps:
         return ""
     return ('<section id="saga"><h2>Saga: markers and compensations</h2>'

@@ -1,7 +1,12 @@
 """What the run page shows, folded from a run's history and its recorded attempt errors. Pure.
 
-* activities: one per activity id, in scheduling order, with its name, queue, whether it was a
-  compensation, its status and each attempt (started where and when, how it ended, its error);
+* activities: the console's view of the one activity fold (``_core.activities``): one per
+  activity id, in scheduling order, with its name, queue, whether it was a compensation, its
+  status and each attempt (started where and when, how it ended, its error). Statuses are the
+  core fold's words (``succeeded``, ``failed``, ``timed_out``, ``cancelled``, ``running``,
+  ``pending``); ``run_page`` maps them for display. The recorded attempt errors add what history
+  never holds: the error (and traceback) of an attempt that was retried, and whether it failed
+  or timed out;
 * errors: every failed attempt with its traceback (``Store.attempt_errors``), the workflow's
   own failure included (activity id ``""``);
 * saga: the saga markers (an unwind began, an unwind had errors) and the compensations run;
@@ -15,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from harvest_celery._core import activities as core
 from harvest_celery._core import events as ev
 from harvest_celery._core.names import is_saga_marker
 
@@ -24,11 +30,12 @@ class Attempt:
     number: int
     started_at: datetime | None = None
     worker: str | None = None
-    outcome: str = "running"  # running · completed · failed
+    status: str = core.FAILED  # the core fold's word (an attempt known only from its error: failed)
     finished_at: datetime | None = None
     error_type: str | None = None
     message: str | None = None
     traceback: str | None = None
+    recorded: bool = False  # history holds its own result (its status is not the attempt error's)
 
 
 @dataclass
@@ -41,7 +48,7 @@ class Activity:
     scheduled_at: datetime
     input: Any = None
     output: Any = None
-    status: str = "scheduled"  # scheduled · running · completed · failed
+    status: str = core.PENDING  # the core fold's word
     attempts: dict[int, Attempt] = field(default_factory=dict)
 
     def attempt(self, number: int) -> Attempt:
@@ -87,50 +94,42 @@ class RunView:
         return [a for a in self.activities if a.compensation]
 
 
-def _fold_event(item: ev.HistoryEvent, acts: dict[str, Activity], view: RunView) -> None:
-    event, at = item.event, item.recorded_at
-    if isinstance(event, ev.ActivityScheduled):
-        acts[event.activity_id] = Activity(event.activity_id, event.activity_name, event.queue,
-                                           event.compensation, item.seq, at, input=event.input)
-    elif isinstance(event, ev.ActivityStarted) and event.activity_id in acts:
-        act = acts[event.activity_id]
-        attempt = act.attempt(event.attempt)
-        attempt.started_at, attempt.worker, act.status = at, event.worker_id, "running"
-    elif isinstance(event, ev.ActivityCompleted) and event.activity_id in acts:
-        act = acts[event.activity_id]
-        attempt = act.attempt(event.attempt)
-        attempt.outcome, attempt.finished_at = "completed", at
-        act.status, act.output = "completed", event.output
-    elif isinstance(event, ev.ActivityFailed) and event.activity_id in acts:
-        act = acts[event.activity_id]
-        attempt = act.attempt(event.attempt)
-        attempt.outcome, attempt.finished_at = "failed", at
-        attempt.error_type, attempt.message = event.error_type, event.message
-        act.status = "failed"
-    elif isinstance(event, ev.MarkerRecorded) and is_saga_marker(event.name):
-        view.markers.append(Marker(item.seq, event.name, event.details, at))
-    elif isinstance(event, ev.SignalReceived):
-        view.signals.append(SignalRow(item.seq, event.name, event.payload, at))
+def _activity(a: core.Activity) -> Activity:
+    act = Activity(a.activity_id, a.activity_name, a.queue, a.compensation, a.seq, a.scheduled_at,
+                   input=a.input, output=a.output, status=a.status)
+    for t in a.attempts:
+        act.attempts[t.number] = Attempt(t.number, t.started_at, t.worker, t.status, t.finished_at,
+                                         t.error_type, t.message, recorded=t.finished_at is not None)
+    return act
 
 
-def build_run_view(history: Sequence[ev.HistoryEvent], attempt_errors: Sequence[Any]) -> RunView:
-    """Fold ``history`` and the run's ``AttemptError`` records into a ``RunView``."""
-    view = RunView([], [], [], [])
-    acts: dict[str, Activity] = {}
+def _add_error(view: RunView, acts: dict[str, Activity], err: Any) -> None:
+    act = acts.get(err.activity_id)
+    if act is not None:
+        attempt = act.attempt(err.attempt)
+        if not attempt.recorded:  # retried, or its result is not in history: the error tells
+            attempt.status, attempt.finished_at = core.failure_status(err.error_type), err.recorded_at
+        attempt.error_type = attempt.error_type or err.error_type
+        attempt.message = attempt.message or err.message
+        attempt.traceback = err.traceback
+    who = "workflow" if not err.activity_id else (
+        f"{act.name} #{err.activity_id}" if act is not None else f"activity #{err.activity_id}")
+    view.errors.append(ErrorRow(err.activity_id, who, err.attempt, err.error_type, err.message,
+                                err.traceback, err.recorded_at))
+
+
+def build_run_view(history: Sequence[ev.HistoryEvent], attempt_errors: Sequence[Any],
+                   live: bool | None = None) -> RunView:
+    """Fold ``history`` and the run's ``AttemptError`` records into a ``RunView`` (``live`` as in
+    ``fold_activities``: by default read from history)."""
+    acts = {a.activity_id: _activity(a) for a in core.fold_activities(history, live)}
+    view = RunView(list(acts.values()), [], [], [])
     for item in history:
-        _fold_event(item, acts, view)
+        event, at = item.event, item.recorded_at
+        if isinstance(event, ev.MarkerRecorded) and is_saga_marker(event.name):
+            view.markers.append(Marker(item.seq, event.name, event.details, at))
+        elif isinstance(event, ev.SignalReceived):
+            view.signals.append(SignalRow(item.seq, event.name, event.payload, at))
     for err in attempt_errors:
-        act = acts.get(err.activity_id)
-        if act is not None:
-            attempt = act.attempt(err.attempt)
-            if attempt.outcome == "running":
-                attempt.outcome, attempt.finished_at = "failed", err.recorded_at
-            attempt.error_type = attempt.error_type or err.error_type
-            attempt.message = attempt.message or err.message
-            attempt.traceback = err.traceback
-        who = "workflow" if not err.activity_id else (
-            f"{act.name} #{err.activity_id}" if act is not None else f"activity #{err.activity_id}")
-        view.errors.append(ErrorRow(err.activity_id, who, err.attempt, err.error_type, err.message,
-                                    err.traceback, err.recorded_at))
-    view.activities = sorted(acts.values(), key=lambda a: a.scheduled_seq)
+        _add_error(view, acts, err)
     return view
