@@ -83,7 +83,7 @@ class Keyword:
 KEYWORDS: tuple[Keyword, ...] = (
     Keyword("decision_queue", Settings.decision_queue, "a non-empty queue name", _queue),
     Keyword("max_activity_input_bytes", EngineConfig.max_activity_input_bytes,
-            "a byte count of at least 1, or None (no cap)", _count(1), none_allowed=True),
+            "a byte count of at least 0, or None (no cap)", _count(0), none_allowed=True),
     Keyword("timings", Timings(), "a harvest_celery.Timings", lambda v: isinstance(v, Timings)),
     Keyword("sweep_interval", Settings.sweep_interval, "seconds above 0", _seconds),
     Keyword("codec", None, "a Codec (codec_id, encode, decode) or None", _shaped("codec_id", "encode", "decode")),

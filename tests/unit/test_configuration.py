@@ -185,7 +185,8 @@ BAD = [
     ("timings", {"default_lease": 1}, "timings accepts a harvest_celery.Timings"),
     ("codec", object(), "codec accepts a Codec"),
     ("payload_store", "s3://bucket", "payload_store accepts a PayloadStore"),
-    ("max_activity_input_bytes", 0, "max_activity_input_bytes accepts"),
+    ("max_activity_input_bytes", -1, "max_activity_input_bytes accepts"),
+    ("offload_threshold", "1MB", "offload_threshold accepts a byte count"),
 ]
 
 
