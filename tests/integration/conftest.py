@@ -214,6 +214,30 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
         print(text)
 
 
+@pytest.fixture(autouse=True)
+def give_back_connections(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The pools of every ``Store`` a test made (a ``Harvest`` of its own, a bare ``Store``) are
+    closed after it. Such a Harvest lives on after its test (its lease thread holds it for the
+    life of the process), and so would its idle pooled connections: a file making a Harvest per
+    test held dozens. Session and module fixtures are made before this one, so theirs stay."""
+    from harvest_celery._store.store import Store
+
+    made: list[Store] = []
+    init = Store.__init__
+
+    def recording_init(self: Store, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(Store, "__init__", recording_init)
+    yield
+    for store in made:
+        store.dispose()  # made again on next use
+        blobs = getattr(store.payloads.store, "_engine", None)  # a PostgresPayloadStore's own pool
+        if blobs is not None:
+            blobs.dispose()
+
+
 @pytest.fixture(scope="session")
 def redis_client() -> redis.Redis:
     client = redis.Redis.from_url(BROKER_URL)
