@@ -137,6 +137,7 @@ class ConnectionPeak:
         self.peak = 0
         self.at: dict[str, Any] = {}  # at the peak: the running test and the count per database
         self.samples = 0
+        self.by_file: dict[str, int] = {}  # the highest count seen while each file's tests ran
         self.running_test = "(setup)"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="connection-peak", daemon=True)
@@ -156,6 +157,8 @@ class ConnectionPeak:
                     counts = {str(db): int(n) for db, n in conn.execute(self.QUERY)}
                     self.samples += 1
                     total = sum(counts.values())
+                    where = self.running_test.split("::", 1)[0]
+                    self.by_file[where] = max(total, self.by_file.get(where, 0))
                     if total > self.peak:
                         self.peak, self.at = total, {"test": self.running_test, "by_database": counts}
                     self._stop.wait(self.interval)
@@ -200,7 +203,8 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     PEAK.stop()
     text = PEAK.report()
     LOG_DIR.mkdir(parents=True, exist_ok=True)
-    (LOG_DIR / "connection-peak.txt").write_text(text + "\n")
+    files = "".join(f"  {n:4d}  {f}\n" for f, n in sorted(PEAK.by_file.items(), key=lambda item: -item[1]))
+    (LOG_DIR / "connection-peak.txt").write_text(f"{text}\nthe peak while each file ran:\n{files}")
     over = PEAK.peak > MAX_CONNECTIONS
     if over:
         text = f"FAILED: {text}: above the limit (HARVEST_TEST_MAX_CONNECTIONS)"
