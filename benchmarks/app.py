@@ -13,7 +13,7 @@ One app carries every side of the comparison:
 * raw Celery: ``raw_step`` and ``raw_undo`` (the same no-op, queue ``bench``) — the only tasks
   that store a result, in the Redis result backend (DB 7), so the client can wait on them.
 
-Harvest's own tasks ignore results (``configure_celery`` sets ``task_ignore_result``), so the
+Harvest's own tasks ignore results (``configure_dedicated_celery_app`` sets ``task_ignore_result``), so the
 result backend is used by the baseline only. ``bench_stats`` is a remote-control command the
 harness calls to read a worker's counters and memory (``benchmarks.probes``).
 """
@@ -28,7 +28,7 @@ from celery.worker.control import inspect_command
 
 from benchmarks import probes
 from harvest_celery import DagBuilder, RetryPolicy, WorkflowContext, activity, dag, workflow
-from harvest_celery._client import Harvest, configure_celery
+from harvest_celery._client import Harvest, configure_dedicated_celery_app
 
 probes.install()
 
@@ -38,7 +38,7 @@ BROKER_URL = os.environ.get("HARVEST_BENCH_BROKER_URL", "redis://127.0.0.1:6379/
 RESULT_BACKEND = os.environ.get("HARVEST_BENCH_RESULT_BACKEND", "redis://127.0.0.1:6379/7")
 
 app = Celery("harvest_bench", broker=BROKER_URL, backend=RESULT_BACKEND)
-configure_celery(app)
+configure_dedicated_celery_app(app)
 app.conf.broker_transport_options = {"visibility_timeout": 3600}
 app.conf.result_expires = 600
 

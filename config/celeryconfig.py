@@ -1,6 +1,6 @@
 """Celery settings for a harvest-celery deployment, for ``app.config_from_object``.
 
-``harvest_celery.configure_celery(app)`` applies the first block in code; this module is the same
+``harvest_celery.configure_dedicated_celery_app(app)`` applies the first block in code; this module is the same
 thing as a config file, with the reasons, for teams that keep Celery settings in one place::
 
     app = Celery("myshop")
@@ -12,7 +12,7 @@ at-least-once guarantees depend on it (docs/operations.md, "At-least-once settin
 
 import os
 
-# ── what configure_celery() sets ─────────────────────────────────────────────────────────────
+# ── what configure_dedicated_celery_app() sets ───────────────────────────────────────────────
 # Ack after the body, not before, so a worker that dies mid-activity leaves the message to be
 # redelivered. Duplicates are absorbed by the pre-run claim in Postgres.
 task_acks_late = True
@@ -28,7 +28,7 @@ task_ignore_result = True
 # Workers wait for the broker at start-up instead of exiting.
 broker_connection_retry_on_startup = True
 
-# ── deployment settings (not set by configure_celery) ────────────────────────────────────────
+# ── deployment settings (not set by configure_dedicated_celery_app) ─────────────────────────
 broker_url = os.environ.get("HARVEST_BROKER_URL", "redis://localhost:6379/0")
 # Redis redelivers an unacked message after the visibility timeout. Keep it longer than the
 # longest activity start_to_close (and the default 300 s lease), or long attempts are delivered

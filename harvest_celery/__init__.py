@@ -1,6 +1,6 @@
 """harvest-celery: durable workflows, sagas and DAGs on the Celery you already run."""
 
-from harvest_celery._client import Harvest, configure_celery
+from harvest_celery._client import Harvest, configure_celery, configure_dedicated_celery_app
 from harvest_celery._client_async import AsyncHarvest
 from harvest_celery._core.context import WorkflowContext
 from harvest_celery._core.registry import activity, workflow
@@ -43,19 +43,21 @@ from harvest_celery._errors import (
     WorkflowCancelledError,
     WorkflowFailed,
 )
-from harvest_celery._payloads.codec import FernetCodec
-from harvest_celery._payloads.stores import FileSystemPayloadStore
+from harvest_celery._payloads.codec import Codec, FernetCodec
+from harvest_celery._payloads.stores import FileSystemPayloadStore, PayloadStore
 from harvest_celery._runtime.activity_context import ActivityContext, activity_context
 from harvest_celery._store.blobs import PostgresPayloadStore
+from harvest_celery._store.records import Timings
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ActivityContext",
     "ActivityError",
-    "BodyInterrupted",
     "AsyncHarvest",
+    "BodyInterrupted",
     "Cancelled",
+    "Codec",
     "CollectAll",
     "CompensatorNameCollidesWithNode",
     "CorruptHistory",
@@ -65,10 +67,10 @@ __all__ = [
     "DuplicateRegistration",
     "ExecutionAlreadyExists",
     "ExecutionNotFound",
-    "ForksHoldCopies",
     "FailFast",
     "FernetCodec",
     "FileSystemPayloadStore",
+    "ForksHoldCopies",
     "Harvest",
     "HarvestError",
     "InvalidExecutionId",
@@ -78,16 +80,18 @@ __all__ = [
     "NotInWorkflow",
     "PayloadCodecError",
     "PayloadNotSerializable",
+    "PayloadStore",
     "PayloadStoreError",
     "PayloadTooLarge",
-    "RedactedActivityError",
     "PostgresPayloadStore",
+    "RedactedActivityError",
     "RegistrationError",
     "RetryPolicy",
     "RetryRefused",
     "Saga",
     "SagaCompensationFailed",
     "StartToCloseTimeout",
+    "Timings",
     "UnknownActivity",
     "UnknownEventType",
     "UnknownNode",
@@ -99,6 +103,7 @@ __all__ = [
     "activity",
     "activity_context",
     "configure_celery",
+    "configure_dedicated_celery_app",
     "dag",
     "workflow",
 ]

@@ -8,10 +8,9 @@ import time
 import uuid
 from contextlib import nullcontext
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from harvest_celery._core import events as ev
-from harvest_celery._core.engine import EngineConfig
 from harvest_celery._core.ids import check_execution_id
 from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.lifecycle import CANCELLED, COMPLETED, RUNNING, TERMINAL_STATUSES
@@ -29,12 +28,16 @@ from harvest_celery._errors import (
     WorkflowCancelledError,
     WorkflowFailed,
 )
+from harvest_celery._payloads.codec import Codec
 from harvest_celery._payloads.pipeline import Payloads
+from harvest_celery._payloads.stores import PayloadStore
+from harvest_celery._runtime import settings as config
 from harvest_celery._runtime.adopt import adopt
 from harvest_celery._runtime.celery import CeleryDispatcher, install, register_activity
 from harvest_celery._runtime.consumers import QueueConsumers, waiting_hints
 from harvest_celery._runtime.inline import InlineDispatcher
-from harvest_celery._runtime.runtime import Runtime, Settings
+from harvest_celery._runtime.runtime import Runtime
+from harvest_celery._runtime.settings import configure_celery, configure_dedicated_celery_app
 from harvest_celery._store import runs as ops
 from harvest_celery._store import starts
 from harvest_celery._store.appconn import after_session_commit, payloads_on, start_on
@@ -61,18 +64,23 @@ class Harvest:
                  decision_queue: str = "harvest",
                  max_activity_input_bytes: int | None = 2 * 1024 * 1024,
                  timings: Timings | None = None, sweep_interval: float = 1.0,
-                 codec: Any = None, payload_store: Any = None,
-                 offload_threshold: int = 256 * 1024) -> None:
+                 codec: Codec | None = None, payload_store: PayloadStore | None = None,
+                 offload_threshold: int = 256 * 1024,
+                 celery_error_detail: Literal["full", "type"] = "full", eager_max_chain: int = 8,
+                 inline_decisions: bool = True, inline_cold_max_events: int = 500,
+                 sticky_sessions: bool = True, sticky_routing: bool = True, max_sessions: int = 1000,
+                 pool_size: int | None = None, max_overflow: int | None = None,
+                 claim_pool_size: int | None = None, claim_max_overflow: int | None = None) -> None:
+        """Every keyword is a row of docs/configuration.md (None: the default it documents). A
+        bad value raises ``ValueError`` naming it, before anything connects."""
+        options = config.checked({k: v for k, v in locals().items() if k in config.BY_NAME})
         self.database_url = database_url or EMBEDDED_URL
-        payloads = Payloads(codec, payload_store, offload_threshold)
-        self.store = Store(self.database_url, payloads=payloads)
+        payloads = Payloads(options["codec"], options["payload_store"], options["offload_threshold"])
+        self.store = Store(self.database_url, payloads=payloads, pools=config.pools(options))
         self.registry = Registry()
         # the cap applies to what is stored inline: with a store, an offloaded input is a reference
-        engine = EngineConfig(max_activity_input_bytes=max_activity_input_bytes,
-                              offloads=payloads.offloads if payload_store is not None else None)
-        settings = Settings(decision_queue=decision_queue, engine=engine,
-                            timings=timings or Timings(), sweep_interval=sweep_interval)
-        self.runtime = Runtime(self.store, self.registry, settings)
+        offloads = payloads.offloads if payload_store is not None else None
+        self.runtime = Runtime(self.store, self.registry, config.runtime_settings(options, offloads))
         self.celery_app = celery_app
         self._inline: InlineDispatcher | None = None
         self._consumers: QueueConsumers | None = None  # asked by stuck() only, never the hot path
@@ -97,7 +105,7 @@ class Harvest:
             from celery import Celery
 
             celery_app = Celery("harvest", broker=broker)
-            configure_celery(celery_app)
+            configure_dedicated_celery_app(celery_app)
         return cls(database_url, celery_app, **kwargs)
 
     @property
@@ -153,7 +161,7 @@ class Harvest:
         you commit, the first decision is dispatched (docs/django.md, docs/flask.md)."""
         self._preflight(name)
         payload = check_json(input, f"input of workflow {name!r}")
-        execution_id = _check_id(execution_id or uuid.uuid4().hex)
+        execution_id = check_execution_id(execution_id or uuid.uuid4().hex)
         check_policy(id_reuse)
         if connection is not None:
             return self._start_on(connection, name, payload, execution_id, id_reuse)
@@ -199,7 +207,7 @@ class Harvest:
         checked now, before anything is deferred."""
         self._preflight(name)
         payload = check_json(input, f"input of workflow {name!r}")
-        run_id = _check_id(execution_id or uuid.uuid4().hex)
+        run_id = check_execution_id(execution_id or uuid.uuid4().hex)
         check_policy(id_reuse)
 
         def start() -> None:
@@ -231,7 +239,7 @@ class Harvest:
         self._preflight(workflow)
         payload = check_json(payload, f"payload of signal {signal!r}")
         data = check_json(input, f"input of workflow {workflow!r}")
-        _check_id(execution_id)
+        check_execution_id(execution_id)
         now = utcnow()
         q = self.runtime.settings.decision_queue
         with self.store.begin() as tx:
@@ -300,7 +308,7 @@ class Harvest:
         """Fork a new run from the first ``to_seq`` events of this one (a live source is
         terminated); returns the new run's id."""
         self.store.get(execution_id)
-        new_id = _check_id(new_execution_id or f"{execution_id}-reset-{uuid.uuid4().hex[:8]}")
+        new_id = check_execution_id(new_execution_id or f"{execution_id}-reset-{uuid.uuid4().hex[:8]}")
         with self.store.begin() as tx:
             ops.reset(tx, execution_id, new_id, to_seq, self.registry, utcnow(),
                      self.runtime.settings.decision_queue)
@@ -339,7 +347,7 @@ class Harvest:
                                   "carried": sorted(plan.carried), "rerun": plan.rerun}
         if dry_run:
             return {**answer, "run_id": None, "dry_run": True}
-        new_id = _check_id(new_execution_id or f"{execution_id}-retry-{uuid.uuid4().hex[:8]}")
+        new_id = check_execution_id(new_execution_id or f"{execution_id}-retry-{uuid.uuid4().hex[:8]}")
         started = history[0].event
         conf = getattr(started, "input", None)
         with self.store.begin() as tx:
@@ -483,20 +491,4 @@ def _outcome(row: Execution) -> Any:
     raise WorkflowFailed(row.id, error.get("type", "Error"), error.get("message", ""))
 
 
-def _check_id(execution_id: str) -> str:
-    return check_execution_id(execution_id)  # InvalidExecutionId (a ValueError too)
-
-
-def configure_celery(app: Any) -> None:
-    """The Celery settings harvest-celery relies on (at-least-once, fair dispatch)."""
-    app.conf.update(
-        task_acks_late=True,
-        task_reject_on_worker_lost=True,
-        worker_prefetch_multiplier=1,
-        task_default_queue="default",
-        task_ignore_result=True,
-        broker_connection_retry_on_startup=True,
-    )
-
-
-__all__ = ["Harvest", "configure_celery"]
+__all__ = ["Harvest", "configure_celery", "configure_dedicated_celery_app"]

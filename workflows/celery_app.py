@@ -14,12 +14,12 @@ import os
 
 from celery import Celery
 
-from harvest_celery import Harvest, configure_celery
+from harvest_celery import Harvest, configure_dedicated_celery_app
 
 from . import checkout, fulfillment, orders
 
 app = Celery("harvest_example", broker=os.environ.get("HARVEST_BROKER_URL", "redis://localhost:6379/0"))
-configure_celery(app)
+configure_dedicated_celery_app(app)  # an app made only for harvest
 # Longer than any activity's start_to_close and the default lease: see docs/operations.md.
 app.conf.broker_transport_options = {"visibility_timeout": 3600}
 app.conf.worker_send_task_events = True  # for Flower

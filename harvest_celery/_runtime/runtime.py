@@ -20,14 +20,13 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from harvest_celery._core import events as ev
 from harvest_celery._core import failures
 from harvest_celery._core.commands import Decision, Failed
-from harvest_celery._core.engine import Activation, EngineConfig, Session
+from harvest_celery._core.engine import Activation, Session
 from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.lifecycle import RUNNING
 from harvest_celery._core.registry import Registry
@@ -36,6 +35,7 @@ from harvest_celery._runtime.leases import LeaseKeeper
 from harvest_celery._runtime.messages import Message, encode
 from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._runtime.sessions import SessionCache
+from harvest_celery._runtime.settings import Settings
 from harvest_celery._runtime.sweeper import Sweeper
 from harvest_celery._store import tasks
 from harvest_celery._store.records import (
@@ -44,7 +44,6 @@ from harvest_celery._store.records import (
     Dispatch,
     EagerClaim,
     RunRow,
-    Timings,
     utcnow,
 )
 from harvest_celery._store.store import Store, is_transient
@@ -56,32 +55,6 @@ T = TypeVar("T")
 
 class Dispatcher(Protocol):
     def send(self, message: Message) -> None: ...
-
-
-@dataclass
-class Settings:
-    decision_queue: str = "harvest"
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    timings: Timings = field(default_factory=Timings)
-    sweep_interval: float = 1.0
-    relay_after: float = 10.0  # an outbox row (older builds) older than this is relayed
-    sticky_sessions: bool = True  # keep warm executions' replays between decisions
-    # route a run's decision requests to the worker process holding its warm replay (its own
-    # queue, consumed by that process only; a thread or solo pool — prefork children share one)
-    sticky_routing: bool = True
-    max_sessions: int = 1000
-    # decide in the completing worker's transaction (False: always through the decision task)
-    inline_decisions: bool = True
-    # ...unless the run is cold here and its history is longer than this: its warm session is
-    # likely held by another process, and a cold replay here would cost more than the hop
-    inline_cold_max_events: int = 500
-    # eager activity execution: a decision taken inline in a Celery worker that consumes the
-    # next activity's queue runs it in the same thread (through the claim) instead of sending
-    # it, at most this many in a row (0: off)
-    eager_max_chain: int = 8
-    # what a failed attempt shows Celery (Flower, Sentry, task_failure): "full" (the exception
-    # and its traceback) or "type" (its type only; exception text can quote the payload)
-    celery_error_detail: str = "full"
 
 
 _HOST = socket.gethostname()  # read once: a system call per attempt showed in a profile

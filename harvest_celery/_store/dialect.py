@@ -4,11 +4,28 @@ rows can be locked. Everything else in the store is written once for both."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
+
+
+@dataclass(frozen=True)
+class Pools:
+    """The sizes of a process's two Postgres pools: the transactions' (``size`` kept open,
+    ``overflow`` more opened under load and closed when given back) and the autocommit pool of
+    one-statement operations, the claim (``claim_size``, ``claim_overflow``). ``Harvest``'s
+    ``pool_size``, ``max_overflow``, ``claim_pool_size`` and ``claim_max_overflow``."""
+
+    size: int = 5
+    overflow: int = 10
+    claim_size: int = 2
+    claim_overflow: int = 10
+
+
+DEFAULT_POOLS = Pools()
 
 
 class Dialect:
@@ -18,18 +35,19 @@ class Dialect:
     row_locks = True
     dml_ctes = True  # INSERT … inside an UPDATE's WITH: one round trip for a whole run write
 
-    def create_engine(self, url: str, echo: bool, *, autocommit: bool = False) -> Engine:
+    def create_engine(self, url: str, echo: bool, *, autocommit: bool = False,
+                      pools: Pools = DEFAULT_POOLS) -> Engine:
         # No pool ping on the hot path: a connection in constant use is not pinged. One idle
         # longer than IDLE_PING seconds (the likely victims of a database restart) is pinged on
         # checkout and replaced if dead; a busy one that died fails its first statement, and
         # ``Store.transaction`` runs the transaction once more when that came before COMMIT.
         # ``autocommit``: a pool for one-statement operations (the claim).
-        options: dict[str, Any] = {"echo": echo, "pool_pre_ping": False, "max_overflow": 10,
-                                   "hide_parameters": True}
+        options: dict[str, Any] = {"echo": echo, "pool_pre_ping": False, "hide_parameters": True}
         if autocommit:
-            engine = sa.create_engine(url, pool_size=2, isolation_level="AUTOCOMMIT", **options)
+            engine = sa.create_engine(url, pool_size=pools.claim_size, max_overflow=pools.claim_overflow,
+                                      isolation_level="AUTOCOMMIT", **options)
         else:
-            engine = sa.create_engine(url, pool_size=5, **options)
+            engine = sa.create_engine(url, pool_size=pools.size, max_overflow=pools.overflow, **options)
         _ping_when_idle(engine)
         return engine
 
@@ -58,7 +76,8 @@ class SqliteDialect(Dialect):
     row_locks = False
     dml_ctes = False
 
-    def create_engine(self, url: str, echo: bool, *, autocommit: bool = False) -> Engine:
+    def create_engine(self, url: str, echo: bool, *, autocommit: bool = False,
+                      pools: Pools = DEFAULT_POOLS) -> Engine:
         engine = sa.create_engine(url, echo=echo, hide_parameters=True,
                                   connect_args={"check_same_thread": False, "timeout": 30})
 

@@ -24,7 +24,7 @@ from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._store import redaction, runs
-from harvest_celery._store.dialect import Dialect, dialect_for
+from harvest_celery._store.dialect import Dialect, Pools, dialect_for
 from harvest_celery._store.listener import listener_for
 from harvest_celery._store.records import (
     AttemptError,
@@ -56,10 +56,12 @@ def is_transient(exc: BaseException) -> bool:
 
 
 class Store:
-    def __init__(self, database_url: str, *, echo: bool = False, payloads: Payloads | None = None) -> None:
+    def __init__(self, database_url: str, *, echo: bool = False, payloads: Payloads | None = None,
+                 pools: Pools | None = None) -> None:
         self.database_url = database_url
         self.dialect: Dialect = dialect_for(database_url)
         self._echo = echo
+        self.pools = pools or Pools()  # Postgres: the two pools' sizes (SQLite: unused)
         self.payloads = payloads or Payloads()
         bind = getattr(self.payloads.store, "bind", None)
         if bind is not None:
@@ -79,7 +81,7 @@ class Store:
                 if self._engine is None or self._pid != os.getpid():
                     if self._engine is not None:
                         self._engine.dispose(close=False)
-                    self._engine = self.dialect.create_engine(self.database_url, self._echo)
+                    self._engine = self.dialect.create_engine(self.database_url, self._echo, pools=self.pools)
                     self._pid = os.getpid()
         return self._engine
 
@@ -145,7 +147,7 @@ class Store:
             if self._autocommit is not None:
                 self._autocommit[1].dispose(close=False)
             self._autocommit = (engine, self.dialect.create_engine(self.database_url, self._echo,
-                                                                   autocommit=True))
+                                                                   autocommit=True, pools=self.pools))
         return self._autocommit[1]
 
     def ping(self) -> None:

@@ -14,8 +14,9 @@
 
 Config keys (``HARVEST_<KEY>``): ``DATABASE_URL`` (default: ``SQLALCHEMY_DATABASE_URI`` when a
 ``db`` is given), ``CELERY_APP`` (object or import path; or ``celery_app=``), ``BROKER_URL``,
-``DECISION_QUEUE``, ``MODULES`` (modules or objects to register), ``OPTIONS`` (more ``Harvest``
-keyword arguments), ``TRANSACTIONAL_START`` (start inside ``db.session``'s transaction; default:
+one key per ``Harvest(...)`` keyword (``HARVEST_DECISION_QUEUE``, ``HARVEST_POOL_SIZE``…: the
+table of docs/configuration.md), ``MODULES`` (modules or objects to register), ``OPTIONS`` (more
+``Harvest`` keyword arguments), ``TRANSACTIONAL_START`` (start inside ``db.session``'s transaction; default:
 when ``db``'s database is the harvest database), ``ERROR_HANDLERS`` (default True: every
 ``HarvestError`` answers the HTTP API's JSON body and status).
 
@@ -35,8 +36,9 @@ from flask import Flask, current_app, has_app_context, jsonify
 from flask.cli import ScriptInfo, with_appcontext
 
 from harvest_celery._cli import main
-from harvest_celery._client import Harvest, configure_celery
+from harvest_celery._client import Harvest, configure_dedicated_celery_app
 from harvest_celery._errors import HarvestError, error_body, http_status
+from harvest_celery._runtime.settings import framework_keywords
 
 DEFAULTS: dict[str, Any] = {
     "DATABASE_URL": None,
@@ -95,12 +97,12 @@ class FlaskHarvest:
             from celery import Celery
 
             celery_app = Celery(app.import_name, broker=cfg["HARVEST_BROKER_URL"])
-            configure_celery(celery_app)
-        key = (url, id(celery_app), cfg["HARVEST_DECISION_QUEUE"])
+            configure_dedicated_celery_app(celery_app)
+        keys = framework_keywords(cfg, "HARVEST_")
+        key = (url, id(celery_app), repr(sorted(keys.items(), key=lambda item: item[0])))
         harvest = self._built.get(key)
         if harvest is None:
-            harvest = self._built[key] = Harvest(url, celery_app, decision_queue=cfg["HARVEST_DECISION_QUEUE"],
-                                                 **dict(cfg["HARVEST_OPTIONS"]))
+            harvest = self._built[key] = Harvest(url, celery_app, **_keywords(keys, cfg["HARVEST_OPTIONS"]))
         modules = [_resolve(m) for m in cfg["HARVEST_MODULES"]]
         if modules:
             harvest.register(*modules)
@@ -148,6 +150,16 @@ class FlaskHarvest:
         if name.startswith("_"):
             raise AttributeError(name)
         return getattr(_state().harvest, name)
+
+
+def _keywords(keys: dict[str, Any], options: Any) -> dict[str, Any]:
+    """``Harvest`` keywords: the ``HARVEST_<KEYWORD>`` keys (docs/configuration.md) and
+    ``HARVEST_OPTIONS``; one keyword given both ways is refused."""
+    more = dict(options)
+    twice = sorted(set(keys) & set(more))
+    if twice:
+        raise RuntimeError(f"FlaskHarvest: {', '.join(twice)} set both as HARVEST_<KEY> and in HARVEST_OPTIONS")
+    return {**keys, **more}
 
 
 def _state() -> _State:

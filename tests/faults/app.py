@@ -37,7 +37,7 @@ import sqlalchemy as sa
 from celery import Celery, current_task
 
 from harvest_celery import RetryPolicy, Saga, WorkflowContext, activity, workflow
-from harvest_celery._client import Harvest, configure_celery
+from harvest_celery._client import Harvest, configure_dedicated_celery_app
 from harvest_celery._store.records import Timings
 
 DATABASE_URL = os.environ.get("HARVEST_FAULTS_DATABASE_URL",
@@ -53,7 +53,7 @@ SWEEP_INTERVAL = 1.0 if FULL else 0.3
 VISIBILITY_TIMEOUT = 3600 if FULL else 30
 
 app = Celery("harvest_faults", broker=BROKER_URL)
-configure_celery(app)
+configure_dedicated_celery_app(app)
 app.conf.broker_transport_options = {"visibility_timeout": VISIBILITY_TIMEOUT}
 
 harvest = Harvest(DATABASE_URL, app, timings=TIMINGS, sweep_interval=SWEEP_INTERVAL)

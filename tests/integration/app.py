@@ -16,7 +16,7 @@ import redis
 from celery import Celery, current_task
 
 from harvest_celery import PostgresPayloadStore, RetryPolicy, Saga, WorkflowContext, activity, workflow
-from harvest_celery._client import Harvest, configure_celery
+from harvest_celery._client import Harvest, configure_dedicated_celery_app
 from harvest_celery._store.store import Timings
 from harvest_celery.examples import checkout, orders
 
@@ -24,7 +24,7 @@ DATABASE_URL = os.environ.get("HARVEST_TEST_DATABASE_URL", "postgresql+psycopg2:
 BROKER_URL = os.environ.get("HARVEST_TEST_BROKER_URL", "redis://127.0.0.1:6379/5")
 
 app = Celery("harvest_it", broker=BROKER_URL)
-configure_celery(app)
+configure_dedicated_celery_app(app)
 app.conf.broker_transport_options = {"visibility_timeout": 3600}
 
 # HARVEST_TEST_OFFLOAD=<bytes>: a worker restarted with it registers the Postgres payload store

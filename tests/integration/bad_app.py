@@ -6,10 +6,10 @@ import os
 
 from celery import Celery
 
-from harvest_celery import DagBuilder, Harvest, activity, configure_celery, dag
+from harvest_celery import DagBuilder, Harvest, activity, configure_dedicated_celery_app, dag
 
 app = Celery("harvest_bad", broker=os.environ.get("HARVEST_TEST_BROKER_URL", "redis://127.0.0.1:6379/5"))
-configure_celery(app)
+configure_dedicated_celery_app(app)
 harvest = Harvest(os.environ.get("HARVEST_TEST_DATABASE_URL"), app)
 
 

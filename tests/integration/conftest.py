@@ -2,6 +2,8 @@
 
 One fresh database per session (migrated from empty with Alembic); two worker processes on
 different queues, started as subprocesses with their queues named; Redis DB 5 flushed at start.
+Every process the suite runs uses small pools (``SUITE_POOLS``), and the session fails if the
+server's client connections ever went above ``MAX_CONNECTIONS`` (``ConnectionPeak``).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -33,6 +36,19 @@ LOG_DIR = Path(os.environ.get("HARVEST_TEST_LOGS", "/tmp/harvest-it-logs"))
 
 os.environ["HARVEST_TEST_DATABASE_URL"] = DATABASE_URL
 os.environ["HARVEST_TEST_BROKER_URL"] = BROKER_URL
+
+# Small pools for every Harvest the suite makes: in this process, and in every worker, web app
+# and Flower it starts (they inherit the environment; docs/configuration.md). Each process keeps
+# at most 2 + 1 connections idle and opens at most 4 + 3 (plus its one LISTEN connection).
+SUITE_POOLS = {"HARVEST_POOL_SIZE": "2", "HARVEST_MAX_OVERFLOW": "2",
+               "HARVEST_CLAIM_POOL_SIZE": "1", "HARVEST_CLAIM_MAX_OVERFLOW": "2"}
+for _name, _value in SUITE_POOLS.items():
+    os.environ.setdefault(_name, _value)
+
+# The suite must fit a Postgres left at its default max_connections (100) with room to spare
+# for the server's other clients: the peak of client connections while it runs stays at or below
+# this, or the session fails (pytest_sessionfinish below).
+MAX_CONNECTIONS = int(os.environ.get("HARVEST_TEST_MAX_CONNECTIONS", "60"))
 
 WORKER_QUEUES = {
     "w1": "harvest,default,alpha,payments",
@@ -103,6 +119,127 @@ class Worker:
 
     def stop(self) -> None:
         stop_group(self.proc)
+
+
+class ConnectionPeak:
+    """Samples the test server's client connections every ``interval`` seconds from a thread,
+    on one connection of its own, and keeps the highest count (with where it was seen).
+
+    It counts every client backend on the server, not only this suite's: CI runs on a machine
+    where only this suite uses that server, so the server-wide count is the number that must
+    fit, and the simplest one to get right (the sampler's own connection is included)."""
+
+    QUERY = sa.text("SELECT coalesce(datname, ''), count(*) FROM pg_stat_activity "
+                    "WHERE backend_type = 'client backend' GROUP BY 1")
+
+    def __init__(self, interval: float = 0.2) -> None:
+        self.interval = interval
+        self.peak = 0
+        self.at: dict[str, Any] = {}  # at the peak: the running test and the count per database
+        self.samples = 0
+        self.by_file: dict[str, int] = {}  # the highest count seen while each file's tests ran
+        self.running_test = "(setup)"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="connection-peak", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        engine = sa.create_engine(ADMIN_URL, poolclass=sa.pool.NullPool, isolation_level="AUTOCOMMIT")
+        try:
+            with engine.connect() as conn:
+                while not self._stop.is_set():
+                    counts = {str(db): int(n) for db, n in conn.execute(self.QUERY)}
+                    self.samples += 1
+                    total = sum(counts.values())
+                    where = self.running_test.split("::", 1)[0]
+                    self.by_file[where] = max(total, self.by_file.get(where, 0))
+                    if total > self.peak:
+                        self.peak, self.at = total, {"test": self.running_test, "by_database": counts}
+                    self._stop.wait(self.interval)
+        finally:
+            engine.dispose()
+
+    def report(self) -> str:
+        return (f"connection peak: {self.peak} client connections on the test server "
+                f"(limit {MAX_CONNECTIONS}; {self.samples} samples; at {self.at.get('test')}; "
+                f"by database {self.at.get('by_database')})")
+
+
+PEAK: ConnectionPeak | None = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def connection_peak() -> Iterator[ConnectionPeak | None]:
+    """The whole run's connection peak (the Django child pytest, which runs inside a test of this
+    session, is sampled by its parent)."""
+    global PEAK
+    if os.environ.get("HARVEST_DJANGO_CHILD") == "1":
+        yield None
+        return
+    PEAK = ConnectionPeak()
+    PEAK.start()
+    try:
+        yield PEAK
+    finally:
+        PEAK.stop()
+
+
+def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
+    if PEAK is not None:
+        PEAK.running_test = nodeid
+
+
+def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
+    """Print the peak, write it to $HARVEST_TEST_LOGS/connection-peak.txt, and fail the session
+    if it went above MAX_CONNECTIONS."""
+    if PEAK is None:
+        return
+    PEAK.stop()
+    text = PEAK.report()
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    files = "".join(f"  {n:4d}  {f}\n" for f, n in sorted(PEAK.by_file.items(), key=lambda item: -item[1]))
+    (LOG_DIR / "connection-peak.txt").write_text(f"{text}\nthe peak while each file ran:\n{files}")
+    over = PEAK.peak > MAX_CONNECTIONS
+    if over:
+        text = f"FAILED: {text}: above the limit (HARVEST_TEST_MAX_CONNECTIONS)"
+        if session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write("\n")
+        reporter.write_line(text, red=over, bold=True)
+    else:
+        print(text)
+
+
+@pytest.fixture(autouse=True)
+def give_back_connections(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The pools of every ``Store`` a test made (a ``Harvest`` of its own, a bare ``Store``) are
+    closed after it. Such a Harvest lives on after its test (its lease thread holds it for the
+    life of the process), and so would its idle pooled connections: a file making a Harvest per
+    test held dozens. Session and module fixtures are made before this one, so theirs stay."""
+    from harvest_celery._store.store import Store
+
+    made: list[Store] = []
+    init = Store.__init__
+
+    def recording_init(self: Store, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(Store, "__init__", recording_init)
+    yield
+    for store in made:
+        store.dispose()  # made again on next use
+        blobs = getattr(store.payloads.store, "_engine", None)  # a PostgresPayloadStore's own pool
+        if blobs is not None:
+            blobs.dispose()
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ import redis
 from celery import Celery, current_task, signals
 
 from harvest_celery import RetryPolicy, Saga, WorkflowContext, activity, workflow
-from harvest_celery._client import Harvest, configure_celery
+from harvest_celery._client import Harvest, configure_dedicated_celery_app
 from harvest_celery._store.store import Timings
 
 BROKER_URL = os.environ["HARVEST_TEST_BROKER_URL"]
@@ -31,7 +31,7 @@ DECIDE, QUEUE_A, QUEUE_B = "flower_decide", "flower_a", "flower_b"
 POSTRUN = "flower:postrun"
 
 app = Celery("harvest_flower", broker=BROKER_URL)
-configure_celery(app)
+configure_dedicated_celery_app(app)
 # Flower's queue column (routing_key) is filled from the sender's task-sent event only: a user
 # who wants it sets this on their own app (harvest never sets it app-wide), see docs/flower.md
 app.conf.task_send_sent_event = True

@@ -18,7 +18,12 @@ from celery import Celery
 
 import harvest_celery._store as _store_layout
 from harvest_celery import RetryPolicy, Saga, WorkflowContext, activity, workflow
-from harvest_celery._client import Harvest, configure_celery
+from harvest_celery._client import Harvest
+
+try:  # the current name
+    from harvest_celery._client import configure_dedicated_celery_app
+except ImportError:  # the deployed build: configure_celery
+    from harvest_celery._client import configure_celery as configure_dedicated_celery_app
 
 try:  # the current layout
     from harvest_celery._store.store import Timings
@@ -34,7 +39,7 @@ QUEUES = f"{DECIDE},up_a,up_b"
 ONCE = RetryPolicy(max_attempts=1)
 
 app = Celery("harvest_upgrade", broker=BROKER_URL)
-configure_celery(app)
+configure_dedicated_celery_app(app)
 app.conf.broker_transport_options = {"visibility_timeout": 3600}
 harvest = Harvest(DATABASE_URL, app, decision_queue=DECIDE, sweep_interval=0.3,
                   timings=Timings(default_lease=30.0, redispatch_after=2.0, nd_retry_initial=0.5,

@@ -20,7 +20,13 @@ from flask import Blueprint, Flask, jsonify, request
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy.engine import make_url
 
-from harvest_celery import PostgresPayloadStore, WorkflowContext, activity, configure_celery, workflow
+from harvest_celery import (
+    PostgresPayloadStore,
+    WorkflowContext,
+    activity,
+    configure_dedicated_celery_app,
+    workflow,
+)
 from harvest_celery._store.records import Timings
 from harvest_celery.contrib.flask import FlaskHarvest
 
@@ -31,7 +37,7 @@ QUEUE = "wa_q"
 OFFLOAD = 200  # an order with a note longer than this is offloaded to harvest_blobs
 
 celery = Celery("webapps", broker=BROKER_URL)
-configure_celery(celery)
+configure_dedicated_celery_app(celery)
 _r = redis.Redis.from_url(BROKER_URL)
 
 

@@ -1,4 +1,4 @@
-"""The operator assets stay true to the code: config/celeryconfig.py matches configure_celery,
+"""The operator assets stay true to the code: config/celeryconfig.py matches configure_dedicated_celery_app,
 docker-compose.yml has its services, and the docs import only names harvest_celery exports."""
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ import pytest
 from celery import Celery
 
 import harvest_celery
-from harvest_celery import configure_celery
+from harvest_celery import configure_dedicated_celery_app
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_celeryconfig_matches_configure_celery() -> None:
+def test_celeryconfig_matches_configure_dedicated_celery_app() -> None:
     spec = importlib.util.spec_from_file_location("example_celeryconfig", ROOT / "config" / "celeryconfig.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     app = Celery("probe", set_as_current=False)
-    configure_celery(app)
+    configure_dedicated_celery_app(app)
     for key in ("task_acks_late", "task_reject_on_worker_lost", "worker_prefetch_multiplier",
                 "task_default_queue", "task_ignore_result", "broker_connection_retry_on_startup"):
         assert getattr(module, key) == app.conf[key], key

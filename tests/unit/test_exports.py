@@ -17,15 +17,20 @@ def test_the_design_contract_names_are_exported():
 
 def test_the_exported_list_is_exactly_this():
     assert sorted(harvest_celery.__all__) == sorted([
-        "ActivityContext", "ActivityError", "BodyInterrupted", "AsyncHarvest", "Cancelled", "CollectAll", "CompensatorNameCollidesWithNode", "CorruptHistory", "DagBuildError",
+        "ActivityContext", "ActivityError", "BodyInterrupted", "AsyncHarvest", "Cancelled", "Codec", "CollectAll", "CompensatorNameCollidesWithNode", "CorruptHistory", "DagBuildError",
         "DagBuilder", "DagTaskFailed", "DuplicateRegistration", "ExecutionAlreadyExists",
         "ExecutionNotFound", "FailFast", "ForksHoldCopies", "FernetCodec", "FileSystemPayloadStore", "Harvest",
         "HarvestError", "InvalidExecutionId", "InvalidState", "NonDeterministic", "NotInActivity", "NotInWorkflow", "PayloadCodecError",
-        "PayloadNotSerializable", "PayloadStoreError", "PayloadTooLarge", "PostgresPayloadStore",
-        "RedactedActivityError", "RegistrationError", "RetryPolicy", "RetryRefused", "StartToCloseTimeout", "UnknownEventType", "UnknownNode", "Saga", "SagaCompensationFailed", "UnknownActivity",
+        "PayloadNotSerializable", "PayloadStore", "PayloadStoreError", "PayloadTooLarge", "PostgresPayloadStore",
+        "RedactedActivityError", "RegistrationError", "RetryPolicy", "RetryRefused", "StartToCloseTimeout", "Timings", "UnknownEventType", "UnknownNode", "Saga", "SagaCompensationFailed", "UnknownActivity",
         "UnknownWorkflow", "UnregisteredActivity", "WorkflowCancelledError", "WorkflowContext",
-        "WorkflowFailed", "activity", "activity_context", "configure_celery", "dag", "workflow",
+        "WorkflowFailed", "activity", "activity_context", "configure_celery",
+        "configure_dedicated_celery_app", "dag", "workflow",
     ])
+
+
+def test_the_exported_list_is_sorted():
+    assert harvest_celery.__all__ == sorted(harvest_celery.__all__)
 
 
 def test_every_error_is_a_harvest_error():

@@ -12,8 +12,9 @@ Settings, in a ``HARVEST`` dict or as ``HARVEST_<KEY>`` settings (the dict wins)
         "DECISION_QUEUE": "harvest",
         "AUTODISCOVER": True,                 # register <app>.workflows / <app>.activities
         "MODULES": [],                        # more modules (or objects) to register
-        "OPTIONS": {},                        # more Harvest(...) keyword arguments: timings,
-                                              # codec, payload_store, offload_threshold, ...
+        "POOL_SIZE": 2,                       # any Harvest(...) keyword, upper-cased: the
+                                              # table of docs/configuration.md
+        "OPTIONS": {},                        # or: more Harvest(...) keyword arguments
     }
 
 With neither ``CELERY_APP`` nor ``BROKER_URL`` the engine runs in embedded mode (demo only).
@@ -27,7 +28,8 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import Any
 
-from harvest_celery._client import Harvest, configure_celery
+from harvest_celery._client import Harvest, configure_dedicated_celery_app
+from harvest_celery._runtime.settings import KEYWORDS, framework_keywords
 from harvest_celery.contrib.django.client import DjangoHarvest
 
 DEFAULTS: dict[str, Any] = {
@@ -40,6 +42,8 @@ DEFAULTS: dict[str, Any] = {
     "MODULES": (),
     "OPTIONS": {},
 }
+# one key per Harvest(...) keyword (docs/configuration.md), passed only when set
+KEYWORD_KEYS = tuple(keyword.name.upper() for keyword in KEYWORDS if keyword.name.upper() not in DEFAULTS)
 DISCOVERED = ("workflows", "activities")
 # connection parameters of Django's OPTIONS that libpq understands (kept in the derived URL)
 _LIBPQ = {"sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword", "application_name",
@@ -58,15 +62,16 @@ def harvest_settings() -> dict[str, Any]:
     from django.conf import settings
 
     conf = dict(DEFAULTS)
-    for key in DEFAULTS:
+    for key in (*DEFAULTS, *KEYWORD_KEYS):
         if hasattr(settings, f"HARVEST_{key}"):
             conf[key] = getattr(settings, f"HARVEST_{key}")
     given = getattr(settings, "HARVEST", None) or {}
     if not isinstance(given, dict):
         raise _improperly("HARVEST must be a dict")
-    unknown = sorted(set(given) - set(DEFAULTS))
+    known = (*DEFAULTS, *KEYWORD_KEYS)
+    unknown = sorted(set(given) - set(known))
     if unknown:
-        raise _improperly(f"unknown HARVEST key(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
+        raise _improperly(f"unknown HARVEST key(s) {', '.join(unknown)}; known: {', '.join(known)}")
     conf.update(given)
     return conf
 
@@ -188,9 +193,13 @@ def build(conf: dict[str, Any]) -> Harvest:
         from celery import Celery
 
         celery_app = Celery("harvest", broker=conf["BROKER_URL"])
-        configure_celery(celery_app)
-    harvest = DjangoHarvest(database_url(conf), celery_app, decision_queue=conf["DECISION_QUEUE"],
-                            database_alias=conf["DATABASE_ALIAS"], **dict(conf["OPTIONS"]))
+        configure_dedicated_celery_app(celery_app)
+    keys, options = framework_keywords(conf), dict(conf["OPTIONS"])
+    twice = sorted(set(keys) & set(options))
+    if twice:
+        raise _improperly(f"{', '.join(twice)} set both as a HARVEST key and in HARVEST['OPTIONS']")
+    harvest = DjangoHarvest(database_url(conf), celery_app, database_alias=conf["DATABASE_ALIAS"],
+                            **keys, **options)
     modules: list[Any] = discover() if conf["AUTODISCOVER"] else []
     modules += [resolve(m) for m in conf["MODULES"]]
     if modules:

@@ -9,11 +9,11 @@ import os
 from celery import Celery
 from django.conf import settings
 
-from harvest_celery import configure_celery
+from harvest_celery import configure_dedicated_celery_app
 
 if not settings.configured:  # the test process configures Django itself (conftest.py)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.integration.django.settings")
 
 app = Celery("djshop")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-configure_celery(app)
+configure_dedicated_celery_app(app)
