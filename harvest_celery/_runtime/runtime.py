@@ -372,7 +372,7 @@ class Runtime:
         """Not with a payload store that offloads: staging puts blobs at keys named by seq,
         which only the run lock (the ordinary way) makes free to write."""
         s = self.settings
-        return (s.inline_decisions and s.sticky_sessions and self.store.dialect.dml_ctes
+        return (s.inline_decisions and s.sticky_sessions and self.store.dialect.completes_in_one_statement()
                 and self.store.payloads.offload_threshold is None)
 
     def _complete_in_one_statement(self, claim: Claim, output: Any) -> bool:

@@ -27,11 +27,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
+from harvest_celery._store import sql
+
 log = logging.getLogger("harvest_celery")
 
-CHANNEL = "harvest_runs"
-STARTS_CHANNEL = "harvest_runs_started"
-NOTIFY = sa.text("SELECT pg_notify('harvest_runs', :execution_id)")
+CHANNEL = sql.RUNS_CHANNEL
+STARTS_CHANNEL = sql.STARTS_CHANNEL
 
 
 class StartFeed:

@@ -110,7 +110,7 @@ class Store:
         There is no pool ping per checkout: a pooled connection that died while idle fails the
         first statement, and the whole transaction is run once more on a fresh connection — only
         when the failure came before COMMIT was sent, so nothing can be applied twice."""
-        autocommit = one_statement and self.dialect.dml_ctes
+        autocommit = self.dialect.autocommits(one_statement)
         for attempt in (1, 2):
             committing = False
             try:

@@ -87,7 +87,7 @@ def _core_form(conn: Any, pred: p.Predicate, params: dict[str, Any]) -> bool:
 
 def _python_form(conn: Any, pred: p.Predicate, params: dict[str, Any]) -> bool:
     run = conn.execute(sa.select(executions).where(executions.c.id == "pred")).one()
-    task = conn.execute(sa.select(activity_tasks)).one()
+    task = conn.execute(sa.select(activity_tasks).where(activity_tasks.c.execution_id == "pred")).one()
     return pred.holds(RunRow.from_mapping(run._mapping), TaskRow.from_mapping(task._mapping), **params)
 
 
