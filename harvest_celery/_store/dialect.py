@@ -151,7 +151,7 @@ def _ping_when_idle(engine: Engine) -> None:
             return
         try:
             with dbapi.cursor() as cursor:
-                cursor.execute("SELECT 1")
+                cursor.execute(sql.PING)
             if not dbapi.autocommit:
                 dbapi.rollback()
         except Exception as exc:  # noqa: BLE001 - dead: the pool replaces it and tries again

@@ -41,7 +41,10 @@ STARTED = literal(ev.ActivityStarted.type)
 Shape = tuple[tuple[tuple[str, tuple[str, ...], int], ...], tuple[str, ...]]
 
 
-# ── notifications ────────────────────────────────────────────────────────────────────────────
+# ── pings and notifications ──────────────────────────────────────────────────────────────────
+PING = "SELECT 1"  # the database answers (a pooled connection idle too long, ``Store.ping``)
+LISTEN_RUNS = f"LISTEN {RUNS_CHANNEL}"
+LISTEN_STARTS = f"LISTEN {STARTS_CHANNEL}"
 NOTIFY = sa.text(f"SELECT pg_notify({literal(RUNS_CHANNEL)}, :execution_id)")
 ANNOUNCE = sa.text(f"SELECT pg_notify({literal(STARTS_CHANNEL)}, :notice)")
 
