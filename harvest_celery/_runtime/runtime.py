@@ -28,7 +28,6 @@ from harvest_celery._core import failures
 from harvest_celery._core.commands import Decision, Failed
 from harvest_celery._core.engine import Activation, Session
 from harvest_celery._core.jsonvalues import check_json
-from harvest_celery._core.lifecycle import RUNNING
 from harvest_celery._core.registry import Registry
 from harvest_celery._runtime import activity_context
 from harvest_celery._runtime.leases import LeaseKeeper
@@ -61,11 +60,8 @@ _HOST = socket.gethostname()  # read once: a system call per attempt showed in a
 
 
 def _assumed_row(execution_id: str, workflow_type: str, next_seq: int, sticky: str | None) -> RunRow:
-    """The run row a one-statement completion assumes — exactly what its guard checks."""
-    return RunRow(id=execution_id, workflow_type=workflow_type, status=RUNNING, next_seq=next_seq,
-                  input=None, result=None, error=None, decision_requested_at=None,
-                  cancelled_at=None, paused_at=None, erased_at=None, nd_blocked_at=None,
-                  nd_retry_at=None, nd_block_count=0, forked_to=None, sticky_queue=sticky)
+    """The run row a one-statement completion assumes: generated from ``predicates.fast_path``."""
+    return RunRow.assumed(execution_id, workflow_type, next_seq, sticky)
 
 
 def _open_activities(session: Session) -> int:
@@ -349,7 +345,7 @@ class Runtime:
         """Not with a payload store that offloads: staging puts blobs at keys named by seq,
         which only the run lock (the ordinary way) makes free to write."""
         s = self.settings
-        return (s.inline_decisions and s.sticky_sessions and self.store.dialect.dml_ctes
+        return (s.inline_decisions and s.sticky_sessions and self.store.dialect.completes_in_one_statement()
                 and self.store.payloads.offload_threshold is None)
 
     def _complete_in_one_statement(self, claim: Claim, output: Any) -> bool:
