@@ -32,6 +32,7 @@ from harvest_celery._errors import (
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._runtime.adopt import adopt
 from harvest_celery._runtime.celery import CeleryDispatcher, install, register_activity
+from harvest_celery._runtime.completion import fast_path_settings
 from harvest_celery._runtime.consumers import QueueConsumers, waiting_hints
 from harvest_celery._runtime.inline import InlineDispatcher
 from harvest_celery._runtime.runtime import Runtime, Settings
@@ -62,7 +63,11 @@ class Harvest:
                  max_activity_input_bytes: int | None = 2 * 1024 * 1024,
                  timings: Timings | None = None, sweep_interval: float = 1.0,
                  codec: Any = None, payload_store: Any = None,
-                 offload_threshold: int = 256 * 1024) -> None:
+                 offload_threshold: int = 256 * 1024, fast_paths: bool = True,
+                 inline_decisions: bool | None = None, sticky_sessions: bool | None = None,
+                 eager_max_chain: int | None = None) -> None:
+        # before anything is built: a contradictory combination raises here, having done nothing
+        fast = fast_path_settings(fast_paths, inline_decisions, sticky_sessions, eager_max_chain)
         self.database_url = database_url or EMBEDDED_URL
         payloads = Payloads(codec, payload_store, offload_threshold)
         self.store = Store(self.database_url, payloads=payloads)
@@ -71,7 +76,7 @@ class Harvest:
         engine = EngineConfig(max_activity_input_bytes=max_activity_input_bytes,
                               offloads=payloads.offloads if payload_store is not None else None)
         settings = Settings(decision_queue=decision_queue, engine=engine,
-                            timings=timings or Timings(), sweep_interval=sweep_interval)
+                            timings=timings or Timings(), sweep_interval=sweep_interval, **fast)
         self.runtime = Runtime(self.store, self.registry, settings)
         self.celery_app = celery_app
         self._inline: InlineDispatcher | None = None
