@@ -22,6 +22,10 @@ FAILED = "FAILED"
 CANCELLED = "CANCELLED"
 TERMINATED = "TERMINATED"
 TERMINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED, TERMINATED})
+# Every stored run status (``harvest_executions.status``), in one order: the schema's CHECK
+# constraint, the SQL and the predicates (``_store.predicates``) take them from here. A new
+# status is added here and by a migration altering that constraint (``0007`` is the model).
+RUN_STATUSES = (RUNNING, COMPLETED, FAILED, CANCELLED, TERMINATED)
 # Derived, never stored: a RUNNING run with an open cooperative cancellation request. Claims,
 # completions and a later seal cancel treat it exactly as RUNNING.
 CANCELLING = "CANCELLING"

@@ -1,5 +1,6 @@
 """Names that are recorded in history or read back from it, defined once: marker prefixes, the
-error type of a lost or overrun attempt, task-row statuses (run statuses are in ``lifecycle``). Never repeat these as bare literals."""
+error type of a lost or overrun attempt, task-row statuses (run statuses are in ``lifecycle``).
+Never repeat these as bare literals."""
 
 from __future__ import annotations
 
@@ -38,3 +39,7 @@ class TaskStatus(str, Enum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+
+
+# Every stored task-row status, in one order (the schema's CHECK constraint; see RUN_STATUSES).
+TASK_STATUSES = tuple(s.value for s in TaskStatus)

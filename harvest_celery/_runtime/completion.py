@@ -33,7 +33,6 @@ from typing import Any, Protocol, TypeVar
 from harvest_celery._core import events as ev
 from harvest_celery._core.commands import Decision, Failed
 from harvest_celery._core.engine import Session
-from harvest_celery._core.lifecycle import RUNNING
 from harvest_celery._core.registry import Registry
 from harvest_celery._payloads.stores import listable
 from harvest_celery._runtime.metrics import METRICS
@@ -104,14 +103,6 @@ class Runtime(Protocol):
     def _after_decision(self, tx: Tx, decided: Decided) -> None: ...
 
     def _eager_claim(self) -> EagerClaim | None: ...
-
-
-def _assumed_row(execution_id: str, workflow_type: str, next_seq: int, sticky: str | None) -> RunRow:
-    """The run row a one-statement completion assumes — exactly what its guard checks."""
-    return RunRow(id=execution_id, workflow_type=workflow_type, status=RUNNING, next_seq=next_seq,
-                  input=None, result=None, error=None, decision_requested_at=None,
-                  cancelled_at=None, paused_at=None, erased_at=None, nd_blocked_at=None,
-                  nd_retry_at=None, nd_block_count=0, forked_to=None, sticky_queue=sticky)
 
 
 def _open_activities(session: Session) -> int:
@@ -256,7 +247,7 @@ def _write_one_statement(rt: Runtime, tx: Tx, claim: Claim, session: Session, de
                          now: datetime) -> tuple[list[ev.HistoryEvent] | None, str]:
     assert claim.started_seq is not None
     workflow_type = session.replay.activation.workflow_type
-    row = _assumed_row(claim.execution_id, workflow_type, claim.started_seq + 1, rt.sticky_queue)
+    row = RunRow.assumed(claim.execution_id, workflow_type, claim.started_seq + 1, rt.sticky_queue)
     return tx.apply_guarded_decision(
         row, session.events, decision, rt.registry, now, rt.settings.timings, workflow_type,
         CompletionGuard(claim.activity_id, claim.attempt), leading=[completion],

@@ -11,6 +11,7 @@ from typing import Any
 
 from harvest_celery._core.lifecycle import RUNNING, cancel_branch_failure, display_status
 from harvest_celery._core.names import CANCELLED_ERROR
+from harvest_celery._store import predicates
 
 
 def utcnow() -> datetime:
@@ -53,21 +54,27 @@ class RunRow:
                    m["erased_at"], m["nd_blocked_at"], m["nd_retry_at"], m["nd_block_count"] or 0,
                    m["forked_to"], m.get("sticky_queue"), m.get("cancel_requested_at"))
 
+    @classmethod
+    def assumed(cls, execution_id: str, workflow_type: str, next_seq: int, sticky_queue: str | None) -> RunRow:
+        """The run row a one-statement completion assumes: exactly what ``predicates.fast_path``
+        checks (its run terms' values), the rest empty."""
+        return cls(id=execution_id, workflow_type=workflow_type, input=None, result=None, error=None,
+                   nd_block_count=0, forked_to=None,
+                   **predicates.fast_path.assumed(next_seq=next_seq, sticky_queue=sticky_queue))
+
     def decide_on(self, queue: str) -> str:
         """Where this run's decision requests go: the worker holding its warm replay, if any."""
         return self.sticky_queue or queue
 
     @property
     def accepts_results(self) -> bool:
-        """A live run records results; so does a cancelled one (a body that was running when the
-        cancel landed did its side effect, and the history must say so). An erased run never."""
-        return self.erased_at is None and (self.status == RUNNING or self.cancelled_at is not None)
+        """``predicates.accepts_results``: live or cancelled, not erased."""
+        return predicates.accepts_results.holds(self)
 
     @property
     def decidable(self) -> bool:
-        """A decision may run: live (or sealed with a cancel to follow up), not paused or erased."""
-        return ((self.status == RUNNING or self.cancelled_at is not None)
-                and self.paused_at is None and self.erased_at is None)
+        """``predicates.decidable``: that, and not paused."""
+        return predicates.decidable.holds(self)
 
 
 @dataclass(frozen=True)

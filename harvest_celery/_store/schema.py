@@ -6,6 +6,7 @@ from __future__ import annotations
 from sqlalchemy import (
     JSON,
     Boolean,
+    CheckConstraint,
     Column,
     DateTime,
     Float,
@@ -20,10 +21,20 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql
 
+from harvest_celery._core.lifecycle import RUN_STATUSES
+from harvest_celery._core.names import TASK_STATUSES
+
 metadata = MetaData()
 
 Json = JSON().with_variant(postgresql.JSONB(), "postgresql")
 Ts = DateTime(timezone=True)
+
+
+def status_check(table: str, statuses: tuple[str, ...]) -> CheckConstraint:
+    """The status column holds one of the constants (migration 0007; a new status alters it)."""
+    listed = ", ".join(f"'{s}'" for s in statuses)
+    return CheckConstraint(f"status IN ({listed})", name=f"ck_{table}_status")
+
 
 executions = Table(
     "harvest_executions",
@@ -63,6 +74,7 @@ executions = Table(
     Index("ix_harvest_executions_workflow_type", "workflow_type"),
     Index("ix_harvest_executions_decision_requested_at", "decision_requested_at"),
     Index("ix_harvest_executions_nd_retry_at", "nd_retry_at"),
+    status_check("harvest_executions", RUN_STATUSES),
 )
 
 events = Table(
@@ -101,6 +113,7 @@ activity_tasks = Table(
     Column("compensation", Boolean, nullable=False, server_default="0"),
     Column("adopted", Boolean, nullable=False, server_default="0"),
     Index("ix_harvest_activity_tasks_status", "status"),
+    status_check("harvest_activity_tasks", TASK_STATUSES),
 )
 
 timers = Table(

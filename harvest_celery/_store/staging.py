@@ -25,7 +25,6 @@ import sqlalchemy as sa
 from harvest_celery._core import events as ev
 from harvest_celery._core.commands import Decision, Failed, ScheduleActivity, StartTimer
 from harvest_celery._core.lifecycle import (
-    RUNNING,
     TERMINAL_STATUSES,
     cancel_branch_failure,
     decision_events,
@@ -35,6 +34,7 @@ from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import DeferredPuts
+from harvest_celery._store import predicates
 from harvest_celery._store.records import Claim, Dispatch, EagerClaim, RunRow, Timings
 from harvest_celery._store.schema import activity_tasks, attempt_errors, events, timers
 
@@ -133,8 +133,7 @@ def stage_decision(row: RunRow, history: Sequence[ev.Event], decision: Decision,
                     metrics=_decision_metrics(row, decision, status, write, workflow_label),
                     wake=row.cancelled_at is not None)
     _stage_commands(staged, row, decision, registry)
-    if eager is not None and row.erased_at is None and write.abandon is None and (
-            status == RUNNING or row.cancelled_at is not None):  # the claim's own guard
+    if eager is not None and predicates.eager_claim.holds(row, closes=write.abandon is not None):
         _claim_eagerly(staged, row, decision, eager, payloads, key)
     return staged
 
