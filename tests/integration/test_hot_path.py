@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -492,6 +493,10 @@ def test_eager_runs_the_next_activity_here_through_the_claim_and_caps_the_chain(
     # every body had its ActivityStarted, appended by the claim, before it ran
     types = _types(harvest, rid)
     assert types.count("ActivityStarted") == 20 == types.count("ActivityCompleted")
+    # each attempt exactly one ActivityStarted: the eager path never runs a second claim
+    starts = Counter((h.event.activity_id, h.event.attempt) for h in harvest.history(rid)
+                     if h.event.type == "ActivityStarted")
+    assert set(starts.values()) == {1} and len(starts) == 20, starts
     history = harvest.history(rid)
     assert [h.seq for h in history] == list(range(len(types)))
     # an eager body was claimed in the very write of the decision that scheduled it (no claim
