@@ -324,3 +324,32 @@ def test_fast_paths_off_sends_every_step_through_the_decision_task(harvest):
     assert {p: decisions(p, "cp_big_steps") - n for p, n in before.items()} == {
         "one_statement": 0, "inline": 0, "task": 4}
     assert counted(seen) == {}  # nothing was allowed on a faster path: no fallback counted
+
+
+# ── an unexpected error in the one-statement attempt ──────────────────────────────────────────
+def test_an_error_in_the_one_statement_attempt_is_logged_counted_and_recorded_the_ordinary_way(
+        harvest, monkeypatch, caplog):
+    from harvest_celery._store import pgwrite
+
+    real = pgwrite.guarded
+    broken = [True]
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        if broken:
+            broken.pop()
+            raise RuntimeError("a bug in the guarded statement's builder")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pgwrite, "guarded", guarded)
+    h = make()
+    before = fallbacks()
+    with caplog.at_level("DEBUG", logger="harvest_celery"):
+        rid = h.start_workflow("cp_big_steps", {"n": 2, "size": 10}, execution_id=run_id())
+        assert h.result(rid, timeout=20) == 20
+    assert counted(before) == {"error": 1}
+    warning = [r for r in caplog.records if r.levelname == "WARNING" and "one-statement" in r.getMessage()]
+    assert len(warning) == 1 and "RuntimeError" in warning[0].getMessage()
+    assert warning[0].exc_info is None  # the traceback goes to DEBUG only
+    assert any(r.levelname == "DEBUG" and r.exc_info for r in caplog.records)
+    types = [e.event.type for e in h.history(rid)]
+    assert types.count("ActivityCompleted") == 2 and types[-1] == "WorkflowCompleted"
