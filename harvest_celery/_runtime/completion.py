@@ -112,7 +112,7 @@ def _open_activities(session: Session) -> int:
 def one_statement_allowed(rt: Runtime) -> bool:
     """Configuration and dialect allow the one-statement path (``fast_paths``, Postgres)."""
     s = rt.settings
-    return s.inline_decisions and s.sticky_sessions and rt.store.dialect.dml_ctes
+    return s.inline_decisions and s.sticky_sessions and rt.store.dialect.completes_in_one_statement()
 
 
 def choose(rt: Runtime, claim: Claim) -> tuple[Choice, Session | None]:

@@ -9,7 +9,8 @@ three statements, so they are written here once, in SQL both drivers accept (``%
 parameters, JSON passed as text and cast), reading back only text columns (an application may
 have changed how its connection decodes JSON or timestamps).
 
-The statements (``starts`` holds the rules they follow):
+The statements (``sql.START``, ``sql.EXISTING``, ``sql.BLOB``; ``starts`` holds the rules they
+follow):
 
 1. one statement inserts the run row (``ON CONFLICT (id) DO NOTHING``), its ``WorkflowStarted``
    only if the row was new, and the announcement (``pg_notify``, delivered on commit);
@@ -30,29 +31,8 @@ from harvest_celery._errors import ExecutionAlreadyExists
 from harvest_celery._payloads.digest import input_digest
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import DeferredPuts
+from harvest_celery._store import sql
 from harvest_celery._store.starts import check_policy, check_reuse, legacy_digest_of, start_notice
-
-_START = """
-WITH run AS (
-    INSERT INTO harvest_executions (id, workflow_type, status, input, input_digest, next_seq,
-                                    created_at, updated_at, decision_requested_at, nd_block_count)
-    VALUES (%(id)s, %(workflow_type)s, %(status)s, CAST(%(input)s AS jsonb), %(digest)s, 1,
-            %(now)s, %(now)s, %(now)s, 0)
-    ON CONFLICT (id) DO NOTHING
-    RETURNING id
-), started AS (
-    INSERT INTO harvest_events (execution_id, seq, type, data, recorded_at)
-    SELECT id, 0, CAST(%(event_type)s AS varchar), CAST(%(event)s AS jsonb), %(now)s FROM run
-    RETURNING execution_id
-)
-SELECT pg_notify('harvest_runs_started', %(notice)s) FROM started
-"""
-_EXISTING = "SELECT workflow_type, status, input_digest FROM harvest_executions WHERE id = %(id)s"
-_INPUT = "SELECT CAST(input AS text) FROM harvest_executions WHERE id = %(id)s"
-_BLOB = """
-INSERT INTO harvest_blobs (key, store_id, data) VALUES (%(key)s, %(store_id)s, %(data)s)
-ON CONFLICT (key) DO UPDATE SET store_id = EXCLUDED.store_id, data = EXCLUDED.data
-"""
 
 
 def is_dbapi_connection(conn: Any) -> bool:
@@ -97,12 +77,9 @@ def start(conn: Any, payloads: Payloads, blobs_here: bool, execution_id: str, wo
     recording = payloads.with_store(deferred) if deferred is not None else payloads
     encoded = recording.encode_value(input, f"{execution_id}/input")
     event = recording.encode_event(ev.WorkflowStarted(workflow_type, input).to_data(), f"{execution_id}/0")
-    params = {"id": execution_id, "workflow_type": workflow_type, "status": RUNNING,
-              "input": json.dumps(encoded), "digest": digest, "now": now,
-              "event_type": ev.WorkflowStarted.type, "event": json.dumps(event),
-              "notice": start_notice(execution_id, now, decision_queue)}
-    if _one(conn, _START, params) is None:
-        found = _one(conn, _EXISTING, {"id": execution_id})
+    params = _start_params(execution_id, workflow_type, encoded, event, digest, now, decision_queue)
+    if _one(conn, sql.START, params) is None:
+        found = _one(conn, sql.EXISTING, {"id": execution_id})
         if found is None and again:  # purged in between: a new start of the id
             return start(conn, payloads, blobs_here, execution_id, workflow_type, input, now,
                          decision_queue, id_reuse, again=False)
@@ -112,15 +89,29 @@ def start(conn: Any, payloads: Payloads, blobs_here: bool, execution_id: str, wo
                     lambda: _legacy_digest(conn, payloads, execution_id))
         return False
     if deferred is not None:
-        for key, data in deferred.puts:
-            if blobs_here:
-                _one(conn, _BLOB, {"key": key, "store_id": deferred.store_id, "data": data})
-            else:
-                deferred.store.put(key, data)  # outside the transaction: docs/payloads.md
+        _put_blobs(conn, deferred, blobs_here)
     return True
 
 
+def _start_params(execution_id: str, workflow_type: str, encoded: Any, event: Any, digest: str,
+                  now: datetime, decision_queue: str) -> dict[str, Any]:
+    return {"id": execution_id, "workflow_type": workflow_type, "status": RUNNING,
+            "input": json.dumps(encoded), "digest": digest, "now": now,
+            "event_type": ev.WorkflowStarted.type, "event": json.dumps(event),
+            "notice": start_notice(execution_id, now, decision_queue)}
+
+
+def _put_blobs(conn: Any, deferred: DeferredPuts, blobs_here: bool) -> None:
+    """A new run's offloaded blobs: on ``conn`` (a rollback leaves none behind), or through the
+    store, outside the transaction (docs/payloads.md)."""
+    for key, data in deferred.puts:
+        if blobs_here:
+            _one(conn, sql.BLOB, {"key": key, "store_id": deferred.store_id, "data": data})
+        else:
+            deferred.store.put(key, data)
+
+
 def _legacy_digest(conn: Any, payloads: Payloads, execution_id: str) -> str | None:
-    row = _one(conn, _INPUT, {"id": execution_id})
+    row = _one(conn, sql.INPUT, {"id": execution_id})
     stored = json.loads(row[0]) if row is not None and row[0] is not None else None
     return legacy_digest_of(execution_id, stored, payloads.decode_value)

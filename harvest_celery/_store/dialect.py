@@ -1,14 +1,23 @@
-"""The one place SQLite (embedded mode) and Postgres differ: how an engine is made and whether
-rows can be locked. Everything else in the store is written once for both."""
+"""The one place SQLite (embedded mode) and Postgres differ: how an engine is made, whether rows
+can be locked, and whether an operation runs as one statement (Postgres: data-modifying CTEs,
+``_store.sql``) or as the same steps one by one (SQLite). Everything else in the store is written
+once for both, and asks the dialect through these methods, never by testing which one it is."""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
+
+from harvest_celery._store import pgwrite, sql
+from harvest_celery._store.schema import executions
+
+F = TypeVar("F")
+Inserts = Sequence[tuple[sa.Table, Any]]
 
 
 class Dialect:
@@ -16,7 +25,7 @@ class Dialect:
 
     name = "postgresql"
     row_locks = True
-    dml_ctes = True  # INSERT … inside an UPDATE's WITH: one round trip for a whole run write
+    dml_ctes = True  # INSERT … inside an UPDATE's WITH (read only by the methods of this module)
 
     def create_engine(self, url: str, echo: bool, *, autocommit: bool = False) -> Engine:
         # No pool ping on the hot path: a connection in constant use is not pinged. One idle
@@ -36,19 +45,45 @@ class Dialect:
     def lock(self, query: Any, *, skip_locked: bool = False) -> Any:
         return query.with_for_update(skip_locked=skip_locked)
 
+    def one_statement(self, in_one: F, stepwise: F) -> F:
+        """The form of an operation this database runs (``tasks.claim``, ``tasks.finish_completed``):
+        Postgres, its one statement; SQLite, the same steps one by one."""
+        return in_one
+
+    def autocommits(self, one_statement: bool) -> bool:
+        """A transaction of one statement runs in autocommit: one round trip, no BEGIN/COMMIT."""
+        return one_statement
+
+    def completes_in_one_statement(self) -> bool:
+        """An activity's completion and the decision on it can be one guarded statement
+        (``Tx.apply_guarded_decision``)."""
+        return self.dml_ctes
+
+    def write_run(self, conn: Connection, execution_id: str, inserts: Inserts,
+                  values: dict[str, Any]) -> None:
+        """A run write (``Tx.write``): the inserts as data-modifying CTEs of the run-row UPDATE, ONE
+        statement. The hot path's shapes go as plain SQL cached by shape (``pgwrite``); anything
+        else through Core."""
+        fast = pgwrite.statement(execution_id, inserts, values)
+        if fast is not None:
+            conn.exec_driver_sql(*fast)
+            return
+        ctes = [table.insert().values(rows).cte(f"new_{table.name}") for table, rows in inserts]
+        update = update_run(execution_id, values)
+        conn.execute(update.add_cte(*ctes) if ctes else update)
+
     def insert_ignore(self, table: Any) -> Any:
         """INSERT that skips a row whose key exists (a record written twice is written once)."""
         return postgresql.insert(table).on_conflict_do_nothing()
 
     def notify(self, conn: Any, execution_id: str) -> None:
         """Wake waiters of the run once this transaction commits (``_store.listener``)."""
-        conn.execute(sa.text("SELECT pg_notify('harvest_runs', :execution_id)"),
-                     {"execution_id": execution_id})
+        conn.execute(sql.NOTIFY, {"execution_id": execution_id})
 
     def announce_start(self, conn: Any, notice: str) -> None:
         """A start written in an application's transaction: heard by the decision workers once
         (and only if) that transaction commits (``_store.starts``)."""
-        conn.execute(sa.text("SELECT pg_notify('harvest_runs_started', :notice)"), {"notice": notice})
+        conn.execute(sql.ANNOUNCE, {"notice": notice})
 
 
 class SqliteDialect(Dialect):
@@ -72,6 +107,20 @@ class SqliteDialect(Dialect):
     def lock(self, query: Any, *, skip_locked: bool = False) -> Any:
         return query
 
+    def one_statement(self, in_one: F, stepwise: F) -> F:
+        return stepwise
+
+    def autocommits(self, one_statement: bool) -> bool:
+        return False
+
+    def write_run(self, conn: Connection, execution_id: str, inserts: Inserts,
+                  values: dict[str, Any]) -> None:
+        """One statement per table, then the run-row update."""
+        for table, rows in inserts:
+            conn.execute(table.insert(), rows)
+        if values:
+            conn.execute(update_run(execution_id, values))
+
     def insert_ignore(self, table: Any) -> Any:
         return sqlite.insert(table).on_conflict_do_nothing()
 
@@ -80,6 +129,11 @@ class SqliteDialect(Dialect):
 
     def announce_start(self, conn: Any, notice: str) -> None:
         """No listener: the application's after-commit hook, or the sweeper, requests it."""
+
+
+def update_run(execution_id: str, values: dict[str, Any]) -> Any:
+    return executions.update().where(executions.c.id == execution_id).values(
+        **(values or {"next_seq": executions.c.next_seq}))
 
 
 IDLE_PING = 30.0  # seconds a pooled connection may sit unused before it is pinged on checkout
@@ -97,7 +151,7 @@ def _ping_when_idle(engine: Engine) -> None:
             return
         try:
             with dbapi.cursor() as cursor:
-                cursor.execute("SELECT 1")
+                cursor.execute(sql.PING)
             if not dbapi.autocommit:
                 dbapi.rollback()
         except Exception as exc:  # noqa: BLE001 - dead: the pool replaces it and tries again

@@ -27,11 +27,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.pool import NullPool
 
+from harvest_celery._store import sql
+
 log = logging.getLogger("harvest_celery")
 
-CHANNEL = "harvest_runs"
-STARTS_CHANNEL = "harvest_runs_started"
-NOTIFY = sa.text("SELECT pg_notify('harvest_runs', :execution_id)")
+CHANNEL = sql.RUNS_CHANNEL
+STARTS_CHANNEL = sql.STARTS_CHANNEL
 
 
 class StartFeed:
@@ -146,14 +147,14 @@ class Listener:
             dbapi = conn.dbapi_connection
             dbapi.autocommit = True
             with dbapi.cursor() as cursor:
-                cursor.execute(f"LISTEN {CHANNEL}")
+                cursor.execute(sql.LISTEN_RUNS)
             self.connected.set()
             poke = self._poke
             assert poke is not None
             while True:
                 if self._feeds and not self.listening_starts.is_set():
                     with dbapi.cursor() as cursor:
-                        cursor.execute(f"LISTEN {STARTS_CHANNEL}")
+                        cursor.execute(sql.LISTEN_STARTS)
                     self.listening_starts.set()
                 ready, _, _ = select.select([dbapi, poke[0]], [], [], 5.0)
                 if poke[0] in ready:

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from harvest_celery._core import events as ev
 from harvest_celery._core.commands import ScheduleActivity
 from harvest_celery._core.lifecycle import RUNNING, TERMINAL_STATUSES, TERMINATED, status_after_cancel
+from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
 from harvest_celery._dag.folds import OPEN, fold_dispatches
 from harvest_celery._dag.retry import erased_refusal
@@ -29,6 +30,7 @@ from harvest_celery._payloads.erasure import (
     references,
 )
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS, PAYLOAD_FIELDS
+from harvest_celery._store.predicates import operator_live
 from harvest_celery._store.records import RunRow, outbox_execution_id
 from harvest_celery._store.schema import (
     activity_tasks,
@@ -45,7 +47,7 @@ from harvest_celery._store.tx import Tx
 # cancel ──────────────────────────────────────────────────────────────────────────────────────
 def signal(tx: Tx, execution_id: str, name: str, payload: Any, now: datetime, decision_queue: str) -> None:
     row = tx.lock_existing(execution_id)
-    if row.status != RUNNING:
+    if not operator_live.holds(row):
         raise InvalidState(execution_id, row.status, "signal")
     tx.append(row, [ev.SignalReceived(name, payload)], now, decide_on=decision_queue)
 
@@ -55,7 +57,7 @@ def cancel(tx: Tx, execution_id: str, reason: str, now: datetime, decision_queue
     open task row that has not started — no event for those — and request the post-cancel
     decision. Returns the new status."""
     row = tx.lock_existing(execution_id)
-    if row.status != RUNNING:
+    if not operator_live.holds(row):
         raise InvalidState(execution_id, row.status, "cancel")
     history = [h.event for h in tx.history(execution_id)]
     tx.append(row, [ev.WorkflowCancelled(reason)], now)
@@ -73,7 +75,7 @@ def request_cancellation(tx: Tx, execution_id: str, reason: str, now: datetime,
     sealing — the run stays RUNNING (shown CANCELLING) and may still schedule durable work.
     False if a request is already open (idempotent: no second event)."""
     row = tx.lock_existing(execution_id)
-    if row.status != RUNNING:
+    if not operator_live.holds(row):
         raise InvalidState(execution_id, row.status, "request the cancellation of")
     if row.cancel_requested_at is not None:
         return False
@@ -136,7 +138,7 @@ def reset(tx: Tx, source_id: str, new_id: str, to_seq: int, registry: Registry, 
     prefix = [h.event for h in history[:to_seq]]
     if any(isinstance(e, (ev.WorkflowCancelled, *ev.TERMINAL_EVENTS)) for e in prefix):
         raise ValueError("a reset point must come before the run was cancelled or finished")
-    if m.status == RUNNING:
+    if operator_live.holds(m):  # a live source is terminated (as terminate checks)
         terminate(tx, source_id, f"reset to event {to_seq} as {new_id}", now)
     first = prefix[0]
     assert isinstance(first, ev.WorkflowStarted)
@@ -162,9 +164,8 @@ def reset(tx: Tx, source_id: str, new_id: str, to_seq: int, registry: Registry, 
 def terminate(tx: Tx, execution_id: str, reason: str, now: datetime) -> None:
     """Seal without the post-cancel decision: TERMINATED, unstarted work never runs."""
     row = tx.lock_existing(execution_id)
-    status = row.status
-    if status != RUNNING:
-        raise InvalidState(execution_id, status, "terminate")
+    if not operator_live.holds(row):
+        raise InvalidState(execution_id, row.status, "terminate")
     tx.append(row, [ev.WorkflowFailed("Terminated", reason or "terminated by an operator")], now,
               status=TERMINATED, closed_at=now, nd_retry_at=None, decision_requested_at=None,
               paused_at=None, error={"type": "Terminated", "message": reason})
@@ -175,7 +176,7 @@ def pause(tx: Tx, execution_id: str, now: datetime) -> None:
     """Decisions wait while paused. The pause takes the row lock, so a decision in flight
     commits first and one that starts after it sees the pause and discards its commands."""
     row = tx.lock_existing(execution_id)
-    if row.status != RUNNING:
+    if not operator_live.holds(row):
         raise InvalidState(execution_id, row.status, "pause")
     tx.conn.execute(executions.update().where(executions.c.id == execution_id)
                       .values(paused_at=row.paused_at or now, updated_at=now))
@@ -262,7 +263,7 @@ def _check_erasable(tx: Tx, m: RunRow) -> None:
     if m.cancelled_at is not None and m.erased_at is None:
         running = tx.conn.execute(sa.select(sa.func.count()).select_from(activity_tasks).where(
             (activity_tasks.c.execution_id == execution_id)
-            & (activity_tasks.c.status == "running"))).scalar_one()
+            & (activity_tasks.c.status == TaskStatus.RUNNING.value))).scalar_one()
         if running or m.decision_requested_at is not None:
             raise InvalidState(execution_id, "cancelled with work still finishing",
                                "erase the payloads of (retry once it settles)")

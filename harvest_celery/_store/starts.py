@@ -44,6 +44,8 @@ from harvest_celery._core.lifecycle import RUNNING
 from harvest_celery._errors import ExecutionAlreadyExists, PayloadCodecError, PayloadStoreError
 from harvest_celery._payloads.digest import input_digest
 from harvest_celery._payloads.erasure import is_erased
+from harvest_celery._store import sql
+from harvest_celery._store.predicates import operator_live
 from harvest_celery._store.records import Dispatch, RunRow
 from harvest_celery._store.schema import executions
 from harvest_celery._store.tx import Tx
@@ -51,7 +53,7 @@ from harvest_celery._store.tx import Tx
 log = logging.getLogger("harvest_celery")
 
 ID_REUSE = ("idempotent", "use_existing", "reject")
-STARTS_CHANNEL = "harvest_runs_started"
+STARTS_CHANNEL = sql.STARTS_CHANNEL
 
 
 def check_policy(id_reuse: str) -> str:
@@ -163,7 +165,7 @@ def take_started(tx: Tx, started: Sequence[tuple[str, datetime]], now: datetime,
     for execution_id, requested_at in started:
         updated = tx.conn.execute(executions.update().where(
             (executions.c.id == execution_id) & (executions.c.decision_requested_at == requested_at)
-            & (executions.c.status == RUNNING)).values(decision_requested_at=now)).rowcount
+            & operator_live.core(executions)).values(decision_requested_at=now)).rowcount
         if updated:
             tx.dispatches.append(Dispatch(Dispatch.DECIDE, execution_id, decision_queue,
                                           requested_at=now.timestamp()))

@@ -24,7 +24,7 @@ from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import listable, run_prefix
-from harvest_celery._store import redaction, runs
+from harvest_celery._store import redaction, runs, sql
 from harvest_celery._store.dialect import Dialect, dialect_for
 from harvest_celery._store.listener import listener_for
 from harvest_celery._store.records import (
@@ -111,7 +111,7 @@ class Store:
         There is no pool ping per checkout: a pooled connection that died while idle fails the
         first statement, and the whole transaction is run once more on a fresh connection — only
         when the failure came before COMMIT was sent, so nothing can be applied twice."""
-        autocommit = one_statement and self.dialect.dml_ctes
+        autocommit = self.dialect.autocommits(one_statement)
         for attempt in (1, 2):
             committing = False
             try:
@@ -152,7 +152,7 @@ class Store:
     def ping(self) -> None:
         """A trivial query: raises if the database does not answer."""
         with self.engine.connect() as conn:
-            conn.execute(sa.text("SELECT 1"))
+            conn.exec_driver_sql(sql.PING)
 
     # ── reads that need no lock ──────────────────────────────────────────────────────────────
     def get(self, execution_id: str) -> Execution:

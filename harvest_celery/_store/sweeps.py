@@ -11,8 +11,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from harvest_celery._core import events as ev
-from harvest_celery._core.lifecycle import RUNNING
 from harvest_celery._core.names import TaskStatus
+from harvest_celery._store.predicates import operator_live
 from harvest_celery._store.records import RelayedMessage, TaskRow, Timings
 from harvest_celery._store.schema import activity_tasks, executions, outbox, timers
 from harvest_celery._store.tx import Tx
@@ -58,7 +58,7 @@ def fire_timer(tx: Tx, execution_id: str, timer_id: str, now: datetime, decision
     updated = tx.conn.execute(timers.update().where(
         (timers.c.execution_id == execution_id) & (timers.c.timer_id == timer_id)
         & (timers.c.fired.is_(False))).values(fired=True))
-    if updated.rowcount and row.status == RUNNING:
+    if updated.rowcount and operator_live.holds(row):
         tx.append(row, [ev.TimerFired(timer_id)], now, decide_on=decision_queue)
 
 
@@ -89,7 +89,7 @@ def stale_decisions(tx: Tx, now: datetime, timings: Timings, decision_queue: str
     cutoff = now - timedelta(seconds=timings.redispatch_after)
     q = tx.dialect.lock(sa.select(executions.c.id).where(
         ((executions.c.decision_requested_at < cutoff)
-         | ((executions.c.nd_retry_at <= now) & (executions.c.status == RUNNING)))
+         | ((executions.c.nd_retry_at <= now) & operator_live.core(executions)))
         & (sa.true() if kinds is None else executions.c.workflow_type.in_(list(kinds)))).limit(limit),
         skip_locked=True)
     for (execution_id,) in tx.conn.execute(q).fetchall():

@@ -12,6 +12,8 @@ import sqlalchemy as sa
 from harvest_celery._core import events as ev
 from harvest_celery._core.names import START_TO_CLOSE_TIMEOUT, TaskStatus
 from harvest_celery._core.retry import RetryPolicy
+from harvest_celery._store import sql
+from harvest_celery._store.predicates import accepts_results, operator_live
 from harvest_celery._store.records import Claim, RunRow, TaskRow, Timings, aware
 from harvest_celery._store.schema import activity_tasks
 from harvest_celery._store.tx import Tx
@@ -36,58 +38,36 @@ def _update(tx: Tx, execution_id: str, activity_id: str, **values: Any) -> None:
     tx.conn.execute(activity_tasks.update().where(_where(execution_id, activity_id)).values(**values))
 
 
-# The claim in ONE statement (Postgres): lock the run, take the task row only if it is scheduled
-# at this attempt, append ActivityStarted at the run's next seq, bump next_seq, and return the
-# input from the row's ActivityScheduled event. No row back means refused.
-_CLAIM = sa.text("""
-WITH run AS (
-    SELECT id, next_seq FROM harvest_executions
-    WHERE id = :execution_id AND erased_at IS NULL
-      AND (status = 'RUNNING' OR cancelled_at IS NOT NULL)
-    FOR UPDATE
-), task AS (
-    UPDATE harvest_activity_tasks AS t
-    SET status = 'running', worker_id = :worker_id, started_at = :now,
-        lease_expires_at = :now + make_interval(secs => COALESCE(t.start_to_close, :lease) + 5)
-    FROM run
-    WHERE t.execution_id = run.id AND t.activity_id = :activity_id
-      AND t.status = 'scheduled' AND t.attempt = :attempt
-    RETURNING t.activity_name, t.start_to_close, t.event_seq
-), started AS (
-    INSERT INTO harvest_events (execution_id, seq, type, data, recorded_at)
-    SELECT run.id, run.next_seq, 'ActivityStarted', CAST(:data AS JSONB), :now FROM run, task
-    RETURNING seq
-), bumped AS (
-    UPDATE harvest_executions AS e SET next_seq = started.seq + 1, updated_at = :now
-    FROM started WHERE e.id = :execution_id
-)
-SELECT task.activity_name, task.start_to_close, started.seq AS started_seq,
-       (SELECT data FROM harvest_events AS s
-        WHERE s.execution_id = :execution_id AND s.seq = task.event_seq) AS scheduled
-FROM task, started
-""")
-
-
 def claim(tx: Tx, execution_id: str, activity_id: str, attempt: int, worker_id: str,
           now: datetime, timings: Timings) -> Claim | None:
     """The pre-run claim: mark the row running and append ActivityStarted, or refuse.
 
     Refused for a re-sent or redelivered message (row not ``scheduled`` or another attempt),
-    a row a cancel failed, a finished or erased run, or an unknown row. A refused claim means
-    the body must not run. Postgres: one statement; SQLite: the same steps one by one."""
-    if tx.dialect.dml_ctes:
-        data = ev.ActivityStarted(activity_id, attempt, worker_id).to_data()
-        found = tx.conn.execute(_CLAIM, {
-            "execution_id": execution_id, "activity_id": activity_id, "attempt": attempt,
-            "worker_id": worker_id, "now": now, "lease": timings.default_lease,
-            "data": json.dumps(tx.payloads.encode_event(data, f"{execution_id}/started"))}).first()
-        if found is None:
-            return None
-        return Claim(execution_id, activity_id, found.activity_name, attempt,
-                     tx.payloads.decode_event(found.scheduled).get("input"), found.start_to_close,
-                     worker_id, found.started_seq, now)
+    a row a cancel failed, a run that does not accept results (``predicates.accepts_results``:
+    finished or erased), or an unknown row. A refused claim means the body must not run.
+    Postgres: one statement (``sql.CLAIM``); SQLite: the same steps one by one."""
+    return tx.dialect.one_statement(_claim_in_one, _claim_stepwise)(
+        tx, execution_id, activity_id, attempt, worker_id, now, timings)
+
+
+def _claim_in_one(tx: Tx, execution_id: str, activity_id: str, attempt: int, worker_id: str,
+                  now: datetime, timings: Timings) -> Claim | None:
+    data = ev.ActivityStarted(activity_id, attempt, worker_id).to_data()
+    found = tx.conn.execute(sql.CLAIM, {
+        "execution_id": execution_id, "activity_id": activity_id, "attempt": attempt,
+        "worker_id": worker_id, "now": now, "lease": timings.default_lease,
+        "data": json.dumps(tx.payloads.encode_event(data, f"{execution_id}/started"))}).first()
+    if found is None:
+        return None
+    return Claim(execution_id, activity_id, found.activity_name, attempt,
+                 tx.payloads.decode_event(found.scheduled).get("input"), found.start_to_close,
+                 worker_id, found.started_seq, now)
+
+
+def _claim_stepwise(tx: Tx, execution_id: str, activity_id: str, attempt: int, worker_id: str,
+                    now: datetime, timings: Timings) -> Claim | None:
     row = tx.lock(execution_id)
-    if row is None or not row.accepts_results:
+    if row is None or not accepts_results.holds(row):
         return None
     task = lock_task(tx, execution_id, activity_id)
     if task is None or task.status != TaskStatus.SCHEDULED.value or task.attempt != attempt:
@@ -113,30 +93,6 @@ def running_task(tx: Tx, execution_id: str, activity_id: str) -> tuple[RunRow, T
     return row, task
 
 
-# Lock the run and mark its task row completed in ONE statement (Postgres); the run row comes
-# back with whether the task row was still open (False: a duplicate completion).
-_FINISH = sa.text("""
-WITH run AS (
-    SELECT * FROM harvest_executions WHERE id = :execution_id FOR UPDATE
-), task AS (
-    UPDATE harvest_activity_tasks AS t
-    SET status = 'completed', finished_at = :now, lease_expires_at = NULL
-    FROM run
-    WHERE t.execution_id = run.id AND t.activity_id = :activity_id
-      AND ((t.attempt = :attempt AND t.status IN ('running', 'retry_wait'))
-           OR (t.attempt = :attempt + 1 AND t.status = 'scheduled')
-           OR (t.status = 'cancelled' AND t.attempt IN (:attempt, :attempt + 1)
-               AND run.cancelled_at IS NOT NULL
-               AND EXISTS (SELECT 1 FROM harvest_events AS s
-                           WHERE s.execution_id = run.id AND s.type = 'ActivityStarted'
-                             AND s.data->>'activity_id' = :activity_id
-                             AND s.data->>'attempt' = CAST(:attempt AS TEXT))))
-    RETURNING t.activity_id
-)
-SELECT run.*, EXISTS (SELECT 1 FROM task) AS finished FROM run
-""")
-
-
 def accepts_completion(task: TaskRow, attempt: int, *, started_in_cancelled_run: bool = False) -> bool:
     """A completion of ``attempt`` is recorded while no later attempt has claimed the row: its
     own attempt still running, or a late one (its lease expired during a database outage) whose
@@ -154,7 +110,7 @@ def accepts_completion(task: TaskRow, attempt: int, *, started_in_cancelled_run:
 
 
 def _attempt_started(tx: Tx, execution_id: str, activity_id: str, attempt: int) -> bool:
-    """The history holds ActivityStarted for this attempt (SQLite; Postgres asks in _FINISH)."""
+    """The history holds ActivityStarted for this attempt (SQLite; Postgres asks in ``sql.FINISH``)."""
     for _seq, data, _at in tx.raw_history(execution_id):
         if (data.get("type") == "ActivityStarted" and data.get("activity_id") == activity_id
                 and data.get("attempt") == attempt):
@@ -166,13 +122,22 @@ def finish_completed(tx: Tx, execution_id: str, activity_id: str, attempt: int,
                      now: datetime) -> RunRow | None:
     """Lock the run and mark the task row completed: the run row (locked), or None when the
     completion is not accepted (``accepts_completion``: a duplicate, a later attempt owns the
-    row, a cancel abandoned it) or the run is unknown."""
-    if tx.dialect.dml_ctes:
-        found = tx.conn.execute(_FINISH, {"execution_id": execution_id, "activity_id": activity_id,
-                                          "attempt": attempt, "now": now}).first()
-        if found is None or not found.finished:
-            return None
-        return RunRow.from_mapping(found._mapping)
+    row, a cancel abandoned it) or the run is unknown. Postgres: one statement (``sql.FINISH``)."""
+    return tx.dialect.one_statement(_finish_in_one, _finish_stepwise)(
+        tx, execution_id, activity_id, attempt, now)
+
+
+def _finish_in_one(tx: Tx, execution_id: str, activity_id: str, attempt: int,
+                   now: datetime) -> RunRow | None:
+    found = tx.conn.execute(sql.FINISH, {"execution_id": execution_id, "activity_id": activity_id,
+                                         "attempt": attempt, "now": now}).first()
+    if found is None or not found.finished:
+        return None
+    return RunRow.from_mapping(found._mapping)
+
+
+def _finish_stepwise(tx: Tx, execution_id: str, activity_id: str, attempt: int,
+                     now: datetime) -> RunRow | None:
     located = running_task(tx, execution_id, activity_id)
     if located is None:
         return None
@@ -213,13 +178,13 @@ def fail_attempt(tx: Tx, execution_id: str, activity_id: str, attempt: int, erro
     tx.metrics.append(("activity_attempt_failed", {"workflow": row.workflow_type, "queue": task.queue}))
     tx.record_error(execution_id, activity_id, attempt, error_type, message, traceback, now)
     policy = RetryPolicy.from_data(task.retry)
-    if policy.should_retry(attempt, error_type) and row.status == "RUNNING":
+    if policy.should_retry(attempt, error_type) and operator_live.holds(row):
         _update(tx, execution_id, activity_id, status=TaskStatus.RETRY_WAIT.value,
                 due_at=now + timedelta(seconds=policy.delay_after(attempt)),
                 last_error=f"{error_type}: {message}", worker_id=None, lease_expires_at=None)
         return RETRY, None, None
     _finish(tx, execution_id, activity_id, TaskStatus.FAILED.value, now, f"{error_type}: {message}")
-    if not row.accepts_results:
+    if not accepts_results.holds(row):
         return FAILED, None, None
     return FAILED, row, ev.ActivityFailed(activity_id, error_type, message, attempt)
 

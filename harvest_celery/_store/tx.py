@@ -120,17 +120,11 @@ class Tx:
     def write(self, w: RunWrite) -> None:
         """Everything one operation writes to a run: its new events, task rows and timers and the
         run-row update. Postgres: ONE statement (the inserts are data-modifying CTEs of the
-        UPDATE). SQLite: one statement each."""
+        UPDATE); SQLite: one statement each (``Dialect.write_run``)."""
         inserts = w.inserts()
         if not inserts and not w.values:
             return
-        if self.dialect.dml_ctes:
-            self._write_one_statement(w.execution_id, inserts, w.values)
-        else:
-            for table, rows in inserts:
-                self.conn.execute(table.insert(), rows)
-            if w.values:
-                self.conn.execute(self._update_run(w.execution_id, w.values))
+        self.dialect.write_run(self.conn, w.execution_id, inserts, w.values)
         if w.abandon is not None:
             self.abandon_open_tasks(w.execution_id, *w.abandon)
         self._notify_if_closed(w.execution_id, w.values)
@@ -177,23 +171,6 @@ class Tx:
             self.dialect.notify(self.conn, staged.write.execution_id)
         self.dispatches.extend(staged.dispatches)
         self.metrics.extend(staged.metrics)
-
-    def _write_one_statement(self, execution_id: str, inserts: list[tuple[sa.Table, Any]],
-                             values: dict[str, Any]) -> None:
-        """Postgres: the inserts as data-modifying CTEs of the run-row UPDATE. The hot path's
-        shapes go as plain SQL cached by shape (``pgwrite``); anything else through Core."""
-        fast = pgwrite.statement(execution_id, inserts, values)
-        if fast is not None:
-            self.conn.exec_driver_sql(*fast)
-            return
-        ctes = [table.insert().values(rows).cte(f"new_{table.name}") for table, rows in inserts]
-        update = self._update_run(execution_id, values)
-        self.conn.execute(update.add_cte(*ctes) if ctes else update)
-
-    @staticmethod
-    def _update_run(execution_id: str, values: dict[str, Any]) -> Any:
-        return executions.update().where(executions.c.id == execution_id).values(
-            **(values or {"next_seq": executions.c.next_seq}))
 
     def _decide(self, execution_id: str, queue: str, now: datetime) -> None:
         self.dispatches.append(Dispatch(Dispatch.DECIDE, execution_id, queue,

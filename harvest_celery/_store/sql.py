@@ -1,0 +1,208 @@
+"""Every raw SQL statement of the store, in one place: the one-statement claim and finish
+(``tasks``), the run write's plain and guarded texts (``pgwrite`` caches them by shape), the
+notifications, and the start written on an application's DB-API connection (``dbapi``).
+
+Everything else is SQLAlchemy Core, written once for both dialects. These are Postgres-only (data-
+modifying CTEs, ``pg_notify``); SQLite takes the same steps one by one, and how the two differ is
+decided by the ``Dialect`` subclasses (``_store.dialect``), nowhere else. Table names come from
+``_store.schema``, statuses and event types from their constants, and the run-state guards from
+the predicates (``_store.predicates``): nothing here spells a status or a guard out by hand.
+
+Parameters: ``sa.text`` statements take ``:name``; the texts sent with ``exec_driver_sql`` or a
+DB-API cursor take ``%(name)s``.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from harvest_celery._core import events as ev
+from harvest_celery._core.names import TaskStatus
+from harvest_celery._store.predicates import TASK, accepts_results, colon, fast_path, literal
+from harvest_celery._store.schema import activity_tasks, blobs, events, executions, metadata, timers
+
+DIALECT = postgresql.psycopg2.dialect()  # type: ignore[attr-defined]
+
+RUNS_CHANNEL = "harvest_runs"  # a run's waiters: notified when it closes or settles
+STARTS_CHANNEL = "harvest_runs_started"  # a start made in an application's transaction
+
+RUNS, TASKS, EVENTS, TIMERS, BLOBS = (executions.name, activity_tasks.name, events.name, timers.name,
+                                      blobs.name)
+SCHEDULED, RUNNING_TASK, RETRY_WAIT, COMPLETED_TASK, CANCELLED_TASK = (
+    literal(s.value) for s in (TaskStatus.SCHEDULED, TaskStatus.RUNNING, TaskStatus.RETRY_WAIT,
+                               TaskStatus.COMPLETED, TaskStatus.CANCELLED))
+STARTED = literal(ev.ActivityStarted.type)
+
+# Shape of a run write (``pgwrite``): per table its name, columns and row count; the run columns set.
+Shape = tuple[tuple[tuple[str, tuple[str, ...], int], ...], tuple[str, ...]]
+
+
+# ── pings and notifications ──────────────────────────────────────────────────────────────────
+PING = "SELECT 1"  # the database answers (a pooled connection idle too long, ``Store.ping``)
+LISTEN_RUNS = f"LISTEN {RUNS_CHANNEL}"
+LISTEN_STARTS = f"LISTEN {STARTS_CHANNEL}"
+NOTIFY = sa.text(f"SELECT pg_notify({literal(RUNS_CHANNEL)}, :execution_id)")
+ANNOUNCE = sa.text(f"SELECT pg_notify({literal(STARTS_CHANNEL)}, :notice)")
+
+
+# ── the claim and the finish (``tasks``), one statement each ─────────────────────────────────
+# Lock the run (``accepts_results``), take the task row only if it is scheduled at this attempt,
+# append ActivityStarted at the run's next seq, bump next_seq, and return the input from the
+# row's ActivityScheduled event. No row back means refused.
+CLAIM = sa.text(f"""
+WITH run AS (
+    SELECT id, next_seq FROM {RUNS}
+    WHERE id = :execution_id AND {accepts_results.sql(None, colon)}
+    FOR UPDATE
+), task AS (
+    UPDATE {TASKS} AS t
+    SET status = {RUNNING_TASK}, worker_id = :worker_id, started_at = :now,
+        lease_expires_at = :now + make_interval(secs => COALESCE(t.start_to_close, :lease) + 5)
+    FROM run
+    WHERE t.execution_id = run.id AND t.activity_id = :activity_id
+      AND t.status = {SCHEDULED} AND t.attempt = :attempt
+    RETURNING t.activity_name, t.start_to_close, t.event_seq
+), started AS (
+    INSERT INTO {EVENTS} (execution_id, seq, type, data, recorded_at)
+    SELECT run.id, run.next_seq, {STARTED}, CAST(:data AS JSONB), :now FROM run, task
+    RETURNING seq
+), bumped AS (
+    UPDATE {RUNS} AS e SET next_seq = started.seq + 1, updated_at = :now
+    FROM started WHERE e.id = :execution_id
+)
+SELECT task.activity_name, task.start_to_close, started.seq AS started_seq,
+       (SELECT data FROM {EVENTS} AS s
+        WHERE s.execution_id = :execution_id AND s.seq = task.event_seq) AS scheduled
+FROM task, started
+""")
+
+# Lock the run and mark its task row completed (``tasks.accepts_completion``); the run row comes
+# back with whether the task row was still open (False: a duplicate completion).
+FINISH = sa.text(f"""
+WITH run AS (
+    SELECT * FROM {RUNS} WHERE id = :execution_id FOR UPDATE
+), task AS (
+    UPDATE {TASKS} AS t
+    SET status = {COMPLETED_TASK}, finished_at = :now, lease_expires_at = NULL
+    FROM run
+    WHERE t.execution_id = run.id AND t.activity_id = :activity_id
+      AND ((t.attempt = :attempt AND t.status IN ({RUNNING_TASK}, {RETRY_WAIT}))
+           OR (t.attempt = :attempt + 1 AND t.status = {SCHEDULED})
+           OR (t.status = {CANCELLED_TASK} AND t.attempt IN (:attempt, :attempt + 1)
+               AND run.cancelled_at IS NOT NULL
+               AND EXISTS (SELECT 1 FROM {EVENTS} AS s
+                           WHERE s.execution_id = run.id AND s.type = {STARTED}
+                             AND s.data->>'activity_id' = :activity_id
+                             AND s.data->>'attempt' = CAST(:attempt AS TEXT))))
+    RETURNING t.activity_id
+)
+SELECT run.*, EXISTS (SELECT 1 FROM task) AS finished FROM run
+""")
+
+
+# ── a run write as one statement (``pgwrite``), its text built once per shape ────────────────
+def _guard_param(name: str) -> str:
+    return f"%(g_{name})s"
+
+
+# ``fast_path``: the run row locked only if it is as the warm replay assumes, the attempt's task
+# row closed only if that attempt still owns it; everything after reads ``done``.
+GUARD = f"""run AS (
+    SELECT id FROM {RUNS}
+    WHERE id = %(run_id)s AND {fast_path.sql(None, _guard_param)}
+    FOR UPDATE
+), done AS (
+    UPDATE {TASKS} AS t
+    SET status = {COMPLETED_TASK}, finished_at = %(g_now)s, lease_expires_at = NULL
+    FROM run
+    WHERE t.execution_id = run.id AND t.activity_id = %(g_activity_id)s
+      AND {fast_path.sql("t", _guard_param, table=TASK)}
+    RETURNING t.execution_id
+)"""
+
+CLOSING = f"""abandoned AS (
+    UPDATE {TASKS} AS a
+    SET status = {CANCELLED_TASK}, finished_at = %(g_closed_at)s, last_error = %(g_why)s
+    FROM done WHERE a.execution_id = done.execution_id AND a.status IN ({SCHEDULED}, {RETRY_WAIT})
+), stopped AS (
+    UPDATE {TIMERS} AS tm SET fired = true FROM done WHERE tm.execution_id = done.execution_id
+)"""
+NOTIFY_DONE = f"notified AS (SELECT pg_notify({literal(RUNS_CHANNEL)}, %(run_id)s) FROM done)"
+
+
+@lru_cache(maxsize=256)
+def plain_write(shape: Shape) -> str:
+    """The inserts as data-modifying CTEs of the run-row UPDATE."""
+    tables, columns = shape
+    ctes = []
+    for t, (table, names, count) in enumerate(tables):
+        ctes.append(f"new_{table} AS (INSERT INTO {table} ({_columns(names)}) "
+                    f"VALUES {_rows(t, table, names, count, cast=False)})")
+    sets = ", ".join(f"{quote(n)} = %(v_{n})s" for n in columns) or "next_seq = next_seq"
+    head = f"WITH {', '.join(ctes)} " if ctes else ""
+    return f"{head}UPDATE {RUNS} SET {sets} WHERE id = %(run_id)s"
+
+
+@lru_cache(maxsize=256)
+def guarded_write(shape: Shape, closing: bool, notify: bool) -> str:
+    """The same, written only if ``GUARD`` held (its row count is 1 when written, 0 when not)."""
+    tables, columns = shape
+    ctes = [GUARD] + ([CLOSING] if closing else []) + ([NOTIFY_DONE] if notify else [])
+    for t, (table, names, count) in enumerate(tables):
+        ctes.append(f"new_{table} AS (INSERT INTO {table} ({_columns(names)}) SELECT v.* FROM "
+                    f"(VALUES {_rows(t, table, names, count, cast=True)}) AS v, done)")
+    sets = ", ".join(f"{quote(n)} = %(v_{n})s" for n in columns) or "next_seq = e.next_seq"
+    sources = "done, notified" if notify else "done"  # a plain CTE runs only if read
+    return f"WITH {', '.join(ctes)} UPDATE {RUNS} AS e SET {sets} FROM {sources} WHERE e.id = done.execution_id"
+
+
+def _type(table: str, column: str) -> str:
+    """The column's type for a CAST in VALUES, without a length: an explicit cast to
+    VARCHAR(n) would silently truncate, where the INSERT itself refuses an over-long value."""
+    return re.sub(r"\(\d+\)", "", str(metadata.tables[table].c[column].type.compile(dialect=DIALECT)))
+
+
+def _rows(t: int, table: str, names: tuple[str, ...], count: int, *, cast: bool) -> str:
+    """``count`` VALUES rows of table ``t``'s parameters; cast to the column types where the
+    rows stand in a SELECT (no INSERT target to coerce them)."""
+    cells = [f"CAST(%(t{t}r{{r}}_{n})s AS {_type(table, n)})" if cast else f"%(t{t}r{{r}}_{n})s"
+             for n in names]
+    return ", ".join("(" + ", ".join(cell.format(r=r) for cell in cells) + ")" for r in range(count))
+
+
+def _columns(names: tuple[str, ...]) -> str:
+    return ", ".join(quote(n) for n in names)
+
+
+def quote(name: str) -> str:
+    return str(DIALECT.identifier_preparer.quote(name))
+
+
+# ── a start on an application's DB-API connection (``dbapi``) ────────────────────────────────
+# The run row (ON CONFLICT: skipped if the id exists), its WorkflowStarted only if the row was
+# new, and the announcement, delivered on commit.
+START = f"""
+WITH run AS (
+    INSERT INTO {RUNS} (id, workflow_type, status, input, input_digest, next_seq,
+                        created_at, updated_at, decision_requested_at, nd_block_count)
+    VALUES (%(id)s, %(workflow_type)s, %(status)s, CAST(%(input)s AS jsonb), %(digest)s, 1,
+            %(now)s, %(now)s, %(now)s, 0)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+), started AS (
+    INSERT INTO {EVENTS} (execution_id, seq, type, data, recorded_at)
+    SELECT id, 0, CAST(%(event_type)s AS varchar), CAST(%(event)s AS jsonb), %(now)s FROM run
+    RETURNING execution_id
+)
+SELECT pg_notify({literal(STARTS_CHANNEL)}, %(notice)s) FROM started
+"""
+EXISTING = f"SELECT workflow_type, status, input_digest FROM {RUNS} WHERE id = %(id)s"
+INPUT = f"SELECT CAST(input AS text) FROM {RUNS} WHERE id = %(id)s"
+BLOB = f"""
+INSERT INTO {BLOBS} (key, store_id, data) VALUES (%(key)s, %(store_id)s, %(data)s)
+ON CONFLICT (key) DO UPDATE SET store_id = EXCLUDED.store_id, data = EXCLUDED.data
+"""
