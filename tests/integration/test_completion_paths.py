@@ -57,8 +57,29 @@ async def cp_big_steps(ctx: WorkflowContext, data: dict[str, int]) -> int:
     return total
 
 
+_MADE: list[Harvest] = []
+
+
+@pytest.fixture(autouse=True)
+def _dispose() -> Any:
+    """Give back each test's connections (Postgres allows ~100 on a machine shared by runs)."""
+    yield
+    while _MADE:
+        dispose(_MADE.pop())
+
+
+def dispose(h: Harvest) -> None:
+    h.store.dispose()
+    inner = getattr(h.store.payloads.store, "inner", h.store.payloads.store)
+    engine = getattr(inner, "_engine", None)
+    if engine is not None:
+        engine.dispose()
+
+
 def make(**kwargs: Any) -> Harvest:
-    return Harvest(DATABASE_URL, **kwargs).register(cp_step, cp_big, cp_one, cp_big_steps)
+    h = Harvest(DATABASE_URL, **kwargs).register(cp_step, cp_big, cp_one, cp_big_steps)
+    _MADE.append(h)
+    return h
 
 
 def run_id() -> str:

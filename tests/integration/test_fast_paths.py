@@ -28,6 +28,7 @@ from harvest_celery import (
 from harvest_celery._store.schema import events
 
 from .conftest import DATABASE_URL, effects, scrape_all, wait_for, worker_env
+from .test_completion_paths import dispose
 
 pytestmark = pytest.mark.integration
 
@@ -112,6 +113,7 @@ def test_a_workers_steps_take_one_statement_with_an_offloading_store(harvest, wo
         assert outputs[0]["output"]["key"].startswith(f"{rid}/")
         reader = Harvest(DATABASE_URL, payload_store=PostgresPayloadStore(), offload_threshold=1024)
         completed = [e.event.output for e in reader.history(rid) if e.event.type == "ActivityCompleted"]
+        dispose(reader)
         assert [out["pad"] for out in completed[:2]] == ["p" * 2000] * 2
 
 
@@ -150,4 +152,5 @@ def test_the_payload_scenario_writes_the_same_history_with_fast_paths_on_and_off
         assert h.result(rid, timeout=20) == {"first": {"echo": {"card": "4111", "size": 3000}},
                                              "big": 3000, "got": {"ok": True}}
         shapes.append(_shape(h, rid, rid))
+        dispose(h)
     assert shapes[0] == shapes[1]
