@@ -3,11 +3,13 @@
 Glue between the pure engine, the store and a ``Dispatcher`` (Celery, or the in-process one of
 embedded mode). Every operation is one transaction; messages and metrics go out only after it
 commits. **The next decision rides on the completion**: a worker that records an activity's
-completion and has the workflow registered decides in the same transaction. Nothing of the
-decision is written until its one write statement, so a decision that raises before it leaves
-the transaction as it was and the completion is recorded alone with a decision request; one that
-fails in the database aborts the transaction, and ``_outcome_transaction`` records the completion
-alone in a fresh one. A decision bug never loses a completion or runs a body again.
+completion and has the workflow registered decides with it — in one statement, inline, or
+through the decision task, as ``completion`` (the completion paths) chooses. Nothing of a
+decision is written, sent or counted until its one write statement (``staging``), so a decision
+that raises before it leaves the transaction as it was and the completion is recorded alone
+with a decision request; one that fails in the database aborts the transaction, and
+``completion.record_outcome`` records the completion alone in a fresh one. A decision bug never
+loses a completion or runs a body again.
 """
 
 from __future__ import annotations
