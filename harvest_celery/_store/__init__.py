@@ -1,6 +1,8 @@
 """The store: the one seam to the database. Schema and Alembic migrations, the engine and
-transactions (``store``, ``tx``), typed rows out (``records``: never a SQLAlchemy row), the one
-dialect seam (SQLite for embedded mode, Postgres), the activity side (``tasks``: claim,
+transactions (``store``, ``tx``), typed rows out (``records``: never a SQLAlchemy row), the
+run-state predicates declared once (``predicates``: their SQL, Core and Python forms), every raw
+statement (``sql``; ``pgwrite`` caches the run write's text by shape), the one dialect seam
+(``dialect``: SQLite for embedded mode, Postgres), the activity side (``tasks``: claim,
 completion, retries, leases), what the sweeper finds due (``sweeps``), every run mutation in
 one module (``runs``: signal, cancel, terminate, pause, resume, reset, fork, erase, purge),
 starting a run (``starts``: id reuse, concurrent starts, the announcement of a start made in an

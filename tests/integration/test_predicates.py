@@ -1,9 +1,11 @@
 """On Postgres, each run-state predicate's SQL text fragment and Core expression select exactly the
-rows its Python form accepts, for any combination of the columns it reads (hypothesis), and for
+rows its Python form accepts, for any combination of the columns it reads (hypothesis, then
+exhaustively over every combination of the values that make a difference), and for
 ``fast_path`` the attempt's task row too. Every row is written and rolled back in one transaction."""
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime, timezone
 from typing import Any
 
@@ -112,3 +114,65 @@ def test_sql_core_and_python_forms_agree(engine: Any, pred: p.Predicate) -> None
 
     agree()
     assert seen == {True, False}  # both answers were reached: the comparison can fail
+
+
+# ── exhaustively: every combination of the values above, many rows at once ────────────────────
+DOMAINS: dict[str, tuple[Any, ...]] = {"status": RUN_STATUSES, "next_seq": (1, 2),
+                                       "sticky_queue": (None, "q1@host", "q2@host")}
+PARAM_DOMAINS: dict[str, tuple[Any, ...]] = {"next_seq": (1, 2), "sticky_queue": (None, "q1@host", "q2@host"),
+                                             "attempt": (1, 2), "closes": (False, True)}
+TASK_DOMAINS: dict[str, tuple[Any, ...]] = {"status": TASK_STATUSES, "attempt": (1, 2)}
+
+
+def _product(columns: Any, domains: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
+    names = sorted(columns)
+    return [dict(zip(names, values, strict=True)) for values in
+            itertools.product(*(domains.get(c, (None, NOW)) for c in names))]
+
+
+def _matching(conn: Any, pred: p.Predicate, params: dict[str, Any], table: str) -> tuple[set[str], set[str]]:
+    """The ids the text fragment and the Core expression select among the combination rows."""
+    if table == p.RUN:
+        text = f"SELECT r.id FROM {executions.name} AS r WHERE r.id LIKE 'combo-%%' AND {pred.sql('r')}"
+        core = sa.select(executions.c.id).where(executions.c.id.like("combo-%"),
+                                                pred.core(executions, **params))
+    else:
+        text = (f"SELECT t.execution_id FROM {activity_tasks.name} AS t WHERE t.execution_id LIKE "
+                f"'combo-%%' AND {pred.sql('t', table=p.TASK)}")
+        core = sa.select(activity_tasks.c.execution_id).where(
+            activity_tasks.c.execution_id.like("combo-%"), pred.core(activity_tasks, on=p.TASK, **params))
+    by_text = {r[0] for r in conn.exec_driver_sql(text, {k: params[k] for k in pred.params})}
+    return by_text, {r[0] for r in conn.execute(core)}
+
+
+@pytest.mark.parametrize("pred", p.PREDICATES, ids=lambda pred: pred.name)
+def test_the_forms_agree_on_every_combination(engine: Any, pred: p.Predicate) -> None:
+    runs = _product(pred.columns, DOMAINS)
+    tasks = _product(pred.task_columns, TASK_DOMAINS) if pred.task_columns else []
+    with engine.connect() as conn:
+        trans = conn.begin()
+        try:
+            conn.execute(executions.insert(), [
+                {"id": f"combo-{i}", "workflow_type": "W", "created_at": NOW, "updated_at": NOW,
+                 "nd_block_count": 0, "status": "RUNNING", "next_seq": 1, **run}
+                for i, run in enumerate(runs)])
+            if tasks:
+                conn.execute(activity_tasks.insert(), [
+                    {"execution_id": f"combo-{i}", "activity_id": "a1", "activity_name": "act", "queue": "q",
+                     "event_seq": 1, **task} for i, task in enumerate(tasks)])
+            stored = {r.id: RunRow.from_mapping(r._mapping) for r in conn.execute(
+                sa.select(executions).where(executions.c.id.like("combo-%")))}
+            stored_tasks = {r.execution_id: TaskRow.from_mapping(r._mapping) for r in conn.execute(
+                sa.select(activity_tasks).where(activity_tasks.c.execution_id.like("combo-%")))}
+            sizes: set[int] = set()
+            for params in _product(pred.params, PARAM_DOMAINS) if pred.params else [{}]:
+                accepted = {i for i, row in stored.items() if all(t.holds(row, params) for t in pred.of(p.RUN))}
+                sizes.add(len(accepted))
+                assert _matching(conn, pred, params, p.RUN) == (accepted, accepted), params
+                if tasks:
+                    accepted = {i for i, task in stored_tasks.items()
+                                if all(t.holds(task, params) for t in pred.of(p.TASK))}
+                    assert _matching(conn, pred, params, p.TASK) == (accepted, accepted), params
+            assert max(sizes) > 0 and min(sizes) < len(stored)  # rows on both sides: it can fail
+        finally:
+            trans.rollback()
