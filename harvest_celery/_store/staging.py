@@ -5,7 +5,8 @@ returns its events, task rows, timers, dispatches, metrics, eager claim and blob
 transaction writes it (``Tx.write_staged``, ``Tx.apply_guarded_decision``): its blobs first, so
 no reader ever sees a reference to a missing blob, then its one statement. Only once that
 statement has written are its dispatches and metrics handed to the transaction, to be sent and
-counted after commit; a refused or failed statement deletes the blobs it put (best effort).
+counted after commit; a refused or failed statement deletes the blobs it put (best effort; an
+autocommit statement whose commit is unknown — its connection went — keeps them).
 
 A decision's blobs are put at ``{run}/{staging}/{seq}/{field}``: the run's prefix (erasure and
 purge delete everything under it, ``ListablePayloadStore``) and a part unique to this staging,

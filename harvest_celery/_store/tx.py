@@ -54,6 +54,17 @@ def _closes(values: dict[str, Any]) -> bool:
     return values.get("status") in TERMINAL_STATUSES or any(k in values for k in _SETTLING)
 
 
+def _outcome_unknown(exc: BaseException) -> bool:
+    """Did an autocommit statement fail in a way that leaves its commit unknown (the connection
+    went, or a signal interrupted it)? Then its blobs stay: its rows may reference them (an
+    orphan is deleted when the run is erased or purged)."""
+    if not isinstance(exc, Exception):
+        return True
+    if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError))
+
+
 class Tx:
     """One transaction. Methods named for what they do to a run."""
 
@@ -249,7 +260,13 @@ class Tx:
         if sql is None:
             return None, "unsupported_shape"
         self._put_blobs(staged.blobs)
-        if self._written_or_undone(staged.blobs, lambda: self.conn.exec_driver_sql(*sql).rowcount) != 1:
+        try:
+            written = self.conn.exec_driver_sql(*sql).rowcount == 1
+        except BaseException as exc:
+            if not _outcome_unknown(exc):  # it failed: nothing references its blobs
+                self._delete_blobs(staged.blobs)
+            raise
+        if not written:
             self._delete_blobs(staged.blobs)
             return None, "guard"
         self._take(staged)

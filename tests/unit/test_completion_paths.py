@@ -168,3 +168,17 @@ def test_erasure_deletes_every_blob_under_the_runs_prefix(tmp_path):
     counts = h.erase_payloads(rid)
     assert store.list(f"{rid}/") == [] and counts["blobs"] >= 2
     assert store.list(f"{other}/") == kept  # another run's blobs untouched
+
+
+def test_a_statement_whose_commit_is_unknown_keeps_its_blobs():
+    """A refused or failed guarded statement deletes its blobs; one whose connection went (or
+    that a signal interrupted) may have committed, so they stay (an orphan at worst, deleted by
+    prefix when the run is erased or purged)."""
+    import sqlalchemy as sa
+
+    from harvest_celery._store.tx import _outcome_unknown
+
+    lost = sa.exc.OperationalError("UPDATE", {}, Exception("server closed the connection"))
+    assert _outcome_unknown(lost) and _outcome_unknown(KeyboardInterrupt())
+    assert not _outcome_unknown(sa.exc.IntegrityError("INSERT", {}, Exception("duplicate key")))
+    assert not _outcome_unknown(RuntimeError("a bug"))
