@@ -310,18 +310,17 @@ def scrape_all(metric: str, **labels: str) -> float:
 
 
 def scrape(worker: str, metric: str, **labels: str) -> float:
-    """A counter's value as the worker process serves it on /metrics (0 if absent)."""
+    """A counter's value as the worker process serves it on /metrics, summed over the samples
+    whose labels match (``path="inline"`` sums every workflow's; 0 if absent)."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORTS[worker]}/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == metric and all(sample.labels.get(k) == v for k, v in labels.items()):
-                return float(sample.value)
-    return 0.0
+    return sum(float(sample.value) for family in text_string_to_metric_families(text)
+               for sample in family.samples
+               if sample.name == metric and all(sample.labels.get(k) == v for k, v in labels.items()))
 
 
 @pytest.fixture(scope="module")

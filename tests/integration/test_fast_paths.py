@@ -82,12 +82,19 @@ def _paths() -> dict[str, float]:
     return {p: scrape_all("harvest_decisions_total", path=p) for p in ("one_statement", "inline", "task")}
 
 
+def _fallbacks() -> dict[str, float]:
+    from harvest_celery._runtime.completion import FALLBACK_REASONS
+
+    return {r: v for r in FALLBACK_REASONS if (v := scrape_all("harvest_decision_fallbacks_total", reason=r))}
+
+
 def test_the_core_scenarios_write_the_same_histories_with_fast_paths_on_and_off(harvest, workers,
                                                                                 redis_client):
     before = _paths()
     fast = _run_all(harvest, redis_client)
     after = _paths()
-    assert after["one_statement"] > before["one_statement"] and after["inline"] > before["inline"]
+    assert after["one_statement"] > before["one_statement"] and after["inline"] > before["inline"], (
+        before, after, _fallbacks())
     with worker_env(workers, HARVEST_TEST_FAST_PATHS="0"):
         plain = _run_all(harvest, redis_client)
         # fresh worker processes: every decision they took went through the decision task
