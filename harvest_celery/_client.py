@@ -34,6 +34,7 @@ from harvest_celery._payloads.stores import PayloadStore
 from harvest_celery._runtime import settings as config
 from harvest_celery._runtime.adopt import adopt
 from harvest_celery._runtime.celery import CeleryDispatcher, install, register_activity
+from harvest_celery._runtime.completion import fast_path_settings
 from harvest_celery._runtime.consumers import QueueConsumers, waiting_hints
 from harvest_celery._runtime.inline import InlineDispatcher
 from harvest_celery._runtime.runtime import Runtime
@@ -66,14 +67,18 @@ class Harvest:
                  timings: Timings | None = None, sweep_interval: float = 1.0,
                  codec: Codec | None = None, payload_store: PayloadStore | None = None,
                  offload_threshold: int = 256 * 1024,
-                 celery_error_detail: Literal["full", "type"] = "full", eager_max_chain: int = 8,
-                 inline_decisions: bool = True, inline_cold_max_events: int = 500,
-                 sticky_sessions: bool = True, sticky_routing: bool = True, max_sessions: int = 1000,
+                 celery_error_detail: Literal["full", "type"] = "full", eager_max_chain: int | None = None,
+                 inline_decisions: bool | None = None, inline_cold_max_events: int = 500,
+                 sticky_sessions: bool | None = None, sticky_routing: bool = True, max_sessions: int = 1000,
+                 fast_paths: bool = True,
                  pool_size: int | None = None, max_overflow: int | None = None,
                  claim_pool_size: int | None = None, claim_max_overflow: int | None = None) -> None:
         """Every keyword is a row of docs/configuration.md (None: the default it documents). A
-        bad value raises ``ValueError`` naming it, before anything connects."""
+        bad value, or ``fast_paths=False`` with one of the three settings it stands for passed at
+        its fast value, raises ``ValueError`` naming it, before anything connects."""
         options = config.checked({k: v for k, v in locals().items() if k in config.BY_NAME})
+        options.update(fast_path_settings(options["fast_paths"], inline_decisions, sticky_sessions,
+                                          eager_max_chain))
         self.database_url = database_url or EMBEDDED_URL
         payloads = Payloads(options["codec"], options["payload_store"], options["offload_threshold"])
         self.store = Store(self.database_url, payloads=payloads, pools=config.pools(options))

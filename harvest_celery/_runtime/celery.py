@@ -135,6 +135,13 @@ def install(app: Celery, runtime: Runtime) -> None:
             eager.run_chain(app, self.request.hostname, runtime, take, _timeout_as_failure)
 
     signals.task_prerun.connect(_on_prerun, weak=False)
+    _connect_worker_signals(app, runtime)
+
+
+def _connect_worker_signals(app: Celery, runtime: Runtime) -> None:
+    """The worker's start, init and shutdown hooks for this app: the sweeper and metrics
+    endpoint once ready, the queues and preflight at init, ``shutting_down`` on shutdown."""
+
     def _start_sweeper(sender: Any = None, **_kw: Any) -> None:
         consumer = getattr(sender, "app", None)
         if consumer is not app:

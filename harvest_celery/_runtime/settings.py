@@ -48,6 +48,13 @@ class Settings:
     # what a failed attempt shows Celery (Flower, Sentry, task_failure): "full" (the exception
     # and its traceback) or "type" (its type only; exception text can quote the payload)
     celery_error_detail: str = "full"
+    # False: every step through the decision task — shorthand for inline_decisions=False,
+    # sticky_sessions=False, eager_max_chain=0 (a debugging switch; docs/operations.md)
+    fast_paths: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.fast_paths:
+            self.inline_decisions, self.sticky_sessions, self.eager_max_chain = False, False, 0
 
 
 def _count(low: int) -> Callable[[Any], bool]:
@@ -98,6 +105,7 @@ KEYWORDS: tuple[Keyword, ...] = (
     Keyword("sticky_sessions", Settings.sticky_sessions, "True or False", _flag),
     Keyword("sticky_routing", Settings.sticky_routing, "True or False", _flag),
     Keyword("max_sessions", Settings.max_sessions, "a count of at least 0", _count(0)),
+    Keyword("fast_paths", Settings.fast_paths, "True or False", _flag),
     Keyword("pool_size", Pools.size, "a count of at least 1", _count(1), env="HARVEST_POOL_SIZE"),
     Keyword("max_overflow", Pools.overflow, "a count of at least 0", _count(0), env="HARVEST_MAX_OVERFLOW"),
     Keyword("claim_pool_size", Pools.claim_size, "a count of at least 1", _count(1),

@@ -1,5 +1,6 @@
 """The store: the one seam to the database. Schema and Alembic migrations, the engine and
-transactions (``store``, ``tx``), typed rows out (``records``: never a SQLAlchemy row), the
+transactions (``store``, ``tx``), a decision staged as a value before it is written
+(``staging``: nothing sent, counted or put before its statement), typed rows out (``records``: never a SQLAlchemy row), the
 run-state predicates declared once (``predicates``: their SQL, Core and Python forms), every raw
 statement (``sql``; ``pgwrite`` caches the run write's text by shape), the one dialect seam
 (``dialect``: SQLite for embedded mode, Postgres), the activity side (``tasks``: claim,

@@ -58,6 +58,13 @@ class PostgresPayloadStore:
         with self.engine.begin() as conn:
             conn.execute(blobs.delete().where(blobs.c.key == key))
 
+    def list(self, prefix: str) -> list[str]:
+        """Every key of this store starting with ``prefix`` (``ListablePayloadStore``)."""
+        q = sa.select(blobs.c.key).where(blobs.c.key.startswith(prefix, autoescape=True)
+                                         & (blobs.c.store_id == self.store_id)).order_by(blobs.c.key)
+        with self.engine.connect() as conn:
+            return [str(key) for key in conn.execute(q).scalars()]
+
 
 class ConnectionBlobs:
     """The Postgres payload store writing on a given SQLAlchemy connection — an application's,

@@ -23,6 +23,7 @@ from harvest_celery._core.names import TaskStatus
 from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
+from harvest_celery._payloads.stores import listable, run_prefix
 from harvest_celery._store import redaction, runs, sql
 from harvest_celery._store.dialect import Dialect, Pools, dialect_for
 from harvest_celery._store.listener import listener_for
@@ -266,36 +267,47 @@ class Store:
 
     # ── erasure and retention (blobs deleted once the transaction commits) ─────────────────
     def erase(self, execution_id: str, *, with_forks: bool = False) -> dict[str, Any]:
-        """PII erasure of one terminal run, or of its whole fork family (see ``runs.erase``)."""
+        """PII erasure of one terminal run, or of its whole fork family (see ``runs.erase``):
+        after the commit, every blob its rows reference and, with a store that lists
+        (``ListablePayloadStore``), every blob under each erased run's prefix."""
         with self.begin() as tx:
             counts, refs = runs.erase(tx, execution_id, utcnow(), with_forks=with_forks)
-        self._delete_blobs(refs)
+        counts["blobs"] = self._delete_blobs(refs, [execution_id, *counts.get("forks", [])])
         return counts
 
     def purge(self, older_than_days: float, batch: int = 500) -> dict[str, int]:
         """Delete terminal runs closed more than ``older_than_days`` ago, in bounded batches;
-        never a live run."""
+        never a live one. Their blobs go as an erasure's do."""
         cutoff: datetime = utcnow() - timedelta(days=older_than_days)
         totals = {"runs": 0, "events": 0, "blobs": 0}
         while True:
             with self.begin() as tx:
                 ids = runs.purgeable(tx, cutoff, batch)
                 removed, refs = runs.delete_runs(tx, ids) if ids else (0, [])
-            self._delete_blobs(refs)
+            totals["blobs"] += self._delete_blobs(refs, ids)
             totals["runs"] += len(ids)
             totals["events"] += removed
-            totals["blobs"] += len(refs)
             if len(ids) < batch:
                 return totals
 
-    def _delete_blobs(self, refs: Sequence[tuple[str, str]]) -> None:
+    def _delete_blobs(self, refs: Sequence[tuple[str, str]], run_ids: Sequence[str]) -> int:
+        """Delete the referenced blobs, and every blob under the runs' prefixes when the store
+        lists (an orphan of a write that never happened is referenced by no row). Returns how
+        many distinct blobs were deleted."""
         store = self.payloads.store
+        keys: set[str] = set()
         for store_id, key in refs:
             if store is not None and store.store_id == store_id:
-                store.delete(key)
+                keys.add(key)
             else:
                 log.warning("blob %s lives in payload store %r, which is not configured: not deleted",
                             key, store_id)
+        if store is not None and listable(store):
+            for run_id in run_ids:
+                keys.update(store.list(run_prefix(run_id)))
+        for key in sorted(keys):
+            store.delete(key)
+        return len(keys)
 
     def cancel_branch(self, execution_id: str) -> CancelBranch | None:
         """The post-cancel branch of a sealed run (None: the run was never sealed by a cancel),

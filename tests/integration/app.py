@@ -39,6 +39,9 @@ harvest = Harvest(
     offload_threshold=OFFLOAD or 256 * 1024,
     timings=Timings(default_lease=30.0, redispatch_after=3.0, nd_retry_initial=0.5, nd_retry_max=2.0),
     sweep_interval=0.3,
+    # HARVEST_TEST_FAST_PATHS=0: a worker restarted with it sends every step through the
+    # decision task (the fast-paths comparison tests)
+    fast_paths=os.environ.get("HARVEST_TEST_FAST_PATHS") != "0",
 )
 
 # HARVEST_TEST_COLD=1: a worker restarted with it keeps no warm replay, so every decision it takes

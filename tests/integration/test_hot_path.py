@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -126,12 +127,13 @@ def decisions(path: str, workflow: str) -> float:
 
 def test_the_next_decision_is_taken_inline_by_the_completing_worker(harvest):
     h = make()
-    before = (decisions("inline", "hp_steps"), decisions("task", "hp_steps"))
+    before = {path: decisions(path, "hp_steps") for path in ("one_statement", "inline", "task")}
     rid = h.start_workflow("hp_steps", 5, execution_id=run_id())
     assert h.result(rid, timeout=10) == 10
-    # the start's decision goes through the decision task; each of the 5 completions decides inline
-    assert decisions("inline", "hp_steps") - before[0] == 5
-    assert decisions("task", "hp_steps") - before[1] == 1
+    # the start's decision goes through the decision task; each of the 5 completions decides
+    # with it, in one statement (counted as its own path, not as inline)
+    assert {path: decisions(path, "hp_steps") - n for path, n in before.items()} == {
+        "one_statement": 5, "inline": 0, "task": 1}
 
 
 def _completions(h: Harvest, execution_id: str) -> list[str]:
@@ -200,13 +202,15 @@ def test_a_completion_whose_run_moved_on_is_refused_by_the_guard_and_recorded_th
 
     def spy(self: Tx, *args: Any, **kwargs: Any) -> Any:
         result = real(self, *args, **kwargs)
-        written.append(result is not None)
+        written.append(result[0] is not None)
         return result
 
     monkeypatch.setattr(Tx, "apply_guarded_decision", spy)
+    before = fallbacks()
     rid = h.start_workflow("hp_signalled", None, execution_id=run_id())
     assert h.result(rid, timeout=10) == [1, "sig", 2]
     assert written[0] is False  # the signal moved the run on: nothing written
+    assert fallbacks(before)["guard"] == 1  # counted once, as the guard's refusal
     types = [e.event.type for e in h.history(rid)]
     assert types.count("ActivityCompleted") == 2 and types.count("SignalReceived") == 1, types
     assert [e.seq for e in h.history(rid)] == list(range(len(types)))
@@ -243,18 +247,44 @@ def test_the_completion_is_stored_at_the_time_the_deciding_replay_saw(harvest, s
     assert seen == completed.recorded_at.isoformat()
 
 
-def test_no_one_statement_completion_with_an_offloading_payload_store(harvest, monkeypatch):
-    """Staging a decision offloads its big payloads to the store at keys named by seq, which
-    only the run lock makes free to write: with a store that offloads, the guarded statement
-    (staged before its guard is checked) is never used."""
+class _UnlistedStore:
+    """A payload store of the three-call Protocol only: it cannot list its blobs."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.store_id = store, store.store_id
+
+    def put(self, key: str, data: bytes) -> None:
+        self.store.put(key, data)
+
+    def get(self, key: str) -> bytes:
+        return self.store.get(key)
+
+    def delete(self, key: str) -> None:
+        self.store.delete(key)
+
+
+def test_an_offloading_store_that_cannot_list_keeps_the_ordinary_path(harvest, monkeypatch):
+    """A store without ``list`` (not a ``ListablePayloadStore``) could not find an orphan a
+    crash left between a blob and its statement: while it offloads, the guarded statement is
+    never used, and each completion counts the ``offload`` fallback."""
     tried: list[str] = []
     monkeypatch.setattr(Tx, "apply_guarded_decision",
                         lambda self, row, *a, **k: tried.append(row.id))
-    h = Harvest(DATABASE_URL, payload_store=PostgresPayloadStore(), offload_threshold=1024)
+    h = Harvest(DATABASE_URL, payload_store=_UnlistedStore(PostgresPayloadStore()), offload_threshold=1024)
     h.register(hp_step, hp_steps)
+    before = fallbacks()
     rid = h.start_workflow("hp_steps", 3, execution_id=run_id())
     assert h.result(rid, timeout=10) == 3
     assert tried == []
+    assert {k: v for k, v in fallbacks(before).items() if v} == {"offload": 3}
+
+
+def fallbacks(before: dict[str, float] | None = None) -> dict[str, float]:
+    """``harvest_decision_fallbacks_total`` by reason (in this process), since ``before``."""
+    from harvest_celery._runtime.completion import FALLBACK_REASONS
+
+    now = {r: METRICS.value("decision_fallbacks", {"reason": r}) for r in FALLBACK_REASONS}
+    return {r: v - (before or {}).get(r, 0.0) for r, v in now.items()}
 
 
 def _count(h: Harvest, work: Any) -> dict[str, int]:
@@ -313,14 +343,15 @@ def test_a_step_costs_at_most_two_commits_and_six_round_trips(harvest):
 @pytest.mark.parametrize("data", [{"n": 3}, {"n": 2, "fail": True}], ids=["completes", "unwinds"])
 def test_the_inline_and_the_plain_paths_write_identical_histories(harvest, data):
     fast, plain = make(inline=True), make(inline=False)
-    before = decisions("inline", "hp_saga")
+    before = decisions("inline", "hp_saga"), decisions("one_statement", "hp_saga")
     a, b = run_id(), run_id()
     fast.start_workflow("hp_saga", data, execution_id=a)
     plain.start_workflow("hp_saga", data, execution_id=b)
     for h, rid in ((fast, a), (plain, b)):
         assert h.describe(rid).status in ("COMPLETED", "FAILED")
     assert shape(fast, a) == shape(plain, b)
-    assert decisions("inline", "hp_saga") > before  # the fast path really decided inline
+    # the fast paths really ran: decisions taken inline, and in one statement
+    assert decisions("inline", "hp_saga") > before[0] and decisions("one_statement", "hp_saga") > before[1]
 
 
 @pytest.mark.parametrize("data", [{"n": 3}, {"n": 2, "fail": True}], ids=["completes", "unwinds"])
@@ -462,6 +493,10 @@ def test_eager_runs_the_next_activity_here_through_the_claim_and_caps_the_chain(
     # every body had its ActivityStarted, appended by the claim, before it ran
     types = _types(harvest, rid)
     assert types.count("ActivityStarted") == 20 == types.count("ActivityCompleted")
+    # each attempt exactly one ActivityStarted: the eager path never runs a second claim
+    starts = Counter((h.event.activity_id, h.event.attempt) for h in harvest.history(rid)
+                     if h.event.type == "ActivityStarted")
+    assert set(starts.values()) == {1} and len(starts) == 20, starts
     history = harvest.history(rid)
     assert [h.seq for h in history] == list(range(len(types)))
     # an eager body was claimed in the very write of the decision that scheduled it (no claim

@@ -61,6 +61,6 @@ def test_every_package_module_is_in_the_layout():
 
 
 def test_every_path_the_page_names_exists():
-    named = set(_PATH.findall(DOC.read_text()))
+    named = {p for p in _PATH.findall(DOC.read_text()) if "/" in p}  # not dotted module names
     missing = sorted(p for p in named if not (ROOT / p.split("::")[0].rstrip(".")).exists())
     assert named and missing == []
