@@ -32,8 +32,9 @@ from harvest_celery._client import Harvest, configure_dedicated_celery_app
 
 probes.install()
 
-DATABASE_URL = os.environ.get("HARVEST_BENCH_DATABASE_URL",
-                              "postgresql+psycopg2://postgres@127.0.0.1:5432/harvest_bench")
+DATABASE_URL = os.environ.get(
+    "HARVEST_BENCH_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/harvest_bench"
+)
 BROKER_URL = os.environ.get("HARVEST_BENCH_BROKER_URL", "redis://127.0.0.1:6379/7")
 RESULT_BACKEND = os.environ.get("HARVEST_BENCH_RESULT_BACKEND", "redis://127.0.0.1:6379/7")
 
@@ -96,8 +97,7 @@ def bench_fanout(g: DagBuilder) -> None:
     g.activity(fan_fail).upstream(cells)
 
 
-harvest.register(bench_step, bench_seq, bench_wait, fan_items, fan_cell, fan_undo, fan_fail,
-                 bench_fanout)
+harvest.register(bench_step, bench_seq, bench_wait, fan_items, fan_cell, fan_undo, fan_fail, bench_fanout)
 
 
 @app.task(name="raw_step", queue="bench", ignore_result=False)

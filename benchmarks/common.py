@@ -21,8 +21,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-PG_ADMIN_URL = os.environ.get("HARVEST_BENCH_ADMIN_URL",
-                              "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN_URL = os.environ.get(
+    "HARVEST_BENCH_ADMIN_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/postgres"
+)
 HARVEST_DB = "harvest_bench"
 DBOS_DB = "dbos_bench"
 DBOS_URL = f"postgresql://postgres@127.0.0.1:5432/{DBOS_DB}"
@@ -35,8 +36,11 @@ ACTIVITY_QUEUES = "default,bench"
 TOPOLOGIES: dict[str, list[tuple[str, str]]] = {
     "single": [("all", ALL_QUEUES)],
     "split": [("decision", DECISION_QUEUES), ("activity", ACTIVITY_QUEUES)],
-    "split_2dec": [("decision", DECISION_QUEUES), ("decision", DECISION_QUEUES),
-                   ("activity", ACTIVITY_QUEUES)],
+    "split_2dec": [
+        ("decision", DECISION_QUEUES),
+        ("decision", DECISION_QUEUES),
+        ("activity", ACTIVITY_QUEUES),
+    ],
     "pair": [("all", ALL_QUEUES), ("all", ALL_QUEUES)],
 }
 TOPOLOGY_LABELS = {
@@ -65,9 +69,14 @@ def summary(values_s: list[float]) -> dict[str, float]:
     """Median / p95 / min / max / mean of a list of seconds, in milliseconds."""
     if not values_s:
         return {"n": 0}
-    return {"n": len(values_s), "median_ms": ms(statistics.median(values_s)),
-            "p95_ms": ms(pct(values_s, 95)), "min_ms": ms(min(values_s)),
-            "max_ms": ms(max(values_s)), "mean_ms": ms(statistics.fmean(values_s))}
+    return {
+        "n": len(values_s),
+        "median_ms": ms(statistics.median(values_s)),
+        "p95_ms": ms(pct(values_s, 95)),
+        "min_ms": ms(min(values_s)),
+        "max_ms": ms(max(values_s)),
+        "mean_ms": ms(statistics.fmean(values_s)),
+    }
 
 
 def ratio(a: float | None, b: float | None) -> float:
@@ -115,8 +124,9 @@ def fresh_database(name: str) -> None:
 
     admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(sa.text(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"), {"d": name})
+        conn.execute(
+            sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"), {"d": name}
+        )
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     admin.dispose()
@@ -132,12 +142,25 @@ def pg_database_stats(name: str = HARVEST_DB) -> dict[str, int]:
     admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
-            row = dict(conn.execute(sa.text(
-                "SELECT xact_commit, xact_rollback, tup_inserted, tup_updated, tup_deleted "
-                "FROM pg_stat_database WHERE datname = :d"), {"d": name}).mappings().first() or {})
+            row = dict(
+                conn.execute(
+                    sa.text(
+                        "SELECT xact_commit, xact_rollback, tup_inserted, tup_updated, tup_deleted "
+                        "FROM pg_stat_database WHERE datname = :d"
+                    ),
+                    {"d": name},
+                )
+                .mappings()
+                .first()
+                or {}
+            )
             try:
-                row.update(conn.execute(sa.text(
-                    "SELECT wal_records, wal_bytes, wal_sync FROM pg_stat_wal")).mappings().first() or {})
+                row.update(
+                    conn.execute(sa.text("SELECT wal_records, wal_bytes, wal_sync FROM pg_stat_wal"))
+                    .mappings()
+                    .first()
+                    or {}
+                )
             except sa.exc.DBAPIError:  # pg_stat_wal is Postgres 14+
                 pass
     finally:
@@ -156,9 +179,12 @@ def pg_statement_calls(name: str = HARVEST_DB) -> tuple[int | None, str]:
     try:
         with engine.connect() as conn:
             conn.execute(sa.text("CREATE EXTENSION IF NOT EXISTS pg_stat_statements"))
-            calls = conn.execute(sa.text(
-                "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = "
-                "(SELECT oid FROM pg_database WHERE datname = current_database())")).scalar()
+            calls = conn.execute(
+                sa.text(
+                    "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements WHERE dbid = "
+                    "(SELECT oid FROM pg_database WHERE datname = current_database())"
+                )
+            ).scalar()
         return int(calls or 0), "ok"
     except Exception as exc:  # noqa: BLE001 - optional: reported, skipped
         return None, str(exc).splitlines()[0][:200]
@@ -184,12 +210,31 @@ class Worker:
     def launch(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        cmd = [sys.executable, "-m", "celery", "-A", "benchmarks.app", "worker", "-Q", self.queues,
-               "-n", self.node, "-P", "threads", "-c", str(self.concurrency),
-               "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "INFO"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "benchmarks.app",
+            "worker",
+            "-Q",
+            self.queues,
+            "-n",
+            self.node,
+            "-P",
+            "threads",
+            "-c",
+            str(self.concurrency),
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "INFO",
+        ]
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def wait_ready(self, timeout: float = 60) -> None:
         assert self.proc is not None
@@ -225,8 +270,10 @@ class Cluster:
     def __init__(self, topology: str, concurrency: int, tag: str) -> None:
         self.topology = topology
         self.roles = [role for role, _ in TOPOLOGIES[topology]]
-        self.workers = [Worker(queues, concurrency, RESULTS / f"worker-{tag}-{role}{i}.log")
-                        for i, (role, queues) in enumerate(TOPOLOGIES[topology])]
+        self.workers = [
+            Worker(queues, concurrency, RESULTS / f"worker-{tag}-{role}{i}.log")
+            for i, (role, queues) in enumerate(TOPOLOGIES[topology])
+        ]
 
     def __enter__(self) -> Cluster:
         try:
@@ -253,9 +300,13 @@ class Cluster:
         """``bench_stats`` of every worker, by node name (remote control, one reply each)."""
         from benchmarks.app import app
 
-        replies = app.control.broadcast("bench_stats", reply=True, timeout=timeout,
-                                        destination=[w.node for w in self.workers],
-                                        limit=len(self.workers))
+        replies = app.control.broadcast(
+            "bench_stats",
+            reply=True,
+            timeout=timeout,
+            destination=[w.node for w in self.workers],
+            limit=len(self.workers),
+        )
         merged: dict[str, dict[str, Any]] = {}
         for reply in replies or []:
             merged.update(reply)

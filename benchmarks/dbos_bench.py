@@ -138,8 +138,12 @@ def main() -> None:
     args = parser.parse_args()
     parts = set(args.parts.split(","))
 
-    config: DBOSConfig = {"name": "harvest-bench", "system_database_url": args.url,
-                          "run_admin_server": False, "log_level": "WARNING"}
+    config: DBOSConfig = {
+        "name": "harvest-bench",
+        "system_database_url": args.url,
+        "run_admin_server": False,
+        "log_level": "WARNING",
+    }
     DBOS(config=config)
     DBOS.launch()
     out: dict[str, Any] = {"version": _version()}

@@ -34,9 +34,15 @@ def bench_decide(sizes: tuple[int, ...] = (10, 100, 1000)) -> dict[str, Any]:
         check = decide(definition, activation, sim.registry)
         assert check.nd is None and len(check.commands) == 1 and check.outcome is None, check
         per_call = bench_call(lambda a=activation: decide(definition, a, sim.registry))
-        rows.append({"events": len(run.history), "completed_steps": k, "us_per_decision": per_call * 1e6,
-                     "us_per_event": per_call * 1e6 / len(run.history),
-                     "us_per_warm_decision": bench_warm(definition, activation, sim) * 1e6})
+        rows.append(
+            {
+                "events": len(run.history),
+                "completed_steps": k,
+                "us_per_decision": per_call * 1e6,
+                "us_per_event": per_call * 1e6 / len(run.history),
+                "us_per_warm_decision": bench_warm(definition, activation, sim) * 1e6,
+            }
+        )
     base = rows[0]["us_per_decision"]
     for row in rows:
         row["ratio_vs_smallest"] = row["us_per_decision"] / base
@@ -46,15 +52,20 @@ def bench_decide(sizes: tuple[int, ...] = (10, 100, 1000)) -> dict[str, Any]:
     if last["us_per_decision"] < 2 * first["us_per_decision"]:
         shape = "flat"
     elif per_event_growth > 2:
-        shape = (f"SUPER-linear: cost per event grows x{per_event_growth:.1f} from "
-                 f"{first['events']} to {last['events']} events")
+        shape = (
+            f"SUPER-linear: cost per event grows x{per_event_growth:.1f} from "
+            f"{first['events']} to {last['events']} events"
+        )
     elif per_event_growth < 0.5:
         shape = "sub-linear"
     else:
         shape = "linear (cost per event roughly constant)"
-    return {"rows": rows, "shape": shape,
-            "note": "decide() only: excludes loading and decoding the history from Postgres, "
-                    "which is also linear in history length"}
+    return {
+        "rows": rows,
+        "shape": shape,
+        "note": "decide() only: excludes loading and decoding the history from Postgres, "
+        "which is also linear in history length",
+    }
 
 
 def bench_warm(definition: Any, activation: Any, sim: Any, steps: int = 8) -> float:
@@ -71,10 +82,17 @@ def bench_warm(definition: Any, activation: Any, sim: Any, steps: int = 8) -> fl
     for _ in range(steps):
         (command,) = session.decision.commands
         seq = len(session.events)
-        new = [ev.HistoryEvent(seq, ev.ActivityScheduled(command.activity_id, command.activity_name,
-                                                         command.input, command.queue), now),
-               ev.HistoryEvent(seq + 1, ev.ActivityStarted(command.activity_id, 1, "bench"), now),
-               ev.HistoryEvent(seq + 2, ev.ActivityCompleted(command.activity_id, command.input + 1), now)]
+        new = [
+            ev.HistoryEvent(
+                seq,
+                ev.ActivityScheduled(
+                    command.activity_id, command.activity_name, command.input, command.queue
+                ),
+                now,
+            ),
+            ev.HistoryEvent(seq + 1, ev.ActivityStarted(command.activity_id, 1, "bench"), now),
+            ev.HistoryEvent(seq + 2, ev.ActivityCompleted(command.activity_id, command.input + 1), now),
+        ]
         t0 = time.perf_counter()
         decision = session.advance(new, sim.config)
         total += time.perf_counter() - t0
@@ -88,11 +106,26 @@ def representative_event() -> dict[str, Any]:
 
     order = {
         "order_id": "ord_9f3c2a71",
-        "customer": {"id": "cus_1042", "email": "ada@example.com", "name": "Ada Lovelace",
-                     "address": {"line1": "12 Analytical Row", "city": "London", "postcode": "N1 9GU",
-                                 "country": "GB"}},
-        "items": [{"sku": f"SKU-{i:05d}", "qty": i % 3 + 1, "unit_price_cents": 1299 + 37 * i,
-                   "title": f"Widget model {i} with a reasonably descriptive title"} for i in range(6)],
+        "customer": {
+            "id": "cus_1042",
+            "email": "ada@example.com",
+            "name": "Ada Lovelace",
+            "address": {
+                "line1": "12 Analytical Row",
+                "city": "London",
+                "postcode": "N1 9GU",
+                "country": "GB",
+            },
+        },
+        "items": [
+            {
+                "sku": f"SKU-{i:05d}",
+                "qty": i % 3 + 1,
+                "unit_price_cents": 1299 + 37 * i,
+                "title": f"Widget model {i} with a reasonably descriptive title",
+            }
+            for i in range(6)
+        ],
         "currency": "GBP",
         "notes": "Leave at the side door.",
     }
@@ -123,8 +156,11 @@ def bench_codec() -> dict[str, Any]:
     }
     rows["fernet_encode_us"] = bench_call(lambda: fernet.encode_event(data, "exec-1/0001")) * 1e6
     rows["fernet_decode_us"] = bench_call(lambda: fernet.decode_event(encoded)) * 1e6
-    return {"event_bytes": size,
-            "encoded_event_bytes": len(json.dumps(encoded, separators=(",", ":")).encode()), **rows}
+    return {
+        "event_bytes": size,
+        "encoded_event_bytes": len(json.dumps(encoded, separators=(",", ":")).encode()),
+        **rows,
+    }
 
 
 # ── floor ingredients: one Postgres commit ───────────────────────────────────────────────────

@@ -49,8 +49,9 @@ def _autocommit(conn: Any) -> bool:
             return False
 
 
-def _on_execute(conn: Any, _cursor: Any, _statement: Any, parameters: Any, _context: Any,
-                executemany: bool) -> None:
+def _on_execute(
+    conn: Any, _cursor: Any, _statement: Any, parameters: Any, _context: Any, executemany: bool
+) -> None:
     if executemany:
         _add("executemany_rows", len(parameters) if parameters is not None else 0)
     if _autocommit(conn):
@@ -88,8 +89,15 @@ def snapshot() -> dict[str, Any]:
     """This process's counters, derived round trips, and memory."""
     with _lock:
         counts = dict(_counts)
-    for key in ("statements", "commits", "rollbacks", "autocommit_statements", "executemany_rows",
-                "published", "tasks_run"):
+    for key in (
+        "statements",
+        "commits",
+        "rollbacks",
+        "autocommit_statements",
+        "executemany_rows",
+        "published",
+        "tasks_run",
+    ):
         counts.setdefault(key, 0)
     counts["round_trips"] = counts["statements"] + 2 * (counts["commits"] + counts["rollbacks"])
     counts["pg_transactions"] = counts["commits"] + counts["autocommit_statements"]

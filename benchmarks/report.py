@@ -62,31 +62,87 @@ def main_rows(res: dict[str, Any]) -> list[Row]:
             continue
         raw = t["raw_celery"]["client_waited"]["per_step"]["median_ms"]
         h, span = t["harvest"]["per_step"]["median_ms"], t["harvest"]["server_span_per_step"]["median_ms"]
-        rows.append([tag, f"sequential, {t['label']}: ms/step, client start→result",
-                     fmt(h), fmt(raw), fmt(dbos_step), x(t["ratios"]["harvest_over_raw_celery"]),
-                     x(t["ratios"]["harvest_over_dbos"])])
-        rows.append([tag, "  same runs, median of per-round ratios (min–max)", "", "", "",
-                     xs(t["ratios"].get("rounds_harvest_over_raw_celery")), ""])
-        rows.append([tag, "  same runs, server span (no client wait in it): ms/step", fmt(span),
-                     fmt(raw), fmt(dbos_step), x(t["ratios"]["harvest_span_over_raw_celery"]),
-                     x(span / dbos_step if dbos_step else None)])
+        rows.append(
+            [
+                tag,
+                f"sequential, {t['label']}: ms/step, client start→result",
+                fmt(h),
+                fmt(raw),
+                fmt(dbos_step),
+                x(t["ratios"]["harvest_over_raw_celery"]),
+                x(t["ratios"]["harvest_over_dbos"]),
+            ]
+        )
+        rows.append(
+            [
+                tag,
+                "  same runs, median of per-round ratios (min–max)",
+                "",
+                "",
+                "",
+                xs(t["ratios"].get("rounds_harvest_over_raw_celery")),
+                "",
+            ]
+        )
+        rows.append(
+            [
+                tag,
+                "  same runs, server span (no client wait in it): ms/step",
+                fmt(span),
+                fmt(raw),
+                fmt(dbos_step),
+                x(t["ratios"]["harvest_span_over_raw_celery"]),
+                x(span / dbos_step if dbos_step else None),
+            ]
+        )
     for lv in _get(res, "throughput", "levels") or []:
-        rows.append(["B2", f"throughput, {lv['inflight']} in flight: steps/s",
-                     fmt(lv["harvest"].get("steps_per_s"), 1), fmt(lv["raw_celery"].get("steps_per_s"), 1),
-                     fmt(lv["dbos"].get("steps_per_s"), 1), x(lv["raw_over_harvest"]),
-                     x(lv["dbos_over_harvest"])])
+        rows.append(
+            [
+                "B2",
+                f"throughput, {lv['inflight']} in flight: steps/s",
+                fmt(lv["harvest"].get("steps_per_s"), 1),
+                fmt(lv["raw_celery"].get("steps_per_s"), 1),
+                fmt(lv["dbos"].get("steps_per_s"), 1),
+                x(lv["raw_over_harvest"]),
+                x(lv["dbos_over_harvest"]),
+            ]
+        )
         if lv.get("repeats_raw_over_harvest"):
-            rows.append(["B2", "  median of per-repeat ratios (min–max)", "", "", "",
-                         xs(lv["repeats_raw_over_harvest"]), ""])
+            rows.append(
+                [
+                    "B2",
+                    "  median of per-repeat ratios (min–max)",
+                    "",
+                    "",
+                    "",
+                    xs(lv["repeats_raw_over_harvest"]),
+                    "",
+                ]
+            )
     fan = res.get("fanout")
     if fan and "error" not in fan:
-        rows.append(["B4", f"fan-out {fan['cells']} cells + unwind: s (raw: {fan['cells']} undo tasks)",
-                     fmt(fan["harvest"]["wall_s"]), fmt(fan["raw_celery"]["per_cell_undo_s"]),
-                     fmt(fan["dbos"].get("wall_s")), x(fan["ratios"]["harvest_over_raw_per_cell_undo"]),
-                     x(fan["ratios"]["harvest_over_dbos"])])
-        rows.append(["B4", "  same, raw Celery with one batch undo task (like for like)",
-                     fmt(fan["harvest"]["wall_s"]), fmt(fan["raw_celery"]["batch_undo_s"]), "",
-                     x(fan["ratios"]["harvest_over_raw_batch_undo"]), ""])
+        rows.append(
+            [
+                "B4",
+                f"fan-out {fan['cells']} cells + unwind: s (raw: {fan['cells']} undo tasks)",
+                fmt(fan["harvest"]["wall_s"]),
+                fmt(fan["raw_celery"]["per_cell_undo_s"]),
+                fmt(fan["dbos"].get("wall_s")),
+                x(fan["ratios"]["harvest_over_raw_per_cell_undo"]),
+                x(fan["ratios"]["harvest_over_dbos"]),
+            ]
+        )
+        rows.append(
+            [
+                "B4",
+                "  same, raw Celery with one batch undo task (like for like)",
+                fmt(fan["harvest"]["wall_s"]),
+                fmt(fan["raw_celery"]["batch_undo_s"]),
+                "",
+                x(fan["ratios"]["harvest_over_raw_batch_undo"]),
+                "",
+            ]
+        )
     return rows
 
 
@@ -101,9 +157,15 @@ def history_rows(res: dict[str, Any]) -> list[Row]:
             rows.append([t.get("label", "?"), "error: " + t["error"][:80], "", "", ""])
             continue
         w = t["window"]
-        rows.append([t["label"], fmt(t["steps"]), f"{fmt(t['early_mean_ms'])} (1–{w})",
-                     f"{fmt(t['late_mean_ms'])} ({t['steps'] - w + 1}–{t['steps']})",
-                     x(t["late_over_early"])])
+        rows.append(
+            [
+                t["label"],
+                fmt(t["steps"]),
+                f"{fmt(t['early_mean_ms'])} (1–{w})",
+                f"{fmt(t['late_mean_ms'])} ({t['steps'] - w + 1}–{t['steps']})",
+                x(t["late_over_early"]),
+            ]
+        )
     return rows
 
 
@@ -113,18 +175,22 @@ def memory_rows(res: dict[str, Any]) -> list[Row]:
         return []
     mib = 1024.0
     b, a = m["before"], m["after"]
-    return [["VmRSS (MiB)", fmt((b["vmrss_kib"] or 0) / mib, 1), fmt((a["vmrss_kib"] or 0) / mib, 1)],
-            ["VmHWM, peak RSS (MiB)", fmt((b["vmhwm_kib"] or 0) / mib, 1),
-             fmt((a["vmhwm_kib"] or 0) / mib, 1)],
-            ["warm sessions", fmt(b["warm_sessions"]), fmt(a["warm_sessions"])],
-            ["RSS growth per warm run (KiB)", "", fmt(m["rss_growth_kib_per_run"], 1)]]
+    return [
+        ["VmRSS (MiB)", fmt((b["vmrss_kib"] or 0) / mib, 1), fmt((a["vmrss_kib"] or 0) / mib, 1)],
+        ["VmHWM, peak RSS (MiB)", fmt((b["vmhwm_kib"] or 0) / mib, 1), fmt((a["vmhwm_kib"] or 0) / mib, 1)],
+        ["warm sessions", fmt(b["warm_sessions"]), fmt(a["warm_sessions"])],
+        ["RSS growth per warm run (KiB)", "", fmt(m["rss_growth_kib_per_run"], 1)],
+    ]
 
 
-BUDGET_KEYS = (("pg_transactions", "Postgres transactions the engine commits (SQLAlchemy)"),
-               ("round_trips", "Postgres round trips the engine issues (SQLAlchemy)"),
-               ("statements", "SQL statements"),
-               ("published", "broker messages published"), ("tasks_run", "tasks run (deliveries)"),
-               ("redis_commands", "Redis commands (server-wide, idle polling subtracted)"))
+BUDGET_KEYS = (
+    ("pg_transactions", "Postgres transactions the engine commits (SQLAlchemy)"),
+    ("round_trips", "Postgres round trips the engine issues (SQLAlchemy)"),
+    ("statements", "SQL statements"),
+    ("published", "broker messages published"),
+    ("tasks_run", "tasks run (deliveries)"),
+    ("redis_commands", "Redis commands (server-wide, idle polling subtracted)"),
+)
 
 
 def budget_rows(res: dict[str, Any]) -> list[Row]:
@@ -135,18 +201,30 @@ def budget_rows(res: dict[str, Any]) -> list[Row]:
     rows = []
     for key, label in BUDGET_KEYS:
         rows.append([label] + [fmt(t["budget"]["workers_per_step"].get(key)) for t in tops])
-    rows.append(["+ transactions the probes do not see (driver SETs, connection set-up; pg_stat_database − counted)"]
-                + [fmt(t["pg_stat_database"]["uncounted_transactions_per_step"]) for t in tops])
-    rows.append(["= Postgres transactions, as Postgres counts them"]
-                + [fmt(_get(t, "budget", "postgres_view_per_step", "pg_transactions")) for t in tops])
-    rows.append(["= Postgres round trips, engine + driver"]
-                + [fmt(_get(t, "budget", "postgres_view_per_step", "round_trips")) for t in tops])
-    rows.append(["pg_stat_database xact_commit ÷ steps (whole segment, incl. per-run and idle work)"]
-                + [fmt(t["pg_stat_database"]["xact_commit_per_step"]) for t in tops])
-    rows.append(["pg_stat_database rows written ÷ steps (whole segment)"]
-                + [fmt(t["pg_stat_database"]["rows_written_per_step"]) for t in tops])
-    rows.append(["WAL fsyncs ÷ steps (pg_stat_wal, cluster-wide, whole segment)"]
-                + [fmt(t["pg_stat_database"].get("wal_syncs_per_step")) for t in tops])
+    rows.append(
+        ["+ transactions the probes do not see (driver SETs, connection set-up; pg_stat_database − counted)"]
+        + [fmt(t["pg_stat_database"]["uncounted_transactions_per_step"]) for t in tops]
+    )
+    rows.append(
+        ["= Postgres transactions, as Postgres counts them"]
+        + [fmt(_get(t, "budget", "postgres_view_per_step", "pg_transactions")) for t in tops]
+    )
+    rows.append(
+        ["= Postgres round trips, engine + driver"]
+        + [fmt(_get(t, "budget", "postgres_view_per_step", "round_trips")) for t in tops]
+    )
+    rows.append(
+        ["pg_stat_database xact_commit ÷ steps (whole segment, incl. per-run and idle work)"]
+        + [fmt(t["pg_stat_database"]["xact_commit_per_step"]) for t in tops]
+    )
+    rows.append(
+        ["pg_stat_database rows written ÷ steps (whole segment)"]
+        + [fmt(t["pg_stat_database"]["rows_written_per_step"]) for t in tops]
+    )
+    rows.append(
+        ["WAL fsyncs ÷ steps (pg_stat_wal, cluster-wide, whole segment)"]
+        + [fmt(t["pg_stat_database"].get("wal_syncs_per_step")) for t in tops]
+    )
     return rows
 
 
@@ -155,14 +233,21 @@ def phase_rows(res: dict[str, Any]) -> list[Row]:
     tops = [v for v in (_get(res, "sequential", "topologies") or {}).values() if "harvest" in v]
     if not tops:
         return []
-    rows = [[label] + [fmt(_get(t, "harvest", "phases", key, "median_ms")) for t in tops]
-            for key, label in (("decision", "Completed→Scheduled (completion commit, decision)"),
-                               ("dispatch_claim", "Scheduled→Started (decision commit, hop or eager, claim)"),
-                               ("body_complete", "Started→Completed (claim commit, body)"))]
-    rows.append(["harvest step, client start→result"] + [fmt(t["harvest"]["per_step"]["median_ms"])
-                                                         for t in tops])
-    rows.append(["floor estimate: commits × commit latency + messages × raw chain step"]
-                + [fmt(_get(t, "floor", "estimate_ms")) for t in tops])
+    rows = [
+        [label] + [fmt(_get(t, "harvest", "phases", key, "median_ms")) for t in tops]
+        for key, label in (
+            ("decision", "Completed→Scheduled (completion commit, decision)"),
+            ("dispatch_claim", "Scheduled→Started (decision commit, hop or eager, claim)"),
+            ("body_complete", "Started→Completed (claim commit, body)"),
+        )
+    ]
+    rows.append(
+        ["harvest step, client start→result"] + [fmt(t["harvest"]["per_step"]["median_ms"]) for t in tops]
+    )
+    rows.append(
+        ["floor estimate: commits × commit latency + messages × raw chain step"]
+        + [fmt(_get(t, "floor", "estimate_ms")) for t in tops]
+    )
     return rows
 
 
@@ -170,13 +255,21 @@ def micro_rows(res: dict[str, Any]) -> list[Row]:
     m = res.get("micro")
     if not m or "error" in m:
         return []
-    rows = [[f"decide() at {r['events']} events: cold replay / warm session (µs)",
-             f"{fmt(r['us_per_decision'], 1)} / {fmt(r['us_per_warm_decision'], 1)}"]
-            for r in _get(m, "decide", "rows") or []]
+    rows = [
+        [
+            f"decide() at {r['events']} events: cold replay / warm session (µs)",
+            f"{fmt(r['us_per_decision'], 1)} / {fmt(r['us_per_warm_decision'], 1)}",
+        ]
+        for r in _get(m, "decide", "rows") or []
+    ]
     if "error" not in m.get("codec", {"error": 1}):
         c = m["codec"]
-        rows.append([f"payload codec on a {c['event_bytes']} B event: none / Fernet (µs)",
-                     f"{fmt(c['plain_us'], 1)} / {fmt(c['fernet_us'], 1)}"])
+        rows.append(
+            [
+                f"payload codec on a {c['event_bytes']} B event: none / Fernet (µs)",
+                f"{fmt(c['plain_us'], 1)} / {fmt(c['fernet_us'], 1)}",
+            ]
+        )
     if "median_ms" in m.get("commit", {}):
         rows.append(["one single-row Postgres commit, median (ms)", fmt(m["commit"]["median_ms"])])
     return rows
@@ -190,25 +283,38 @@ def markdown(header: Row, rows: list[Row]) -> str:
 
 def text(header: Row, rows: list[Row]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    out = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-           for r in [header, *rows]]
+    out = [
+        "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+        for r in [header, *rows]
+    ]
     return "\n".join(out)
 
 
 def tables(res: dict[str, Any], md: bool) -> str:
     render = markdown if md else text
-    tops = [v.get("label", k) for k, v in (_get(res, "sequential", "topologies") or {}).items()
-            if "budget" in v]
-    parts = [("Ratios (harvest's cost ÷ the baseline's; > 1 = harvest slower)",
-              ["", "scenario", "harvest", "raw Celery", "DBOS", "harvest÷raw", "harvest÷DBOS"],
-              main_rows(res)),
-             ("B3 step cost against history length (mean ms per step)",
-              ["topology", "steps", "early", "late", "late÷early"], history_rows(res)),
-             ("Memory: decision worker holding warm runs",
-              ["", "before", f"after {_get(res, 'memory', 'runs')} warm runs"], memory_rows(res)),
-             ("Per-step budget, worker side (B1 probe run)", ["per step", *tops], budget_rows(res)),
-             ("B1 phases (median ms, from the history's stamps)", ["", *tops], phase_rows(res)),
-             ("In-process micro-benchmarks", ["", "value"], micro_rows(res))]
+    tops = [
+        v.get("label", k) for k, v in (_get(res, "sequential", "topologies") or {}).items() if "budget" in v
+    ]
+    parts = [
+        (
+            "Ratios (harvest's cost ÷ the baseline's; > 1 = harvest slower)",
+            ["", "scenario", "harvest", "raw Celery", "DBOS", "harvest÷raw", "harvest÷DBOS"],
+            main_rows(res),
+        ),
+        (
+            "B3 step cost against history length (mean ms per step)",
+            ["topology", "steps", "early", "late", "late÷early"],
+            history_rows(res),
+        ),
+        (
+            "Memory: decision worker holding warm runs",
+            ["", "before", f"after {_get(res, 'memory', 'runs')} warm runs"],
+            memory_rows(res),
+        ),
+        ("Per-step budget, worker side (B1 probe run)", ["per step", *tops], budget_rows(res)),
+        ("B1 phases (median ms, from the history's stamps)", ["", *tops], phase_rows(res)),
+        ("In-process micro-benchmarks", ["", "value"], micro_rows(res)),
+    ]
     out = []
     for title, header, rows in parts:
         if rows:
@@ -272,8 +378,11 @@ def plot_throughput(res: dict[str, Any], path: Path) -> bool:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    for key, label in (("harvest", "harvest-celery"), ("raw_celery", "raw Celery (client-waited)"),
-                       ("dbos", "DBOS (in process)")):
+    for key, label in (
+        ("harvest", "harvest-celery"),
+        ("raw_celery", "raw Celery (client-waited)"),
+        ("dbos", "DBOS (in process)"),
+    ):
         pts = [(lv["inflight"], lv[key]["steps_per_s"]) for lv in levels if "steps_per_s" in lv[key]]
         if pts:
             ax.plot(*zip(*pts, strict=True), marker="o", label=label)
@@ -281,16 +390,19 @@ def plot_throughput(res: dict[str, Any], path: Path) -> bool:
     ax.set_xticks([lv["inflight"] for lv in levels], [str(lv["inflight"]) for lv in levels])
     ax.set_xlabel("workflows in flight")
     ax.set_ylabel("steps / s")
-    ax.set_title(f"B2: throughput, {res['throughput']['steps']}-step workflows, "
-                 f"{res['throughput']['topology']}")
+    ax.set_title(
+        f"B2: throughput, {res['throughput']['steps']}-step workflows, {res['throughput']['topology']}"
+    )
     _save(plt, fig, ax, path)
     return True
 
 
 def plots(res: dict[str, Any], directory: Path) -> list[Path]:
     written = []
-    for name, fn in (("step_cost_vs_history.png", plot_history),
-                     ("throughput_vs_inflight.png", plot_throughput)):
+    for name, fn in (
+        ("step_cost_vs_history.png", plot_history),
+        ("throughput_vs_inflight.png", plot_throughput),
+    ):
         try:
             if fn(res, directory / name):
                 written.append(directory / name)
@@ -300,8 +412,11 @@ def plots(res: dict[str, Any], directory: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.report", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.report",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("json", nargs="?", type=Path, default=RESULTS / "latest.json")
     parser.add_argument("--markdown", action="store_true")
     parser.add_argument("--plots-dir", type=Path)

@@ -40,26 +40,47 @@ from benchmarks.common import (
 )
 from benchmarks.scenarios import fanout, history, memory, sequential, throughput
 
-SCENARIOS = {"sequential": sequential.run, "throughput": throughput.run, "history": history.run,
-             "fanout": fanout.run, "memory": memory.run, "micro": lambda args, _d: micro.run(args)}
+SCENARIOS = {
+    "sequential": sequential.run,
+    "throughput": throughput.run,
+    "history": history.run,
+    "fanout": fanout.run,
+    "memory": memory.run,
+    "micro": lambda args, _d: micro.run(args),
+}
 # (full, --quick) defaults of the size knobs
 PROFILES: dict[str, tuple[Any, Any]] = {
-    "steps": (20, 10), "runs": (20, 3), "inflight": ([1, 4, 16, 64], [1, 4, 16, 64]),
-    "min_jobs": (32, 8), "history_steps": (1000, 300), "fanout_cells": (1000, 200),
-    "memory_runs": (1000, 200), "budget_steps": (100, 40), "repeats": (5, 3),
+    "steps": (20, 10),
+    "runs": (20, 3),
+    "inflight": ([1, 4, 16, 64], [1, 4, 16, 64]),
+    "min_jobs": (32, 8),
+    "history_steps": (1000, 300),
+    "fanout_cells": (1000, 200),
+    "memory_runs": (1000, 200),
+    "budget_steps": (100, 40),
+    "repeats": (5, 3),
 }
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--scenarios", default=",".join(SCENARIOS),
-                   help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all)")
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all)",
+    )
     p.add_argument("--quick", action="store_true", help="shortened sizes (about 2 minutes)")
     p.add_argument("--steps", type=int, help="B1/B2: steps per workflow (20; quick 10)")
     p.add_argument("--runs", type=int, help="B1: measured workflows per topology (20; quick 3)")
-    p.add_argument("--inflight", type=lambda s: [int(c) for c in s.split(",")],
-                   help="B2: workflows in flight, comma-separated (1,4,16,64)")
+    p.add_argument(
+        "--inflight",
+        type=lambda s: [int(c) for c in s.split(",")],
+        help="B2: workflows in flight, comma-separated (1,4,16,64)",
+    )
     p.add_argument("--repeats", type=int, help="B2: interleaved repeats per level (5; quick 3)")
     p.add_argument("--min-jobs", type=int, help="B2: workflows per level at least (32; quick 8)")
     p.add_argument("--history-steps", type=int, help="B3: steps in the one long run (1000; quick 300)")
@@ -69,8 +90,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--worker-concurrency", type=int, default=4, help="celery -c (threads) per worker")
     p.add_argument("--skip-dbos", action="store_true")
     p.add_argument("--json", type=Path, default=RESULTS / "latest.json")
-    p.add_argument("--plots-dir", type=Path, default=RESULTS,
-                   help="where the two PNGs go (docs use --plots-dir docs/img)")
+    p.add_argument(
+        "--plots-dir",
+        type=Path,
+        default=RESULTS,
+        help="where the two PNGs go (docs use --plots-dir docs/img)",
+    )
     args = p.parse_args(argv)
     for key, (full, quick) in PROFILES.items():
         if getattr(args, key) is None:
@@ -79,15 +104,30 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     unknown = [s for s in args.scenarios if s not in SCENARIOS]
     if unknown:
         p.error(f"unknown scenario(s) {unknown}; choose from {list(SCENARIOS)}")
-    if min(args.steps, args.runs, args.history_steps, args.fanout_cells, args.memory_runs,
-           args.budget_steps, args.repeats, *args.inflight) < 1:
+    if (
+        min(
+            args.steps,
+            args.runs,
+            args.history_steps,
+            args.fanout_cells,
+            args.memory_runs,
+            args.budget_steps,
+            args.repeats,
+            *args.inflight,
+        )
+        < 1
+    ):
         p.error("sizes must be >= 1")
     return args
 
 
 # ── DBOS: one subprocess for every DBOS part of the selected scenarios ───────────────────────
-DBOS_PARTS = {"sequential": "sequential", "throughput": "throughput", "history": "history",
-              "fanout": "fanout"}
+DBOS_PARTS = {
+    "sequential": "sequential",
+    "throughput": "throughput",
+    "history": "history",
+    "fanout": "fanout",
+}
 
 
 def run_dbos(args: argparse.Namespace) -> dict[str, Any]:
@@ -99,18 +139,40 @@ def run_dbos(args: argparse.Namespace) -> dict[str, Any]:
     try:
         import dbos  # noqa: F401
     except ImportError:
-        return {p: {"error": "the `dbos` package is not installed (pip install -e '.[bench]')"}
-                for p in parts}
+        return {
+            p: {"error": "the `dbos` package is not installed (pip install -e '.[bench]')"} for p in parts
+        }
     log(f"DBOS ({', '.join(parts)}), in its own process…")
     try:
         fresh_database(DBOS_DB)
         proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.dbos_bench", "--url", DBOS_URL, "--parts", ",".join(parts),
-             "--steps", str(args.steps), "--runs", str(args.runs),
-             "--inflight", ",".join(map(str, args.inflight)), "--min-jobs", str(args.min_jobs),
-             "--history-steps", str(args.history_steps), "--fanout-cells", str(args.fanout_cells)],
-            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-            timeout=900)
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.dbos_bench",
+                "--url",
+                DBOS_URL,
+                "--parts",
+                ",".join(parts),
+                "--steps",
+                str(args.steps),
+                "--runs",
+                str(args.runs),
+                "--inflight",
+                ",".join(map(str, args.inflight)),
+                "--min-jobs",
+                str(args.min_jobs),
+                "--history-steps",
+                str(args.history_steps),
+                "--fanout-cells",
+                str(args.fanout_cells),
+            ],
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
     except Exception as exc:  # noqa: BLE001 - reported, the harness carries on
         return {p: {"error": error_text(exc)} for p in parts}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -127,9 +189,13 @@ def machine_info() -> dict[str, Any]:
     import redis
     import sqlalchemy as sa
 
-    info: dict[str, Any] = {"cpus": os.cpu_count(), "python": platform.python_version(),
-                            "platform": platform.platform(), "celery": celery.__version__,
-                            "cpu_model": _cpu_model()}
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "celery": celery.__version__,
+        "cpu_model": _cpu_model(),
+    }
     try:
         info["mem_total_gib"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
         engine = sa.create_engine(f"postgresql+psycopg2://postgres@127.0.0.1:5432/{HARVEST_DB}")
@@ -156,6 +222,7 @@ def _cpu_model() -> str | None:
 def git_info() -> dict[str, Any]:
     """The commit measured, and whether the engine's working tree differed from it (tracked
     changes and untracked files under harvest_celery/, hashed together)."""
+
     def git(*a: str) -> str:
         return subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True).stdout.strip()
 
@@ -165,11 +232,14 @@ def git_info() -> dict[str, Any]:
     for name in untracked:
         digest.update(name.encode() + b"\0" + (ROOT / name).read_bytes())
     dirty = bool(diff or untracked)
-    return {"commit": git("log", "--oneline", "-1")[:120], "sha": git("rev-parse", "HEAD"),
-            "engine_uncommitted_changes": dirty,
-            "engine_diff_sha1": digest.hexdigest()[:12] if dirty else None,
-            "engine_changed_files": git("diff", "HEAD", "--name-only", "--", "harvest_celery").split(),
-            "engine_untracked_files": untracked}
+    return {
+        "commit": git("log", "--oneline", "-1")[:120],
+        "sha": git("rev-parse", "HEAD"),
+        "engine_uncommitted_changes": dirty,
+        "engine_diff_sha1": digest.hexdigest()[:12] if dirty else None,
+        "engine_changed_files": git("diff", "HEAD", "--name-only", "--", "harvest_celery").split(),
+        "engine_untracked_files": untracked,
+    }
 
 
 def _finite(value: Any) -> Any:
@@ -195,8 +265,12 @@ def derive_floor(res: dict[str, Any]) -> None:
         if commit is None or not view:
             continue
         estimate = view["pg_transactions"] * commit + per_step.get("published", 0) * chain
-        t["floor"] = {"commit_ms": commit, "raw_chain_step_ms": chain, "estimate_ms": estimate,
-                      "harvest_over_floor": t["harvest"]["per_step"]["median_ms"] / estimate}
+        t["floor"] = {
+            "commit_ms": commit,
+            "raw_chain_step_ms": chain,
+            "estimate_ms": estimate,
+            "harvest_over_floor": t["harvest"]["per_step"]["median_ms"] / estimate,
+        }
 
 
 def setup() -> None:
@@ -216,8 +290,12 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     setup()
     config = {k: v for k, v in vars(args).items() if k not in ("json", "plots_dir")}
-    res: dict[str, Any] = {"config": config, "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                           "git": git_info(), "machine": machine_info()}
+    res: dict[str, Any] = {
+        "config": config,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "git": git_info(),
+        "machine": machine_info(),
+    }
     dbos = run_dbos(args)
     failed = []
     for name in args.scenarios:
@@ -238,8 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     print(report.tables(json.loads(args.json.read_text()), md=False))
     for path in report.plots(res, args.plots_dir):
         log(f"plot written: {path}")
-    log(f"results written to {args.json} ({res['duration_s']:.0f} s; commit {res['git']['commit'][:60]}"
-        f"{', engine has uncommitted changes' if res['git']['engine_uncommitted_changes'] else ''})")
+    log(
+        f"results written to {args.json} ({res['duration_s']:.0f} s; commit {res['git']['commit'][:60]}"
+        f"{', engine has uncommitted changes' if res['git']['engine_uncommitted_changes'] else ''})"
+    )
     if failed:
         log(f"failed scenarios: {', '.join(failed)} (see 'error' in the JSON)")
     return 1 if failed else 0

@@ -61,24 +61,38 @@ class Harvest:
     only (no row locks across processes).
     """
 
-    def __init__(self, database_url: str | None = None, celery_app: Any = None, *,
-                 decision_queue: str = "harvest",
-                 max_activity_input_bytes: int | None = 2 * 1024 * 1024,
-                 timings: Timings | None = None, sweep_interval: float = 1.0,
-                 codec: Codec | None = None, payload_store: PayloadStore | None = None,
-                 offload_threshold: int = 256 * 1024,
-                 celery_error_detail: Literal["full", "type"] = "full", eager_max_chain: int | None = None,
-                 inline_decisions: bool | None = None, inline_cold_max_events: int = 500,
-                 sticky_sessions: bool | None = None, sticky_routing: bool = True, max_sessions: int = 1000,
-                 fast_paths: bool = True,
-                 pool_size: int | None = None, max_overflow: int | None = None,
-                 claim_pool_size: int | None = None, claim_max_overflow: int | None = None) -> None:
+    def __init__(
+        self,
+        database_url: str | None = None,
+        celery_app: Any = None,
+        *,
+        decision_queue: str = "harvest",
+        max_activity_input_bytes: int | None = 2 * 1024 * 1024,
+        timings: Timings | None = None,
+        sweep_interval: float = 1.0,
+        codec: Codec | None = None,
+        payload_store: PayloadStore | None = None,
+        offload_threshold: int = 256 * 1024,
+        celery_error_detail: Literal["full", "type"] = "full",
+        eager_max_chain: int | None = None,
+        inline_decisions: bool | None = None,
+        inline_cold_max_events: int = 500,
+        sticky_sessions: bool | None = None,
+        sticky_routing: bool = True,
+        max_sessions: int = 1000,
+        fast_paths: bool = True,
+        pool_size: int | None = None,
+        max_overflow: int | None = None,
+        claim_pool_size: int | None = None,
+        claim_max_overflow: int | None = None,
+    ) -> None:
         """Every keyword is a row of docs/configuration.md (None: the default it documents). A
         bad value, or ``fast_paths=False`` with one of the three settings it stands for passed at
         its fast value, raises ``ValueError`` naming it, before anything connects."""
         options = config.checked({k: v for k, v in locals().items() if k in config.BY_NAME})
-        options.update(fast_path_settings(options["fast_paths"], inline_decisions, sticky_sessions,
-                                          eager_max_chain))
+        options.update(
+            fast_path_settings(options["fast_paths"], inline_decisions, sticky_sessions, eager_max_chain)
+        )
         self.database_url = database_url or EMBEDDED_URL
         payloads = Payloads(options["codec"], options["payload_store"], options["offload_threshold"])
         self.store = Store(self.database_url, payloads=payloads, pools=config.pools(options))
@@ -96,9 +110,11 @@ class Harvest:
         else:
             self._inline = InlineDispatcher()
             self.runtime.dispatcher = self._inline
-            log.warning("harvest-celery embedded mode: one process, in-process worker, no row locks "
-                        "across processes (%s). For the demo and local development only.",
-                        self.database_url)
+            log.warning(
+                "harvest-celery embedded mode: one process, in-process worker, no row locks "
+                "across processes (%s). For the demo and local development only.",
+                self.database_url,
+            )
 
     @classmethod
     def from_env(cls, celery_app: Any = None, **kwargs: Any) -> Harvest:
@@ -126,12 +142,23 @@ class Harvest:
                 register_activity(self.celery_app, self.runtime, definition)
         return self
 
-    def adopt_task(self, name: str, *, queue: str = "default", retry: RetryPolicy | None = None,
-                   start_to_close: float | None = None) -> None:
+    def adopt_task(
+        self,
+        name: str,
+        *,
+        queue: str = "default",
+        retry: RetryPolicy | None = None,
+        start_to_close: float | None = None,
+    ) -> None:
         """Use an existing Celery task as an activity by name (see docs/concepts.md)."""
-        definition = ActivityDefinition(name=name, fn=None, default_queue=queue,
-                                        retry=retry or DEFAULT_RETRY, start_to_close=start_to_close,
-                                        adopted=True)
+        definition = ActivityDefinition(
+            name=name,
+            fn=None,
+            default_queue=queue,
+            retry=retry or DEFAULT_RETRY,
+            start_to_close=start_to_close,
+            adopted=True,
+        )
         self.registry.add_activity(definition)
         if self.celery_app is not None:
             adopt(self.celery_app, self.runtime, definition)
@@ -141,8 +168,15 @@ class Harvest:
         upgrade(self.database_url)
 
     # ── commands ─────────────────────────────────────────────────────────────────────────────
-    def start_workflow(self, name: str, input: Any = None, execution_id: str | None = None, *,
-                       connection: Any = None, id_reuse: str = "idempotent") -> str:
+    def start_workflow(
+        self,
+        name: str,
+        input: Any = None,
+        execution_id: str | None = None,
+        *,
+        connection: Any = None,
+        id_reuse: str = "idempotent",
+    ) -> str:
         """Start a run and return its id (``execution_id``, or a new uuid).
 
         ``id_reuse`` — what a start of an id that exists does (docs/errors.md):
@@ -172,16 +206,30 @@ class Harvest:
             return self._start_on(connection, name, payload, execution_id, id_reuse)
         with self.store.begin() as tx:
             tx.payloads = payloads_on(self.store, tx.conn)  # its blobs in its own transaction
-            starts.start(tx, execution_id, name, payload, utcnow(),
-                         self.runtime.settings.decision_queue, id_reuse=id_reuse)
+            starts.start(
+                tx,
+                execution_id,
+                name,
+                payload,
+                utcnow(),
+                self.runtime.settings.decision_queue,
+                id_reuse=id_reuse,
+            )
         self._after(tx)
         return execution_id
 
-    def _start_on(self, connection: Any, name: str, payload: Any, execution_id: str,
-                  id_reuse: str) -> str:
+    def _start_on(self, connection: Any, name: str, payload: Any, execution_id: str, id_reuse: str) -> str:
         now = utcnow()
-        started = start_on(connection, self.store, execution_id, name, payload, now,
-                           self.runtime.settings.decision_queue, id_reuse)
+        started = start_on(
+            connection,
+            self.store,
+            execution_id,
+            name,
+            payload,
+            now,
+            self.runtime.settings.decision_queue,
+            id_reuse,
+        )
         if started.created and started.on_commit is not None:
             started.on_commit(lambda: self._claim_start(execution_id, now))
         return execution_id
@@ -192,12 +240,20 @@ class Harvest:
         queue = self.runtime.settings.decision_queue
         _, tx = self.store.transaction(
             lambda tx: starts.take_started(tx, [(execution_id, requested_at)], utcnow(), queue),
-            one_statement=True)
+            one_statement=True,
+        )
         self.runtime._after_commit(tx)
 
-    def start_workflow_on_commit(self, name: str, input: Any = None, execution_id: str | None = None,
-                                 *, session: Any = None, using: str | None = None,
-                                 id_reuse: str = "idempotent") -> str:
+    def start_workflow_on_commit(
+        self,
+        name: str,
+        input: Any = None,
+        execution_id: str | None = None,
+        *,
+        session: Any = None,
+        using: str | None = None,
+        id_reuse: str = "idempotent",
+    ) -> str:
         """Start a run once your transaction commits, for an app whose database is *not* the
         harvest database; returns the id the run will have.
 
@@ -219,8 +275,12 @@ class Harvest:
             try:
                 self.start_workflow(name, payload, run_id, id_reuse=id_reuse)
             except Exception:  # noqa: BLE001 - after the app's commit: logged, not raised
-                log.exception("harvest: the deferred start of %s (%s) failed after the application "
-                              "committed; no run was started", run_id, name)
+                log.exception(
+                    "harvest: the deferred start of %s (%s) failed after the application "
+                    "committed; no run was started",
+                    run_id,
+                    name,
+                )
 
         if session is not None:
             after_session_commit(session, start)
@@ -236,8 +296,9 @@ class Harvest:
             ops.signal(tx, execution_id, name, payload, utcnow(), self.runtime.settings.decision_queue)
         self._after(tx)
 
-    def signal_with_start(self, workflow: str, input: Any, execution_id: str, signal: str,
-                          payload: Any = None) -> str:
+    def signal_with_start(
+        self, workflow: str, input: Any, execution_id: str, signal: str, payload: Any = None
+    ) -> str:
         """Start the run if it does not exist, and deliver the signal — one transaction. An
         existing run of ``workflow`` gets the signal whatever its input (``id_reuse=
         "use_existing"``); a run of another workflow raises ``ExecutionAlreadyExists``."""
@@ -273,8 +334,9 @@ class Harvest:
         ``activity_context().is_cancelled()``. A later ``cancel_workflow_execution`` still
         seals. Returns False if a request was already open (no second event)."""
         with self.store.begin() as tx:
-            recorded = ops.request_cancellation(tx, execution_id, reason, utcnow(),
-                                                self.runtime.settings.decision_queue)
+            recorded = ops.request_cancellation(
+                tx, execution_id, reason, utcnow(), self.runtime.settings.decision_queue
+            )
         self._after(tx)
         return recorded
 
@@ -315,13 +377,27 @@ class Harvest:
         self.store.get(execution_id)
         new_id = check_execution_id(new_execution_id or f"{execution_id}-reset-{uuid.uuid4().hex[:8]}")
         with self.store.begin() as tx:
-            ops.reset(tx, execution_id, new_id, to_seq, self.registry, utcnow(),
-                     self.runtime.settings.decision_queue)
+            ops.reset(
+                tx,
+                execution_id,
+                new_id,
+                to_seq,
+                self.registry,
+                utcnow(),
+                self.runtime.settings.decision_queue,
+            )
         self._after(tx)
         return new_id
 
-    def retry_dag_run(self, dag_name: str, execution_id: str, from_node: str | None = None, *,
-                      dry_run: bool = False, new_execution_id: str | None = None) -> dict[str, Any]:
+    def retry_dag_run(
+        self,
+        dag_name: str,
+        execution_id: str,
+        from_node: str | None = None,
+        *,
+        dry_run: bool = False,
+        new_execution_id: str | None = None,
+    ) -> dict[str, Any]:
         """Retry a failed DAG run from a node (default: its first failed node): a new run that
         carries over the succeeded nodes and re-runs that node and everything downstream.
 
@@ -342,22 +418,30 @@ class Harvest:
         if row.status == COMPLETED:
             raise RetryRefused(execution_id, "completed", f"run {execution_id} completed: nothing to retry")
         if row.forked_to is not None and not dry_run:
-            raise RetryRefused(execution_id, "retried", f"run {execution_id} was already retried as "
-                                                        f"{row.forked_to}; retry that run instead")
+            raise RetryRefused(
+                execution_id,
+                "retried",
+                f"run {execution_id} was already retried as {row.forked_to}; retry that run instead",
+            )
         history = self.store.history(execution_id, strict=True)  # decode before filtering
         if compensation_executed(history):
             raise RetryRefused(execution_id, "compensated", COMPENSATED)
         plan = dag_retry.plan_retry(definition.extra, history, from_node)
-        answer: dict[str, Any] = {"source_run_id": execution_id, "retry_from": plan.retry_from,
-                                  "carried": sorted(plan.carried), "rerun": plan.rerun}
+        answer: dict[str, Any] = {
+            "source_run_id": execution_id,
+            "retry_from": plan.retry_from,
+            "carried": sorted(plan.carried),
+            "rerun": plan.rerun,
+        }
         if dry_run:
             return {**answer, "run_id": None, "dry_run": True}
         new_id = check_execution_id(new_execution_id or f"{execution_id}-retry-{uuid.uuid4().hex[:8]}")
         started = history[0].event
         conf = getattr(started, "input", None)
         with self.store.begin() as tx:
-            ops.fork_dag_run(tx, execution_id, new_id, conf, plan.carried, utcnow(),
-                            self.runtime.settings.decision_queue)
+            ops.fork_dag_run(
+                tx, execution_id, new_id, conf, plan.carried, utcnow(), self.runtime.settings.decision_queue
+            )
         self._after(tx)
         return {**answer, "run_id": new_id, "dry_run": False}
 
@@ -394,7 +478,9 @@ class Harvest:
         status, requested_at, updated_at = self.store.decision_request(execution_id)
         if status != RUNNING:
             return []
-        rows = [r for r in self.store.activity_rows(execution_id) if r["status"] == TaskStatus.SCHEDULED.value]
+        rows = [
+            r for r in self.store.activity_rows(execution_id) if r["status"] == TaskStatus.SCHEDULED.value
+        ]
         if not rows and requested_at is None:
             return []
         consumed = consumers.queues()
@@ -405,8 +491,11 @@ class Harvest:
         if first_attempts:  # when each was scheduled: its ActivityScheduled's time
             with self.store.begin() as tx:
                 scheduled_at = {seq: at for seq, _, at in tx.raw_history(execution_id, min(first_attempts))}
-        decision = None if requested_at is None else (self.runtime.settings.decision_queue,
-                                                      min(requested_at, updated_at))
+        decision = (
+            None
+            if requested_at is None
+            else (self.runtime.settings.decision_queue, min(requested_at, updated_at))
+        )
         return waiting_hints(rows, consumed, utcnow(), scheduled_at=scheduled_at, decision=decision)
 
     def history(self, execution_id: str, *, strict: bool = True) -> list[ev.HistoryEvent]:
@@ -421,15 +510,28 @@ class Harvest:
         self.store.status(execution_id)
         return self.store.attempt_errors(execution_id)
 
-    def list(self, *, status: str | None = None, workflow: str | None = None,
-             nd_blocked: bool | None = None, limit: int = 100, offset: int = 0,
-             created_after: datetime | None = None,
-             created_before: datetime | None = None) -> list[Execution]:
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        nd_blocked: bool | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+    ) -> list[Execution]:
         """Runs, newest first, without their payloads (``input`` and ``result`` are None);
         ``created_after``/``created_before`` bound the creation time (inclusive/exclusive)."""
-        return self.store.list(status=status, workflow_type=workflow, nd_blocked=nd_blocked,
-                               limit=limit, offset=offset, created_after=created_after,
-                               created_before=created_before)
+        return self.store.list(
+            status=status,
+            workflow_type=workflow,
+            nd_blocked=nd_blocked,
+            limit=limit,
+            offset=offset,
+            created_after=created_after,
+            created_before=created_before,
+        )
 
     def result(self, execution_id: str, timeout: float | None = 30.0, poll: float = 1.0) -> Any:
         """Wait for the run to finish; return its result or raise ``WorkflowFailed`` /
@@ -472,8 +574,7 @@ class Harvest:
 
     def _cancelled_error(self, execution_id: str, branch: CancelBranch) -> WorkflowCancelledError:
         value = self.store.get(execution_id).result if branch.outcome == "returned" else None
-        return WorkflowCancelledError(execution_id, branch.reason, branch.error, branch.outcome,
-                                      value)
+        return WorkflowCancelledError(execution_id, branch.reason, branch.error, branch.outcome, value)
 
     # ── embedded mode ────────────────────────────────────────────────────────────────────────
     def drain(self) -> None:

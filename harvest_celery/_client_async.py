@@ -34,8 +34,9 @@ class AsyncHarvest:
     Celery app); create one per process, like the ``Harvest`` itself, and ``close()`` it on
     shutdown (or use ``async with``)."""
 
-    def __init__(self, harvest: Harvest, *, max_workers: int = 8, max_waiters: int = 32,
-                 wait_slice: float = 5.0) -> None:
+    def __init__(
+        self, harvest: Harvest, *, max_workers: int = 8, max_waiters: int = 32, wait_slice: float = 5.0
+    ) -> None:
         self.harvest = harvest
         self.wait_slice = wait_slice
         self._calls = ThreadPoolExecutor(max_workers, thread_name_prefix="harvest-async")
@@ -46,27 +47,37 @@ class AsyncHarvest:
         return await loop.run_in_executor(self._calls, partial(fn, *args, **kwargs))
 
     # ── commands ─────────────────────────────────────────────────────────────────────────────
-    async def start_workflow(self, name: str, input: Any = None, execution_id: str | None = None, *,
-                             connection: Any = None, id_reuse: str = "idempotent") -> str:
+    async def start_workflow(
+        self,
+        name: str,
+        input: Any = None,
+        execution_id: str | None = None,
+        *,
+        connection: Any = None,
+        id_reuse: str = "idempotent",
+    ) -> str:
         """``Harvest.start_workflow``; ``connection`` may also be an ``AsyncSession`` or
         ``AsyncConnection`` (its transaction is joined through ``run_sync``)."""
         if connection is not None and hasattr(connection, "run_sync"):
+
             def on_sync(sync_connection: Any) -> str:
-                return self.harvest.start_workflow(name, input, execution_id,
-                                                   connection=sync_connection, id_reuse=id_reuse)
+                return self.harvest.start_workflow(
+                    name, input, execution_id, connection=sync_connection, id_reuse=id_reuse
+                )
 
             result: str = await connection.run_sync(on_sync)
             return result
-        return await self._run(self.harvest.start_workflow, name, input, execution_id,
-                               connection=connection, id_reuse=id_reuse)
+        return await self._run(
+            self.harvest.start_workflow, name, input, execution_id, connection=connection, id_reuse=id_reuse
+        )
 
     async def signal(self, execution_id: str, name: str, payload: Any = None) -> None:
         await self._run(self.harvest.signal, execution_id, name, payload)
 
-    async def signal_with_start(self, workflow: str, input: Any, execution_id: str, signal: str,
-                                payload: Any = None) -> str:
-        return await self._run(self.harvest.signal_with_start, workflow, input, execution_id,
-                               signal, payload)
+    async def signal_with_start(
+        self, workflow: str, input: Any, execution_id: str, signal: str, payload: Any = None
+    ) -> str:
+        return await self._run(self.harvest.signal_with_start, workflow, input, execution_id, signal, payload)
 
     async def cancel_workflow_execution(self, execution_id: str, reason: str = "") -> str:
         return await self._run(self.harvest.cancel_workflow_execution, execution_id, reason)
@@ -92,15 +103,29 @@ class AsyncHarvest:
     async def history(self, execution_id: str, *, strict: bool = True) -> list[ev.HistoryEvent]:
         return await self._run(self.harvest.history, execution_id, strict=strict)
 
-    async def list(self, *, status: str | None = None, workflow: str | None = None,
-                   nd_blocked: bool | None = None, limit: int = 100, offset: int = 0,
-                   created_after: datetime | None = None,
-                   created_before: datetime | None = None) -> list[Execution]:
+    async def list(
+        self,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        nd_blocked: bool | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+    ) -> list[Execution]:
         """``Harvest.list``: runs, newest first; ``created_after``/``created_before`` bound the
         creation time (inclusive/exclusive)."""
-        return await self._run(self.harvest.list, status=status, workflow=workflow,
-                               nd_blocked=nd_blocked, limit=limit, offset=offset,
-                               created_after=created_after, created_before=created_before)
+        return await self._run(
+            self.harvest.list,
+            status=status,
+            workflow=workflow,
+            nd_blocked=nd_blocked,
+            limit=limit,
+            offset=offset,
+            created_after=created_after,
+            created_before=created_before,
+        )
 
     async def result(self, execution_id: str, timeout: float | None = 30.0, poll: float = 1.0) -> Any:
         """``Harvest.result`` without blocking the loop: waits in slices of ``wait_slice``
@@ -113,8 +138,9 @@ class AsyncHarvest:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             step = self.wait_slice if left is None else min(self.wait_slice, left)
             try:
-                return await loop.run_in_executor(self._waits, partial(
-                    self.harvest.result, execution_id, timeout=step, poll=poll))
+                return await loop.run_in_executor(
+                    self._waits, partial(self.harvest.result, execution_id, timeout=step, poll=poll)
+                )
             except (TimeoutError, WorkflowCancelledError) as exc:
                 # a slice ran out: a live run times out, a cancelled one whose cancel branch is
                 # still running answers outcome "pending" — both are final only at the deadline
@@ -123,8 +149,7 @@ class AsyncHarvest:
                 if deadline is not None and time.monotonic() >= deadline:
                     if isinstance(exc, WorkflowCancelledError):
                         raise
-                    raise TimeoutError(f"execution {execution_id} did not finish within "
-                                       f"{timeout}s") from None
+                    raise TimeoutError(f"execution {execution_id} did not finish within {timeout}s") from None
 
     # ── lifecycle ────────────────────────────────────────────────────────────────────────────
     def close(self) -> None:

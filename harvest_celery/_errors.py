@@ -137,7 +137,9 @@ class ActivityError(HarvestError):
     """An activity failed for good: its retries are exhausted or the error is non-retryable."""
 
     def __init__(self, activity_name: str, error_type: str, error_message: str, attempts: int = 1) -> None:
-        super().__init__(f"activity {activity_name} failed after {attempts} attempt(s): {error_type}: {error_message}")
+        super().__init__(
+            f"activity {activity_name} failed after {attempts} attempt(s): {error_type}: {error_message}"
+        )
         self.activity_name = activity_name
         self.error_type = error_type
         self.error_message = error_message
@@ -169,8 +171,9 @@ class WorkflowCancelledError(HarvestError):
 
     OUTCOMES = ("returned", "cancelled", "failed", "stopped", "pending")
 
-    def __init__(self, execution_id: str, reason: str, error: str | None = None,
-                 outcome: str = "", value: Any = None) -> None:
+    def __init__(
+        self, execution_id: str, reason: str, error: str | None = None, outcome: str = "", value: Any = None
+    ) -> None:
         message = f"workflow {execution_id} was cancelled: {reason}"
         if outcome == "returned":
             message += f" (the cancel branch returned {value!r})"
@@ -250,15 +253,26 @@ class ExecutionAlreadyExists(HarvestError):
 
     CONFLICTS = ("workflow", "input", "exists")
 
-    def __init__(self, execution_id: str, workflow_type: str, conflict: str = "exists", *,
-                 requested: str = "", status: str = "") -> None:
+    def __init__(
+        self,
+        execution_id: str,
+        workflow_type: str,
+        conflict: str = "exists",
+        *,
+        requested: str = "",
+        status: str = "",
+    ) -> None:
         if conflict == "workflow":
-            message = (f"execution {execution_id!r} already exists as a {workflow_type!r} run; "
-                       f"cannot start it as a {requested!r} run")
+            message = (
+                f"execution {execution_id!r} already exists as a {workflow_type!r} run; "
+                f"cannot start it as a {requested!r} run"
+            )
         elif conflict == "input":
-            message = (f"execution {execution_id!r} already exists as a {workflow_type!r} run "
-                       "started with a different input (start it with the same input, pick "
-                       "another id, or pass id_reuse=\"use_existing\" to get the existing run)")
+            message = (
+                f"execution {execution_id!r} already exists as a {workflow_type!r} run "
+                "started with a different input (start it with the same input, pick "
+                'another id, or pass id_reuse="use_existing" to get the existing run)'
+            )
         else:
             message = f"execution {execution_id!r} already exists as a {workflow_type!r} run"
         if status:
@@ -300,9 +314,11 @@ class ForksHoldCopies(InvalidState):
     def __init__(self, execution_id: str, forks: list[str]) -> None:
         names = ", ".join(repr(f) for f in forks)
         HarvestError.__init__(
-            self, f"cannot erase the payloads of execution {execution_id!r}: the runs of its fork "
-                  f"family {names} hold copies of them; erase them with it (with_forks=True, "
-                  f"harvest erase --with-forks, or the API body {{\"with_forks\": true}})")
+            self,
+            f"cannot erase the payloads of execution {execution_id!r}: the runs of its fork "
+            f"family {names} hold copies of them; erase them with it (with_forks=True, "
+            f'harvest erase --with-forks, or the API body {{"with_forks": true}})',
+        )
         self.execution_id = execution_id
         self.status = "forked"
         self.operation = "erase the payloads of"
@@ -361,7 +377,8 @@ class CompensatorNameCollidesWithNode(DagBuildError):
         super().__init__(
             f"dag {dag!r}: task {task!r} declares compensator {compensator!r}, which is also the "
             "name of a forward node; a compensation dispatched under a node's name would be read "
-            "back as that node by the run graph and retry-from-node")
+            "back as that node by the run graph and retry-from-node"
+        )
         self.dag, self.task, self.compensator = dag, task, compensator
 
 
@@ -391,8 +408,10 @@ class RedactedActivityError(HarvestError):
     ``celery_error_detail="type"``: the exception type only; the full text stays in Postgres."""
 
     def __init__(self, error_type: str, task_id: str) -> None:
-        super().__init__(f"{error_type} (message redacted; the full error is recorded for attempt "
-                         f"{task_id}: harvest show <run id>)")
+        super().__init__(
+            f"{error_type} (message redacted; the full error is recorded for attempt "
+            f"{task_id}: harvest show <run id>)"
+        )
         self.error_type = error_type
         self.task_id = task_id
 
@@ -441,9 +460,11 @@ class BodyInterrupted(HarvestError):
     because a ``BaseException`` escaping a task wedges Celery's thread pool."""
 
     def __init__(self, error_type: str, message: str = "") -> None:
-        super().__init__(f"the activity body raised {error_type}"
-                         + (f": {message}" if message else "")
-                         + " (recorded as a failed attempt)")
+        super().__init__(
+            f"the activity body raised {error_type}"
+            + (f": {message}" if message else "")
+            + " (recorded as a failed attempt)"
+        )
         self.error_type = error_type
         self.error_message = message
 

@@ -79,8 +79,10 @@ class RunReport:
 
     def line(self) -> str:
         where = "" if self.source == DATABASE else f" [{self.source}]"
-        head = (f"{self.result.upper():<8} {self.execution_id} ({self.workflow_type or '?'}, "
-                f"{self.events} events){where}")
+        head = (
+            f"{self.result.upper():<8} {self.execution_id} ({self.workflow_type or '?'}, "
+            f"{self.events} events){where}"
+        )
         if self.result == DIVERGED:
             return f"{head}: expected {self.expected}, got {self.actual} at event {self.event_index}"
         return f"{head}: {self.reason}" if self.reason else head
@@ -125,15 +127,16 @@ class ReplayReport:
 
     def summary(self) -> str:
         runs = "run" if len(self.runs) == 1 else "runs"
-        return (f"replayed {len(self.runs)} {runs}: {len(self.ok)} ok, {len(self.diverged)} diverged, "
-                f"{len(self.errors)} errors, {len(self.skipped)} skipped")
+        return (
+            f"replayed {len(self.runs)} {runs}: {len(self.ok)} ok, {len(self.diverged)} diverged, "
+            f"{len(self.errors)} errors, {len(self.skipped)} skipped"
+        )
 
     def lines(self) -> list[str]:
         return [r.line() for r in self.runs] + [self.summary()]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"passed": self.passed, "summary": self.summary(),
-                "runs": [r.to_dict() for r in self.runs]}
+        return {"passed": self.passed, "summary": self.summary(), "runs": [r.to_dict() for r in self.runs]}
 
 
 @dataclass(frozen=True)
@@ -155,8 +158,9 @@ class WorkflowReplayer:
     decode them) and uses its engine configuration; ``WorkflowReplayer(registry)`` replays
     histories given in memory or in export files only (pass ``store=`` to read a database)."""
 
-    def __init__(self, app: AppLike | Registry, *, store: Store | None = None,
-                 config: EngineConfig | None = None) -> None:
+    def __init__(
+        self, app: AppLike | Registry, *, store: Store | None = None, config: EngineConfig | None = None
+    ) -> None:
         if isinstance(app, Registry):
             self.registry = app
             self.store = store
@@ -167,8 +171,14 @@ class WorkflowReplayer:
             self.config = config or app.runtime.settings.engine
 
     # ── sources ──────────────────────────────────────────────────────────────────────────────
-    def replay_database(self, *, workflow: str | None = None, status: str | None = None,
-                        ids: Sequence[str] = (), limit: int = 100) -> ReplayReport:
+    def replay_database(
+        self,
+        *,
+        workflow: str | None = None,
+        status: str | None = None,
+        ids: Sequence[str] = (),
+        limit: int = 100,
+    ) -> ReplayReport:
         """Replay stored runs: those of ``ids`` (each narrowed by ``workflow``/``status`` when
         given), else the newest ``limit`` runs matching ``workflow`` and ``status``."""
         store = self._store()
@@ -182,14 +192,16 @@ class WorkflowReplayer:
                     continue
                 if (workflow and row.workflow_type != workflow) or (status and row.status != status):
                     continue
-                reports.append(self._replay_stored(row.id, row.workflow_type, row.status,
-                                                   row.erased_at is not None))
+                reports.append(
+                    self._replay_stored(row.id, row.workflow_type, row.status, row.erased_at is not None)
+                )
             return ReplayReport(tuple(reports))
         if limit < 1:
             raise ValueError("limit must be at least 1")
         rows = store.list(status=status, workflow_type=workflow, limit=limit)
-        return ReplayReport(tuple(self._replay_stored(r.id, r.workflow_type, r.status,
-                                                      r.erased_at is not None) for r in rows))
+        return ReplayReport(
+            tuple(self._replay_stored(r.id, r.workflow_type, r.status, r.erased_at is not None) for r in rows)
+        )
 
     def replay_files(self, paths: Iterable[str | os.PathLike[str]]) -> ReplayReport:
         """Replay the runs of export files (each holds one export, or a JSON list of them)."""
@@ -199,11 +211,16 @@ class WorkflowReplayer:
                 reports.append(item if isinstance(item, RunReport) else self.replay(item))
         return ReplayReport(tuple(reports))
 
-    def replay_history(self, workflow_type: str, history: list[ev.HistoryEvent], *,
-                       execution_id: str = "replay", status: str | None = None) -> RunReport:
+    def replay_history(
+        self,
+        workflow_type: str,
+        history: list[ev.HistoryEvent],
+        *,
+        execution_id: str = "replay",
+        status: str | None = None,
+    ) -> RunReport:
         """Replay one history held in memory."""
-        return self.replay(RecordedRun(execution_id, workflow_type, list(history), status,
-                                       source="memory"))
+        return self.replay(RecordedRun(execution_id, workflow_type, list(history), status, source="memory"))
 
     def export(self, execution_id: str) -> dict[str, Any]:
         """The run as an export document (decoded payloads): see :func:`export_run`."""
@@ -214,11 +231,11 @@ class WorkflowReplayer:
             raise ValueError("this replayer has no store: build it with a Harvest, or pass store=")
         return self.store
 
-    def _replay_stored(self, execution_id: str, workflow_type: str, status: str,
-                       erased: bool) -> RunReport:
+    def _replay_stored(self, execution_id: str, workflow_type: str, status: str, erased: bool) -> RunReport:
         if erased:
-            return RunReport(execution_id, workflow_type, SKIPPED,
-                             reason="payloads erased: nothing meaningful to replay")
+            return RunReport(
+                execution_id, workflow_type, SKIPPED, reason="payloads erased: nothing meaningful to replay"
+            )
         try:
             history = self._store().history(execution_id, strict=True)
         except HarvestError as exc:  # a payload that cannot be decoded, an unknown event type
@@ -238,8 +255,12 @@ class WorkflowReplayer:
         if not self.registry.has_workflow(run.workflow_type):
             if _closed(run):
                 return _with(base, SKIPPED, reason="a closed run of a workflow no longer registered")
-            return _with(base, ERROR, reason=f"workflow {run.workflow_type!r} is not registered: "
-                                             "this open run could not be decided after the deploy")
+            return _with(
+                base,
+                ERROR,
+                reason=f"workflow {run.workflow_type!r} is not registered: "
+                "this open run could not be decided after the deploy",
+            )
         try:
             return self._judge(base, run)
         except Exception as exc:  # noqa: BLE001 - the engine refused this history: an error, not a crash
@@ -255,13 +276,19 @@ class WorkflowReplayer:
         if cancel is not None:
             # Sealed: divergences after the cancel are raised into the workflow, never recorded
             # (the spec's pinned case). What came before the cancel is checked as an open run.
-            before = replay_history(definition, run.execution_id, history[:cancel], self.registry,
-                                    self.config)
+            before = replay_history(
+                definition, run.execution_id, history[:cancel], self.registry, self.config
+            )
             return _diverged(base, before.nd) if before.nd is not None else base
         terminal = _terminal_index(history)
         if terminal is not None and decision.commands and not _terminated(run):
-            return _with(base, DIVERGED, expected=_describe(decision.commands[0]),
-                         actual=history[terminal].describe(), event_index=terminal)
+            return _with(
+                base,
+                DIVERGED,
+                expected=_describe(decision.commands[0]),
+                actual=history[terminal].describe(),
+                event_index=terminal,
+            )
         return base
 
 
@@ -273,11 +300,22 @@ def export_run(store: Store, execution_id: str) -> dict[str, Any]:
     row = store.get(execution_id)
     history = store.history(execution_id, strict=True)
     return {
-        "format": EXPORT_FORMAT, "version": EXPORT_VERSION,
-        "execution_id": row.id, "workflow_type": row.workflow_type, "status": row.status,
-        "erased": row.erased_at is not None, "exported_at": utcnow().isoformat(),
-        "events": [{"seq": h.seq, "type": h.event.type, "data": h.event.to_data(),
-                    "recorded_at": h.recorded_at.isoformat()} for h in history],
+        "format": EXPORT_FORMAT,
+        "version": EXPORT_VERSION,
+        "execution_id": row.id,
+        "workflow_type": row.workflow_type,
+        "status": row.status,
+        "erased": row.erased_at is not None,
+        "exported_at": utcnow().isoformat(),
+        "events": [
+            {
+                "seq": h.seq,
+                "type": h.event.type,
+                "data": h.event.to_data(),
+                "recorded_at": h.recorded_at.isoformat(),
+            }
+            for h in history
+        ],
     }
 
 
@@ -304,20 +342,29 @@ def load_exports(path: str | os.PathLike[str]) -> list[RecordedRun | RunReport]:
             out.append(_from_export(doc, source))
         except (HarvestError, ValueError, TypeError, KeyError, AttributeError) as exc:
             workflow_type = doc.get("workflow_type", "") if isinstance(doc, dict) else ""
-            out.append(RunReport(name, str(workflow_type or ""), ERROR, source,
-                                 reason=f"cannot load the export: {_error_text(exc)}"))
+            out.append(
+                RunReport(
+                    name,
+                    str(workflow_type or ""),
+                    ERROR,
+                    source,
+                    reason=f"cannot load the export: {_error_text(exc)}",
+                )
+            )
     return out
 
 
 def _from_export(doc: Any, source: str) -> RecordedRun:
     if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
-        raise ValueError(f"not a harvest export (no \"format\": \"{EXPORT_FORMAT}\")")
+        raise ValueError(f'not a harvest export (no "format": "{EXPORT_FORMAT}")')
     if doc.get("version") != EXPORT_VERSION:
-        raise ValueError(f"export version {doc.get('version')!r} is not supported "
-                         f"(this build reads version {EXPORT_VERSION})")
+        raise ValueError(
+            f"export version {doc.get('version')!r} is not supported "
+            f"(this build reads version {EXPORT_VERSION})"
+        )
     items = doc["events"]
     if not isinstance(items, list):
-        raise ValueError("\"events\" is not a list")
+        raise ValueError('"events" is not a list')
     history = []
     for i, item in enumerate(items):
         data = dict(item["data"])
@@ -328,8 +375,14 @@ def _from_export(doc: Any, source: str) -> RecordedRun:
             raise ValueError(f"event {i} has seq {item['seq']!r}: seqs must run 0, 1, 2, ...")
         data["type"] = kind
         history.append(ev.HistoryEvent(i, ev.event_from_data(data), _parse_time(item["recorded_at"])))
-    return RecordedRun(str(doc["execution_id"]), str(doc["workflow_type"]), history,
-                       doc.get("status"), bool(doc.get("erased")), source)
+    return RecordedRun(
+        str(doc["execution_id"]),
+        str(doc["workflow_type"]),
+        history,
+        doc.get("status"),
+        bool(doc.get("erased")),
+        source,
+    )
 
 
 def _parse_time(text: Any) -> datetime:
@@ -345,8 +398,7 @@ def _shape_problem(run: RecordedRun) -> str | None:
     if not isinstance(started, ev.WorkflowStarted):
         return f"the history starts with {run.history[0].describe()}, not WorkflowStarted"
     if started.workflow_type != run.workflow_type:
-        return (f"the history was started as {started.workflow_type!r}, "
-                f"not {run.workflow_type!r}")
+        return f"the history was started as {started.workflow_type!r}, not {run.workflow_type!r}"
     return None
 
 
@@ -360,7 +412,8 @@ def _closed(run: RecordedRun) -> bool:
     if run.status is not None:
         return run.status in TERMINAL_STATUSES
     return _terminal_index(run.history) is not None or any(
-        isinstance(h.event, ev.WorkflowCancelled) for h in run.history)
+        isinstance(h.event, ev.WorkflowCancelled) for h in run.history
+    )
 
 
 def _terminated(run: RecordedRun) -> bool:
@@ -381,8 +434,13 @@ def _describe(command: Command) -> str:
 
 
 def _diverged(base: RunReport, nd: dict[str, Any]) -> RunReport:
-    return _with(base, DIVERGED, expected=str(nd.get("expected")), actual=str(nd.get("actual")),
-                 event_index=nd.get("event_index"))
+    return _with(
+        base,
+        DIVERGED,
+        expected=str(nd.get("expected")),
+        actual=str(nd.get("actual")),
+        event_index=nd.get("event_index"),
+    )
 
 
 def _with(base: RunReport, result: str, **fields: Any) -> RunReport:
@@ -393,5 +451,14 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-__all__ = ["EXPORT_FORMAT", "EXPORT_VERSION", "RecordedRun", "ReplayReport", "RunReport",
-           "WorkflowReplayer", "export_run", "load_exports", "write_export"]
+__all__ = [
+    "EXPORT_FORMAT",
+    "EXPORT_VERSION",
+    "RecordedRun",
+    "ReplayReport",
+    "RunReport",
+    "WorkflowReplayer",
+    "export_run",
+    "load_exports",
+    "write_export",
+]

@@ -19,7 +19,19 @@ from harvest_celery._core.events import (
 )
 
 __all__ = [
-    "ActivityCompleted", "ActivityFailed", "ActivityScheduled", "ActivityStarted", "Event",
-    "HistoryEvent", "MarkerRecorded", "SignalReceived", "TimerFired", "TimerStarted",
-    "WorkflowCancelled", "WorkflowCancelRequested", "WorkflowCompleted", "WorkflowFailed", "WorkflowStarted",
+    "ActivityCompleted",
+    "ActivityFailed",
+    "ActivityScheduled",
+    "ActivityStarted",
+    "Event",
+    "HistoryEvent",
+    "MarkerRecorded",
+    "SignalReceived",
+    "TimerFired",
+    "TimerStarted",
+    "WorkflowCancelled",
+    "WorkflowCancelRequested",
+    "WorkflowCompleted",
+    "WorkflowFailed",
+    "WorkflowStarted",
 ]

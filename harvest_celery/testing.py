@@ -70,10 +70,11 @@ class SimRun:
         decision = None
         session, self.session = self.session, None
         if session is not None:  # the sticky path, exactly as the runtime takes it
-            decision = session.advance(self.history[len(session.events):], self.sim.config)
+            decision = session.advance(self.history[len(session.events) :], self.sim.config)
         if session is None or decision is None:
-            activation = Activation(self.execution_id, self.workflow_type, list(self.history),
-                                    self.sim.config)
+            activation = Activation(
+                self.execution_id, self.workflow_type, list(self.history), self.sim.config
+            )
             session = Session(definition, activation, self.sim.registry)
             decision = session.decision
         if self.sim.sticky and session.reusable:
@@ -94,8 +95,9 @@ class SimRun:
     def replay(self) -> Decision:
         """A probe replay of the current history (records and counts nothing)."""
         definition = self.sim.registry.workflow(self.workflow_type)
-        return replay_history(definition, self.execution_id, list(self.history),
-                              self.sim.registry, self.sim.config)
+        return replay_history(
+            definition, self.execution_id, list(self.history), self.sim.registry, self.sim.config
+        )
 
     # ── the world ────────────────────────────────────────────────────────────────────────────
     def open_activities(self) -> list[ev.ActivityScheduled]:
@@ -113,8 +115,14 @@ class SimRun:
             self.start_activity(activity_id)
         self.append(ev.ActivityCompleted(activity_id, output))
 
-    def fail(self, activity_id: str, error_type: str = "RuntimeError", message: str = "boom",
-             *, started: bool = True) -> None:
+    def fail(
+        self,
+        activity_id: str,
+        error_type: str = "RuntimeError",
+        message: str = "boom",
+        *,
+        started: bool = True,
+    ) -> None:
         if started:
             self.start_activity(activity_id)
         self.append(ev.ActivityFailed(activity_id, error_type, message))
@@ -177,7 +185,9 @@ class SimRun:
             if self.nd is not None or self.status not in (RUNNING, CANCELLED) and not self.open_activities():
                 return self
             for activity in self.open_activities():
-                if activity.activity_id not in self.cancelled_rows and not self._started(activity.activity_id):
+                if activity.activity_id not in self.cancelled_rows and not self._started(
+                    activity.activity_id
+                ):
                     self.execute(activity)
             self.fire_timers()
             if len(self.history) == before:
@@ -210,8 +220,9 @@ class Simulator:
         run.append(ev.WorkflowStarted(workflow_type, input))
         return run
 
-    def run_from_history(self, workflow_type: str, events: list[ev.Event],
-                         execution_id: str = "run-1") -> SimRun:
+    def run_from_history(
+        self, workflow_type: str, events: list[ev.Event], execution_id: str = "run-1"
+    ) -> SimRun:
         """A run whose history is given verbatim (e.g. one recorded by an older build)."""
         run = SimRun(self, execution_id, workflow_type)
         for event in events:

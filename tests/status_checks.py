@@ -18,8 +18,14 @@ TABLES = {"harvest_executions": RUN_STATUSES, "harvest_activity_tasks": TASK_STA
 
 def _checks(conn: sa.Connection) -> dict[str, list[str]]:
     inspector = sa.inspect(conn)
-    return {table: [str(c["sqltext"]) for c in inspector.get_check_constraints(table)
-                    if c["name"] == f"ck_{table}_status"] for table in TABLES}
+    return {
+        table: [
+            str(c["sqltext"])
+            for c in inspector.get_check_constraints(table)
+            if c["name"] == f"ck_{table}_status"
+        ]
+        for table in TABLES
+    }
 
 
 def assert_checked(url: str) -> None:
@@ -36,24 +42,32 @@ def assert_checked(url: str) -> None:
 
 
 def _run(conn: sa.Connection, run_id: str, status: str) -> None:
-    conn.execute(sa.text(
-        "INSERT INTO harvest_executions (id, workflow_type, status, next_seq, created_at, updated_at, "
-        "nd_block_count) VALUES (:id, 'W', :status, 1, :now, :now, 0)"),
-        {"id": run_id, "status": status, "now": NOW})
+    conn.execute(
+        sa.text(
+            "INSERT INTO harvest_executions (id, workflow_type, status, next_seq, created_at, updated_at, "
+            "nd_block_count) VALUES (:id, 'W', :status, 1, :now, :now, 0)"
+        ),
+        {"id": run_id, "status": status, "now": NOW},
+    )
 
 
 def _task(conn: sa.Connection, run_id: str, status: str) -> None:
-    conn.execute(sa.text(
-        "INSERT INTO harvest_activity_tasks (execution_id, activity_id, activity_name, queue, status, "
-        "attempt, event_seq, compensation, adopted) "
-        "VALUES (:id, 'a1', 'act', 'q', :status, 1, 1, false, false)"), {"id": run_id, "status": status})
+    conn.execute(
+        sa.text(
+            "INSERT INTO harvest_activity_tasks (execution_id, activity_id, activity_name, queue, status, "
+            "attempt, event_seq, compensation, adopted) "
+            "VALUES (:id, 'a1', 'act', 'q', :status, 1, 1, false, false)"
+        ),
+        {"id": run_id, "status": status},
+    )
 
 
 def _state(conn: sa.Connection) -> tuple[object, ...]:
     version = conn.execute(sa.text("SELECT version_num FROM harvest_alembic_version")).scalar_one()
     runs = conn.execute(sa.text("SELECT id, status FROM harvest_executions ORDER BY id")).all()
-    tasks = conn.execute(sa.text("SELECT execution_id, status FROM harvest_activity_tasks "
-                                 "ORDER BY execution_id")).all()
+    tasks = conn.execute(
+        sa.text("SELECT execution_id, status FROM harvest_activity_tasks ORDER BY execution_id")
+    ).all()
     return version, [tuple(r) for r in runs], [tuple(r) for r in tasks], _checks(conn)
 
 
@@ -83,7 +97,9 @@ def assert_stops_on_unknown_status(url: str) -> None:
             assert _state(conn) == before
         with engine.begin() as conn:
             conn.execute(sa.text("UPDATE harvest_executions SET status = 'FAILED' WHERE status <> 'RUNNING'"))
-            conn.execute(sa.text("UPDATE harvest_activity_tasks SET status = 'failed' WHERE status = 'leased'"))
+            conn.execute(
+                sa.text("UPDATE harvest_activity_tasks SET status = 'failed' WHERE status = 'leased'")
+            )
         upgrade(url)
         assert_checked(url)
         with pytest.raises(sa.exc.IntegrityError), engine.begin() as conn:

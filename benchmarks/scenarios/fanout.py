@@ -56,8 +56,12 @@ def check(execution_id: str, cells: int) -> dict[str, Any]:
             if names[e.activity_id] == "fan_undo":
                 undone = e.output
     ok = completed["fan_cell"] == cells and completed["fan_undo"] == 1 and undone == cells
-    return {"cells_completed": completed["fan_cell"], "undo_activities": completed["fan_undo"],
-            "cells_undone": undone, "as_expected": ok}
+    return {
+        "cells_completed": completed["fan_cell"],
+        "undo_activities": completed["fan_undo"],
+        "cells_undone": undone,
+        "as_expected": ok,
+    }
 
 
 def raw_fanout(cells: int, batch_undo: bool) -> float:
@@ -85,8 +89,15 @@ def run(args: Any, dbos: dict[str, Any]) -> dict[str, Any]:
         harvest = harvest_fanout(cells, 120 + cells * 0.5)
         raw = {"per_cell_undo_s": raw_fanout(cells, False), "batch_undo_s": raw_fanout(cells, True)}
     dbos_s = dbos.get("wall_s")
-    return {"cells": cells, "topology": TOPOLOGY_LABELS[TOPOLOGY], "harvest": harvest,
-            "raw_celery": raw, "dbos": dbos,
-            "ratios": {"harvest_over_raw_per_cell_undo": ratio(harvest["wall_s"], raw["per_cell_undo_s"]),
-                       "harvest_over_raw_batch_undo": ratio(harvest["wall_s"], raw["batch_undo_s"]),
-                       "harvest_over_dbos": ratio(harvest["wall_s"], dbos_s)}}
+    return {
+        "cells": cells,
+        "topology": TOPOLOGY_LABELS[TOPOLOGY],
+        "harvest": harvest,
+        "raw_celery": raw,
+        "dbos": dbos,
+        "ratios": {
+            "harvest_over_raw_per_cell_undo": ratio(harvest["wall_s"], raw["per_cell_undo_s"]),
+            "harvest_over_raw_batch_undo": ratio(harvest["wall_s"], raw["batch_undo_s"]),
+            "harvest_over_dbos": ratio(harvest["wall_s"], dbos_s),
+        },
+    }

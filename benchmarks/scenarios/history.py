@@ -24,8 +24,7 @@ def step_costs(execution_id: str) -> list[float]:
     from harvest_celery._core import events as ev
 
     history = harvest_client().history(execution_id)
-    marks = [h.recorded_at for h in history
-             if isinstance(h.event, ev.WorkflowStarted | ev.ActivityCompleted)]
+    marks = [h.recorded_at for h in history if isinstance(h.event, ev.WorkflowStarted | ev.ActivityCompleted)]
     return [(b - a).total_seconds() for a, b in zip(marks, marks[1:], strict=False)]
 
 
@@ -33,11 +32,16 @@ def early_late(costs_s: list[float]) -> dict[str, Any]:
     window = max(1, len(costs_s) // 10)
     early = statistics.fmean(costs_s[:window]) * 1000
     late = statistics.fmean(costs_s[-window:]) * 1000
-    return {"steps": len(costs_s), "window": window, "early_mean_ms": early, "late_mean_ms": late,
-            "late_over_early": ratio(late, early),
-            "early_median_ms": statistics.median(costs_s[:window]) * 1000,
-            "late_median_ms": statistics.median(costs_s[-window:]) * 1000,
-            "series_ms": [round(c * 1000, 3) for c in costs_s]}
+    return {
+        "steps": len(costs_s),
+        "window": window,
+        "early_mean_ms": early,
+        "late_mean_ms": late,
+        "late_over_early": ratio(late, early),
+        "early_median_ms": statistics.median(costs_s[:window]) * 1000,
+        "late_median_ms": statistics.median(costs_s[-window:]) * 1000,
+        "series_ms": [round(c * 1000, 3) for c in costs_s],
+    }
 
 
 def topology(name: str, args: Any) -> dict[str, Any]:
@@ -53,20 +57,21 @@ def topology(name: str, args: Any) -> dict[str, Any]:
     assert result == steps, result
     costs = step_costs(execution_id)
     assert len(costs) == steps, (len(costs), steps)
-    return {"label": TOPOLOGY_LABELS[name], "wall_s": wall, "execution_id": execution_id,
-            **early_late(costs)}
+    return {"label": TOPOLOGY_LABELS[name], "wall_s": wall, "execution_id": execution_id, **early_late(costs)}
 
 
 def run(args: Any, dbos: dict[str, Any]) -> dict[str, Any]:
     res: dict[str, Any] = {"steps": args.history_steps, "topologies": {}}
     for name in TOPOLOGIES:
-        log(f"B3 history length, {args.history_steps} steps, topology {name} "
-            f"({TOPOLOGY_LABELS[name]})…")
+        log(f"B3 history length, {args.history_steps} steps, topology {name} ({TOPOLOGY_LABELS[name]})…")
         try:
             res["topologies"][name] = topology(name, args)
         except Exception as exc:  # noqa: BLE001 - reported; the other topologies still run
-            res["topologies"][name] = {"label": TOPOLOGY_LABELS[name],
-                                       "error": f"{type(exc).__name__}: {exc}"}
-    res["dbos"] = dbos if "error" in dbos else {"wall_s": dbos["wall_s"],
-                                                **early_late(dbos["step_latencies"])}
+            res["topologies"][name] = {
+                "label": TOPOLOGY_LABELS[name],
+                "error": f"{type(exc).__name__}: {exc}",
+            }
+    res["dbos"] = (
+        dbos if "error" in dbos else {"wall_s": dbos["wall_s"], **early_late(dbos["step_latencies"])}
+    )
     return res

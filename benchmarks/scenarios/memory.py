@@ -17,8 +17,7 @@ from benchmarks.common import TOPOLOGY_LABELS, Cluster, harvest_client, log
 TOPOLOGY = "split"
 
 
-def wait_warm(cluster: Cluster, node: str, base: dict[str, Any], n: int,
-              timeout: float) -> dict[str, Any]:
+def wait_warm(cluster: Cluster, node: str, base: dict[str, Any], n: int, timeout: float) -> dict[str, Any]:
     """Poll the decision worker until it holds ``n`` more warm sessions (or, if the runtime does
     not expose them, ran ``n`` more tasks), then a moment more for stragglers."""
     deadline = time.monotonic() + timeout
@@ -32,8 +31,10 @@ def wait_warm(cluster: Cluster, node: str, base: dict[str, Any], n: int,
         if done:
             return stats
         if time.monotonic() > deadline:
-            raise TimeoutError(f"decision worker not warm with {n} runs after {timeout}s: "
-                               f"warm_sessions={sessions}, tasks_run={stats['counters']['tasks_run']}")
+            raise TimeoutError(
+                f"decision worker not warm with {n} runs after {timeout}s: "
+                f"warm_sessions={sessions}, tasks_run={stats['counters']['tasks_run']}"
+            )
         time.sleep(0.5)
 
 
@@ -55,7 +56,13 @@ def run(args: Any, _dbos: dict[str, Any]) -> dict[str, Any]:
         warm_s = time.perf_counter() - t0
     rss0, rss1 = before.get("vmrss_kib"), after.get("vmrss_kib")
     per_run = (rss1 - rss0) / n if rss0 is not None and rss1 is not None else None
-    return {"runs": n, "topology": TOPOLOGY_LABELS[TOPOLOGY], "pid": after["pid"],
-            "before": {k: before.get(k) for k in ("vmrss_kib", "vmhwm_kib", "warm_sessions")},
-            "after": {k: after.get(k) for k in ("vmrss_kib", "vmhwm_kib", "warm_sessions")},
-            "rss_growth_kib_per_run": per_run, "start_s": started_s, "all_warm_s": warm_s}
+    return {
+        "runs": n,
+        "topology": TOPOLOGY_LABELS[TOPOLOGY],
+        "pid": after["pid"],
+        "before": {k: before.get(k) for k in ("vmrss_kib", "vmhwm_kib", "warm_sessions")},
+        "after": {k: after.get(k) for k in ("vmrss_kib", "vmhwm_kib", "warm_sessions")},
+        "rss_growth_kib_per_run": per_run,
+        "start_s": started_s,
+        "all_warm_s": warm_s,
+    }

@@ -35,8 +35,7 @@ def harvest_run(steps: int) -> tuple[float, list[float], float, dict[str, list[f
     wall = time.perf_counter() - t0
     assert result == steps, result
     history = harvest.history(execution_id)
-    marks = [h.recorded_at for h in history
-             if isinstance(h.event, ev.WorkflowStarted | ev.ActivityCompleted)]
+    marks = [h.recorded_at for h in history if isinstance(h.event, ev.WorkflowStarted | ev.ActivityCompleted)]
     intervals = [(b - a).total_seconds() for a, b in zip(marks, marks[1:], strict=False)]
     span = (history[-1].recorded_at - history[0].recorded_at).total_seconds()
     return wall, intervals, span, phases(history)
@@ -115,13 +114,16 @@ def measure(steps: int, runs: int) -> dict[str, Any]:
         rounds.append(ratio(wall, raw_wall))
         chain_walls.append(raw_celery_chain(steps))
     return {
-        "harvest": {"per_step": summary([w / steps for w in walls]),
-                    "step_interval": summary(intervals),
-                    "server_span_per_step": summary([s / steps for s in spans]),
-                    "phases": {k: summary(v) for k, v in phase.items()}},
-        "raw_celery": {"client_waited": {"per_step": summary([w / steps for w in raw_walls]),
-                                         "step": summary(raw_lat)},
-                       "celery_chain": {"per_step": summary([w / steps for w in chain_walls])}},
+        "harvest": {
+            "per_step": summary([w / steps for w in walls]),
+            "step_interval": summary(intervals),
+            "server_span_per_step": summary([s / steps for s in spans]),
+            "phases": {k: summary(v) for k, v in phase.items()},
+        },
+        "raw_celery": {
+            "client_waited": {"per_step": summary([w / steps for w in raw_walls]), "step": summary(raw_lat)},
+            "celery_chain": {"per_step": summary([w / steps for w in chain_walls])},
+        },
         "harvest_steps_total": (runs + 1) * steps,
         "rounds_harvest_over_raw_celery": spread(rounds),
     }
@@ -154,8 +156,13 @@ def budget(cluster: Cluster, steps: int, idle_s: float = 1.5) -> dict[str, Any]:
     background = {k: v / idle for k, v in probes.diff(c1, c0).items()}
     run_delta = probes.diff(c2, c1)
     per_step = {k: (run_delta[k] - background.get(k, 0.0) * elapsed) / steps for k in run_delta}
-    return {"probe_steps": steps, "probe_wall_s": elapsed, "workers_per_step": per_step,
-            "workers_background_per_s": background, "client_per_workflow": local}
+    return {
+        "probe_steps": steps,
+        "probe_wall_s": elapsed,
+        "workers_per_step": per_step,
+        "workers_background_per_s": background,
+        "client_per_workflow": local,
+    }
 
 
 def topology(name: str, args: Any) -> dict[str, Any]:
@@ -178,27 +185,35 @@ def topology(name: str, args: Any) -> dict[str, Any]:
     counted = workers_total.get("pg_transactions", 0) + local.get("pg_transactions", 0)
     hidden = (pg.get("xact_commit", 0) - counted) / steps_total
     out["pg_stat_database"] = {
-        "segment_steps": steps_total, "delta": pg,
+        "segment_steps": steps_total,
+        "delta": pg,
         "xact_commit_per_step": pg.get("xact_commit", 0) / steps_total,
-        "rows_written_per_step": sum(pg.get(k, 0) for k in ("tup_inserted", "tup_updated",
-                                                            "tup_deleted")) / steps_total,
+        "rows_written_per_step": sum(pg.get(k, 0) for k in ("tup_inserted", "tup_updated", "tup_deleted"))
+        / steps_total,
         "wal_bytes_per_step": pg.get("wal_bytes", 0) / steps_total,
         "wal_syncs_per_step": pg.get("wal_sync", 0) / steps_total,
         "probe_counted_pg_transactions": counted,
         "uncounted_transactions_per_step": hidden,
         "note": "whole segment: worker start-up, warm-up, every run, the probe, client start "
-                "commits and the sweeper; wal_* are cluster-wide. probe_counted_pg_transactions: the same segment as "
-                "the SQLAlchemy probes count it (workers + client); the difference is what the "
-                "driver sends on its own (e.g. psycopg2's SET when a pooled connection is "
-                "switched to AUTOCOMMIT), spread over the segment's steps"}
+        "commits and the sweeper; wal_* are cluster-wide. probe_counted_pg_transactions: the same segment as "
+        "the SQLAlchemy probes count it (workers + client); the difference is what the "
+        "driver sends on its own (e.g. psycopg2's SET when a pooled connection is "
+        "switched to AUTOCOMMIT), spread over the segment's steps",
+    }
     out["pg_stat_statements"] = (
-        {"calls_per_step": (calls1 - calls0) / steps_total, "note": "whole segment, every statement "
-         "(BEGIN/COMMIT included if track_utility) of workers, client and the harness's own reads"}
-        if calls0 is not None and calls1 is not None else {"unavailable": why})
+        {
+            "calls_per_step": (calls1 - calls0) / steps_total,
+            "note": "whole segment, every statement "
+            "(BEGIN/COMMIT included if track_utility) of workers, client and the harness's own reads",
+        }
+        if calls0 is not None and calls1 is not None
+        else {"unavailable": why}
+    )
     per_step = out["budget"]["workers_per_step"]
     out["budget"]["postgres_view_per_step"] = {
         "pg_transactions": per_step["pg_transactions"] + hidden,
-        "round_trips": per_step["round_trips"] + hidden}
+        "round_trips": per_step["round_trips"] + hidden,
+    }
     out["label"] = TOPOLOGY_LABELS[name]
     return out
 
@@ -214,18 +229,21 @@ def run(args: Any, dbos: dict[str, Any]) -> dict[str, Any]:
         h = t["harvest"]["per_step"]["median_ms"]
         span = t["harvest"]["server_span_per_step"]["median_ms"]
         raw = t["raw_celery"]["client_waited"]["per_step"]["median_ms"]
-        t["ratios"] = {"harvest_over_raw_celery": ratio(h, raw),
-                       # the median of per-round ratios, with its spread: the criterion figure
-                       "rounds_harvest_over_raw_celery": t.pop("rounds_harvest_over_raw_celery"),
-                       "harvest_span_over_raw_celery": ratio(span, raw),
-                       "harvest_over_raw_chain": ratio(
-                           h, t["raw_celery"]["celery_chain"]["per_step"]["median_ms"]),
-                       "harvest_over_dbos": ratio(h, dbos_ms)}
+        t["ratios"] = {
+            "harvest_over_raw_celery": ratio(h, raw),
+            # the median of per-round ratios, with its spread: the criterion figure
+            "rounds_harvest_over_raw_celery": t.pop("rounds_harvest_over_raw_celery"),
+            "harvest_span_over_raw_celery": ratio(span, raw),
+            "harvest_over_raw_chain": ratio(h, t["raw_celery"]["celery_chain"]["per_step"]["median_ms"]),
+            "harvest_over_dbos": ratio(h, dbos_ms),
+        }
     return res
 
 
 def dbos_summary(dbos: dict[str, Any], steps: int) -> dict[str, Any]:
     if "error" in dbos:
         return dbos
-    return {"per_step": summary([w / steps for w in dbos["walls"]]),
-            "step_call": summary(dbos["step_latencies"])}
+    return {
+        "per_step": summary([w / steps for w in dbos["walls"]]),
+        "step_call": summary(dbos["step_latencies"]),
+    }

@@ -46,14 +46,28 @@ def run(args: Any, dbos: dict[str, Any]) -> dict[str, Any]:
             log(f"   {c} in flight: {total} workflows of {steps} steps per system, {args.repeats} repeats…")
             h, r = _interleaved(c, total, steps, args.repeats)
             d = dbos_rows.get(c, {"error": dbos.get("error", "not run at this level")})
-            levels.append({"inflight": c, "harvest": h, "raw_celery": r, "dbos": d,
-                           "raw_over_harvest": ratio(r.get("steps_per_s"), h.get("steps_per_s")),
-                           "repeats_raw_over_harvest": spread(
-                               [ratio(a, b) for a, b in zip(r.get("repeats", []), h.get("repeats", []),
-                                                            strict=False)]),
-                           "dbos_over_harvest": ratio(d.get("steps_per_s"), h.get("steps_per_s"))})
-    return {"steps": steps, "topology": TOPOLOGY_LABELS[TOPOLOGY],
-            "worker_concurrency": args.worker_concurrency, "levels": levels}
+            levels.append(
+                {
+                    "inflight": c,
+                    "harvest": h,
+                    "raw_celery": r,
+                    "dbos": d,
+                    "raw_over_harvest": ratio(r.get("steps_per_s"), h.get("steps_per_s")),
+                    "repeats_raw_over_harvest": spread(
+                        [
+                            ratio(a, b)
+                            for a, b in zip(r.get("repeats", []), h.get("repeats", []), strict=False)
+                        ]
+                    ),
+                    "dbos_over_harvest": ratio(d.get("steps_per_s"), h.get("steps_per_s")),
+                }
+            )
+    return {
+        "steps": steps,
+        "topology": TOPOLOGY_LABELS[TOPOLOGY],
+        "worker_concurrency": args.worker_concurrency,
+        "levels": levels,
+    }
 
 
 def _interleaved(c: int, total: int, steps: int, repeats: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -62,10 +76,14 @@ def _interleaved(c: int, total: int, steps: int, repeats: int) -> tuple[dict[str
     systems = {"harvest": lambda: harvest_job(steps), "raw": lambda: raw_client_chain(steps)}
     rates: dict[str, list[float]] = {"harvest": [], "raw": []}
     for i in range(repeats):
-        for name in (("harvest", "raw") if i % 2 == 0 else ("raw", "harvest")):
+        for name in ("harvest", "raw") if i % 2 == 0 else ("raw", "harvest"):
             row = _rate(closed_loop(systems[name], c, total), steps)
             if "error" in row:
-                return (row, {"error": "not measured"}) if name == "harvest" else ({"error": "not measured"}, row)
+                return (
+                    (row, {"error": "not measured"})
+                    if name == "harvest"
+                    else ({"error": "not measured"}, row)
+                )
             rates[name].append(row["steps_per_s"])
 
     def row(values: list[float]) -> dict[str, Any]:

@@ -90,7 +90,9 @@ def _parser() -> argparse.ArgumentParser:
     app_help = "module[:attr] of a Harvest instance, like celery -A (env HARVEST_APP)"
     url_help = "database for commands that only need the database (env HARVEST_DATABASE_URL)"
     p.add_argument("-A", "--app", default=os.environ.get("HARVEST_APP"), metavar="APP", help=app_help)
-    p.add_argument("--database-url", default=os.environ.get("HARVEST_DATABASE_URL"), metavar="URL", help=url_help)
+    p.add_argument(
+        "--database-url", default=os.environ.get("HARVEST_DATABASE_URL"), metavar="URL", help=url_help
+    )
     # The same options after the command name (harvest worker -A myshop.celery), listed in each
     # command's --help; SUPPRESS keeps a value given before the command.
     common = argparse.ArgumentParser(add_help=False)

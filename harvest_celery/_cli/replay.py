@@ -21,32 +21,56 @@ def replay_commands(command: Command, common: argparse.ArgumentParser) -> None:
     """replay, export."""
     r = command("replay", help="replay stored histories against the current code (pre-deploy check)")
     mode = r.add_mutually_exclusive_group()
-    mode.add_argument("--strict", dest="strict", action="store_true", default=True,
-                      help="exit 1 if any run diverged or could not be replayed (the default)")
-    mode.add_argument("--canary", dest="strict", action="store_false",
-                      help="report only: exit 0 whatever the verdicts")
+    mode.add_argument(
+        "--strict",
+        dest="strict",
+        action="store_true",
+        default=True,
+        help="exit 1 if any run diverged or could not be replayed (the default)",
+    )
+    mode.add_argument(
+        "--canary", dest="strict", action="store_false", help="report only: exit 0 whatever the verdicts"
+    )
     r.add_argument("--workflow", default=None, help="only runs of this workflow type")
     r.add_argument("--status", default=None, type=str.upper, help="only runs with this status")
-    r.add_argument("--id", dest="ids", action="append", default=[], metavar="ID",
-                   help="this run (repeatable)")
-    r.add_argument("--limit", type=int, default=100, metavar="N",
-                   help="the newest N matching runs (default 100; ignored with --id)")
-    r.add_argument("--file", dest="files", nargs="+", action="extend", default=[], metavar="FILE",
-                   help="replay the runs of these export files instead of the database")
+    r.add_argument(
+        "--id", dest="ids", action="append", default=[], metavar="ID", help="this run (repeatable)"
+    )
+    r.add_argument(
+        "--limit",
+        type=int,
+        default=100,
+        metavar="N",
+        help="the newest N matching runs (default 100; ignored with --id)",
+    )
+    r.add_argument(
+        "--file",
+        dest="files",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="FILE",
+        help="replay the runs of these export files instead of the database",
+    )
     r.add_argument("--json", action="store_true", help="print the report as JSON")
     r.set_defaults(handler=cmd_replay)
 
     x = command("export", help="write a run's history as JSON, payloads decoded (for harvest replay --file)")
     x.add_argument("execution_id", metavar="ID")
-    x.add_argument("--out", default=None, metavar="FILE",
-                   help="write to FILE (created readable by its owner only) instead of stdout")
+    x.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE",
+        help="write to FILE (created readable by its owner only) instead of stdout",
+    )
     x.set_defaults(handler=cmd_export)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     if args.files and (args.ids or args.workflow or args.status):
-        raise ValueError("--file replays the files' runs: it does not combine with --id, "
-                         "--workflow or --status")
+        raise ValueError(
+            "--file replays the files' runs: it does not combine with --id, --workflow or --status"
+        )
     if args.limit < 1:
         raise ValueError("--limit must be at least 1")
     harvest = harvest_of(args)
@@ -54,8 +78,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if args.files:
         report = replayer.replay_files(args.files)
     else:
-        report = replayer.replay_database(workflow=args.workflow, status=args.status,
-                                          ids=args.ids, limit=args.limit)
+        report = replayer.replay_database(
+            workflow=args.workflow, status=args.status, ids=args.ids, limit=args.limit
+        )
     if args.json:
         print(json.dumps({**report.to_dict(), "strict": args.strict}, indent=1))
     else:
@@ -84,6 +109,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         print()
         return 0
     write_export(document, args.out)
-    print(f"exported {args.execution_id} ({len(document['events'])} events) to {args.out}; "
-          "it holds the run's payloads decoded", file=sys.stderr)
+    print(
+        f"exported {args.execution_id} ({len(document['events'])} events) to {args.out}; "
+        "it holds the run's payloads decoded",
+        file=sys.stderr,
+    )
     return 0

@@ -20,7 +20,9 @@ def run_commands(command: Command, common: argparse.ArgumentParser) -> None:
     s.add_argument("workflow")
     s.add_argument("input", nargs="?", default=None, metavar="INPUT_JSON")
     s.add_argument("--id", dest="execution_id", default=None, help="execution id (idempotent start)")
-    s.add_argument("--wait", type=float, default=None, metavar="SECONDS", help="wait this long for the result")
+    s.add_argument(
+        "--wait", type=float, default=None, metavar="SECONDS", help="wait this long for the result"
+    )
     s.set_defaults(handler=cmd_start)
 
     sh = command("show", help="status and history timeline of a run")

@@ -58,7 +58,9 @@ def worker_commands(command: Command, common: argparse.ArgumentParser, *, execut
         help="serve Prometheus /metrics (aggregated over the pool processes) on this port",
     )
     w.add_argument(
-        "--metrics-addr", default=None, help="address for --metrics-port (default 127.0.0.1; 0.0.0.0 in a container)"
+        "--metrics-addr",
+        default=None,
+        help="address for --metrics-port (default 127.0.0.1; 0.0.0.0 in a container)",
     )
     w.set_defaults(handler=cmd_worker, celery_args=[], execute=execute)
     _api_command(command)
@@ -92,7 +94,9 @@ def cmd_api(args: argparse.Namespace) -> int:
 
         from harvest_celery._web.api import create_app, serving_token
     except ImportError as exc:
-        raise CliError(f"'{PROG} api' needs the api extra (pip install 'harvest-celery[api]'): {exc}") from None
+        raise CliError(
+            f"'{PROG} api' needs the api extra (pip install 'harvest-celery[api]'): {exc}"
+        ) from None
     try:
         token = serving_token(os.environ.get("HARVEST_API_TOKEN"), args.host, insecure=args.insecure_no_auth)
     except ValueError as exc:

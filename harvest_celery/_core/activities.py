@@ -153,8 +153,11 @@ class _Open:
     started_at: datetime | None = None
     attempt_count: int = 0
 
-    def add(self, item: ev.HistoryEvent, event: ev.ActivityStarted | ev.ActivityCompleted | ev.ActivityFailed,
-            ) -> None:
+    def add(
+        self,
+        item: ev.HistoryEvent,
+        event: ev.ActivityStarted | ev.ActivityCompleted | ev.ActivityFailed,
+    ) -> None:
         self.attempt_count = max(self.attempt_count, event.attempt)
         if isinstance(event, ev.ActivityStarted):
             self.starts[event.attempt] = (item.recorded_at, event.worker_id)
@@ -168,8 +171,11 @@ class _Open:
 
 
 def _result_status(result: ev.Event) -> Status:
-    return SUCCEEDED if isinstance(result, ev.ActivityCompleted) else failure_status(
-        getattr(result, "error_type", None))
+    return (
+        SUCCEEDED
+        if isinstance(result, ev.ActivityCompleted)
+        else failure_status(getattr(result, "error_type", None))
+    )
 
 
 def _attempt(number: int, acc: _Open, live: bool) -> Attempt:
@@ -179,8 +185,15 @@ def _attempt(number: int, acc: _Open, live: bool) -> Attempt:
         status: Status = FAILED if number < acc.attempt_count else (RUNNING if live else CANCELLED)
         return Attempt(number, status, at, worker)
     failed = end.event if isinstance(end.event, ev.ActivityFailed) else None
-    return Attempt(number, _result_status(end.event), at, worker, end.recorded_at,
-                   failed.error_type if failed else None, failed.message if failed else None)
+    return Attempt(
+        number,
+        _result_status(end.event),
+        at,
+        worker,
+        end.recorded_at,
+        failed.error_type if failed else None,
+        failed.message if failed else None,
+    )
 
 
 def _activity(acc: _Open, live: bool) -> Activity:
@@ -196,8 +209,16 @@ def _activity(acc: _Open, live: bool) -> Activity:
     else:
         status = RUNNING if acc.started_at is not None else PENDING
     numbers = sorted(set(acc.starts) | set(acc.results))
-    return Activity(acc.item, scheduled, status, tuple(_attempt(n, acc, live) for n in numbers),
-                    acc.attempt_count, acc.started_at, end.recorded_at if end is not None else None, result)
+    return Activity(
+        acc.item,
+        scheduled,
+        status,
+        tuple(_attempt(n, acc, live) for n in numbers),
+        acc.attempt_count,
+        acc.started_at,
+        end.recorded_at if end is not None else None,
+        result,
+    )
 
 
 def _step(item: ev.HistoryEvent, acts: dict[str, _Open]) -> bool:
@@ -212,8 +233,14 @@ def _step(item: ev.HistoryEvent, acts: dict[str, _Open]) -> bool:
                 acts[event.activity_id].add(item, event)
         case ev.WorkflowCancelled() | ev.WorkflowCompleted() | ev.WorkflowFailed():
             return True
-        case (ev.WorkflowStarted() | ev.WorkflowCancelRequested() | ev.MarkerRecorded() | ev.SignalReceived()
-              | ev.TimerStarted() | ev.TimerFired()):
+        case (
+            ev.WorkflowStarted()
+            | ev.WorkflowCancelRequested()
+            | ev.MarkerRecorded()
+            | ev.SignalReceived()
+            | ev.TimerStarted()
+            | ev.TimerFired()
+        ):
             pass  # no activity's business
         case other:
             ev.unhandled(other)  # mypy proves this unreachable; a new member of AnyEvent needs an arm

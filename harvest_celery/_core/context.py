@@ -45,9 +45,15 @@ class ReplayPort(Protocol):
 
     def check_running(self, api: str) -> None: ...
 
-    def schedule_activity(self, name: str, input: Any, queue: str, *,
-                          retry: RetryPolicy | None = None,
-                          start_to_close: float | None = None) -> Future: ...
+    def schedule_activity(
+        self,
+        name: str,
+        input: Any,
+        queue: str,
+        *,
+        retry: RetryPolicy | None = None,
+        start_to_close: float | None = None,
+    ) -> Future: ...
 
     def check_inputs(self, name: str, inputs: Sequence[Any]) -> list[Any]: ...
 
@@ -91,9 +97,15 @@ class WorkflowContext:
         self.info = info
 
     # ── activities, timers, signals ─────────────────────────────────────────────────────────
-    def execute_activity(self, activity: Any, input: Any = None, queue: str = "", *,
-                         retry: RetryPolicy | None = None,
-                         start_to_close: float | None = None) -> Future:
+    def execute_activity(
+        self,
+        activity: Any,
+        input: Any = None,
+        queue: str = "",
+        *,
+        retry: RetryPolicy | None = None,
+        start_to_close: float | None = None,
+    ) -> Future:
         """Dispatch an activity (a decorated function or its name) and return an awaitable of its
         output. ``queue`` empty → the activity's default queue → ``"default"``.
 
@@ -101,8 +113,9 @@ class WorkflowContext:
         anything is recorded; awaiting raises ``ActivityError`` if the activity failed for good.
         """
         self._replay.check_running("ctx.execute_activity")
-        return self._replay.schedule_activity(activity_name(activity), input, queue, retry=retry,
-                                              start_to_close=start_to_close)
+        return self._replay.schedule_activity(
+            activity_name(activity), input, queue, retry=retry, start_to_close=start_to_close
+        )
 
     def check_activity_inputs(self, activity: Any, inputs: Sequence[Any]) -> list[Any]:
         """Check every input a fan-out is about to dispatch, before any is recorded: raises

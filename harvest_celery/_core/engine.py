@@ -47,8 +47,12 @@ def _outcome_of(future: Future, workflow_type: str) -> Outcome:
         return Completed(check_json(future.result(), f"result of workflow {workflow_type!r}"))
     except BaseException as exc:  # noqa: BLE001 - the workflow's own error is its outcome
         info = failures.describe(exc)
-        return Failed(info.error_type, info.message, info.traceback,
-                      interrupt=isinstance(exc, (KeyboardInterrupt, SystemExit)))
+        return Failed(
+            info.error_type,
+            info.message,
+            info.traceback,
+            interrupt=isinstance(exc, (KeyboardInterrupt, SystemExit)),
+        )
 
 
 class Session:
@@ -65,8 +69,7 @@ class Session:
         carried = started.carried or {}
         if not isinstance(carried, dict):
             raise CorruptHistory(f"WorkflowStarted.carried holds {type(carried).__name__}, not an object")
-        info = WorkflowInfo(activation.execution_id, activation.workflow_type, replay.times[0],
-                            dict(carried))
+        info = WorkflowInfo(activation.execution_id, activation.workflow_type, replay.times[0], dict(carried))
         self.main = _Task(replay, definition.fn(WorkflowContext(replay, info), started.input))
         replay.run_ready()
         self.decision = self._drive(range(1, len(replay.events)))
@@ -79,8 +82,9 @@ class Session:
     def reusable(self) -> bool:
         """Worth keeping: live, not diverged, not sealed by a cancel, not a probe."""
         d = self.decision
-        return (d.nd is None and d.outcome is None and not self.replay.sealed
-                and not self.replay.activation.probe)
+        return (
+            d.nd is None and d.outcome is None and not self.replay.sealed and not self.replay.activation.probe
+        )
 
     def _drive(self, indices: Any) -> Decision:
         replay = self.replay
@@ -93,8 +97,9 @@ class Session:
         outcome = _outcome_of(self.main.future, replay.definition.name) if done else None
         if replay.nd is None and not replay.sealed:
             # Recorded commands the code no longer issues are a divergence too (a removed step).
-            leftover = [i for i in replay._rest(skip_signals=True)
-                        if isinstance(replay.events[i], ev.COMMAND_EVENTS)]
+            leftover = [
+                i for i in replay._rest(skip_signals=True) if isinstance(replay.events[i], ev.COMMAND_EVENTS)
+            ]
             if leftover:
                 replay.diverge("WorkflowCompleted" if done else "no further command", leftover[0])
         if replay.nd is not None:
@@ -111,11 +116,11 @@ class Session:
         for command, item in zip(ours, new, strict=False):
             if not _same(command, item.event):
                 return None
-        results = new[len(ours):]
+        results = new[len(ours) :]
         if not all(isinstance(h.event, ev.ADVANCE_EVENTS) for h in results):  # declared: Event.advance
             return None
         # What this session emitted at the frontier is matched already: never a candidate.
-        for item in new[:len(ours)]:
+        for item in new[: len(ours)]:
             replay.events.append(item.event)
             replay.times.append(item.recorded_at)
         indices = []
@@ -136,8 +141,11 @@ class Session:
         what came after. False (nothing absorbed) if they are not exactly its commands."""
         replay = self.replay
         ours = self.decision.commands
-        if (len(written) != len(ours) or (written and written[0].seq != len(replay.events))
-                or not all(_same(c, h.event) for c, h in zip(ours, written, strict=True))):
+        if (
+            len(written) != len(ours)
+            or (written and written[0].seq != len(replay.events))
+            or not all(_same(c, h.event) for c, h in zip(ours, written, strict=True))
+        ):
             return False
         for item in written:
             replay.events.append(item.event)
@@ -151,8 +159,11 @@ class Session:
 
 def _same(command: Command, event: ev.Event) -> bool:
     if isinstance(command, ScheduleActivity):
-        return (isinstance(event, ev.ActivityScheduled) and event.activity_id == command.activity_id
-                and event.activity_name == command.activity_name)
+        return (
+            isinstance(event, ev.ActivityScheduled)
+            and event.activity_id == command.activity_id
+            and event.activity_name == command.activity_name
+        )
     if isinstance(command, RecordMarker):
         return isinstance(event, ev.MarkerRecorded) and event.name == command.name
     return isinstance(event, ev.TimerStarted) and event.timer_id == command.timer_id
@@ -165,18 +176,31 @@ def decide(definition: WorkflowDefinition, activation: Activation, registry: Reg
     return session.decision
 
 
-def replay_history(definition: WorkflowDefinition, execution_id: str,
-                   history: list[ev.HistoryEvent], registry: Registry,
-                   config: EngineConfig | None = None) -> Decision:
+def replay_history(
+    definition: WorkflowDefinition,
+    execution_id: str,
+    history: list[ev.HistoryEvent],
+    registry: Registry,
+    config: EngineConfig | None = None,
+) -> Decision:
     """Replay a recorded history as a probe (a pure read): raises nothing, returns the decision
     whose ``nd`` says whether the current code still matches the history."""
     started = history[0].event if history else None
     if not isinstance(started, ev.WorkflowStarted):
         raise CorruptHistory("a history starts with WorkflowStarted")
-    activation = Activation(execution_id, started.workflow_type, history,
-                            config or EngineConfig(), probe=True)
+    activation = Activation(
+        execution_id, started.workflow_type, history, config or EngineConfig(), probe=True
+    )
     return decide(definition, activation, registry)
 
 
-__all__ = ["Activation", "EngineConfig", "HarvestError", "Replay", "Session", "WorkflowInfo", "decide",
-           "replay_history"]
+__all__ = [
+    "Activation",
+    "EngineConfig",
+    "HarvestError",
+    "Replay",
+    "Session",
+    "WorkflowInfo",
+    "decide",
+    "replay_history",
+]

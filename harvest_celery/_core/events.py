@@ -316,8 +316,12 @@ def unhandled(event: NoReturn) -> NoReturn:
     raise TypeError(f"unhandled event type {type(event).__name__}")
 
 
-_PLAIN: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "bool": bool,
-                                            "str | None": (str, type(None))}
+_PLAIN: dict[str, type | tuple[type, ...]] = {
+    "str": str,
+    "int": int,
+    "bool": bool,
+    "str | None": (str, type(None)),
+}
 
 
 def event_from_data(data: dict[str, Any]) -> Event:
@@ -335,10 +339,12 @@ def event_from_data(data: dict[str, Any]) -> Event:
             continue
         expected = _PLAIN.get(str(f.type))
         value = data[f.name]
-        if expected is not None and (not isinstance(value, expected)
-                                     or (expected is int and isinstance(value, bool))):
-            raise CorruptHistory(f"{cls.type} event: field {f.name!r} holds "
-                                 f"{type(value).__name__}, not {f.type}")
+        if expected is not None and (
+            not isinstance(value, expected) or (expected is int and isinstance(value, bool))
+        ):
+            raise CorruptHistory(
+                f"{cls.type} event: field {f.name!r} holds {type(value).__name__}, not {f.type}"
+            )
         values[f.name] = value
     try:
         return cls(**values)

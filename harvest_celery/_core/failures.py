@@ -42,5 +42,8 @@ def describe(exc: BaseException, *, with_traceback: bool = True) -> ErrorInfo:
             tb = "".join(_traceback.format_exception(type(exc), exc, exc.__traceback__))
         except Exception:  # noqa: BLE001 - the same broken __str__ can break the formatter
             tb = "".join(_traceback.format_tb(exc.__traceback__))
-    return ErrorInfo(safe_text(type(exc).__name__, 200), safe_text(message, MAX_MESSAGE_CHARS),
-                     safe_text(tb, MAX_TRACEBACK_CHARS))
+    return ErrorInfo(
+        safe_text(type(exc).__name__, 200),
+        safe_text(message, MAX_MESSAGE_CHARS),
+        safe_text(tb, MAX_TRACEBACK_CHARS),
+    )

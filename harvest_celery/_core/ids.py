@@ -26,12 +26,15 @@ def check_execution_id(execution_id: Any) -> str:
     if not execution_id.strip():
         raise InvalidExecutionId(execution_id, "an id may not be empty or only spaces")
     if len(execution_id) > MAX_ID_LENGTH:
-        raise InvalidExecutionId(execution_id[:40] + "...",
-                                 f"an id has at most {MAX_ID_LENGTH} characters, not {len(execution_id)}")
+        raise InvalidExecutionId(
+            execution_id[:40] + "...",
+            f"an id has at most {MAX_ID_LENGTH} characters, not {len(execution_id)}",
+        )
     for char in execution_id:
         if char in FORBIDDEN:
             raise InvalidExecutionId(execution_id, f"an id may not hold {FORBIDDEN[char]}")
         if unicodedata.category(char) in ("Cc", "Cs"):
-            raise InvalidExecutionId(execution_id, f"an id may not hold a control character "
-                                                   f"(U+{ord(char):04X})")
+            raise InvalidExecutionId(
+                execution_id, f"an id may not hold a control character (U+{ord(char):04X})"
+            )
     return execution_id

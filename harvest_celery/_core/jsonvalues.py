@@ -52,7 +52,7 @@ def nesting_exceeds(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
             return True
         below: list[Any] = []
         for item in level:
-            for child in (item.values() if isinstance(item, dict) else item):
+            for child in item.values() if isinstance(item, dict) else item:
                 if isinstance(child, (dict, list)):
                     below.append(child)
         level, depth = below, depth + 1
@@ -101,8 +101,9 @@ def check_storable(value: Any, what: str) -> Any:
         item, depth = stack.pop()
         if isinstance(item, str):
             if not storable_text(item):
-                raise PayloadNotSerializable(what, "a string holds a NUL character or a lone "
-                                                   "surrogate, which cannot be stored")
+                raise PayloadNotSerializable(
+                    what, "a string holds a NUL character or a lone surrogate, which cannot be stored"
+                )
         elif isinstance(item, (dict, list)):
             if depth >= MAX_JSON_DEPTH:
                 raise PayloadNotSerializable(what, _too_deep())
@@ -111,8 +112,7 @@ def check_storable(value: Any, what: str) -> Any:
     return value
 
 
-def check_cap(value: Any, what: str, cap: int | None,
-              offloads: Callable[[Any], bool] | None = None) -> None:
+def check_cap(value: Any, what: str, cap: int | None, offloads: Callable[[Any], bool] | None = None) -> None:
     """Raise ``PayloadTooLarge`` if ``value`` is over ``cap`` bytes (``None`` = no cap), measured
     as plain compact JSON, unless ``offloads(value)``: a payload store takes it, and only its
     reference is stored inline (the spec's sizing note: a registered store lets an oversized

@@ -39,8 +39,15 @@ def decision_events(decision: Decision, history: Sequence[ev.Event]) -> list[ev.
     out: list[ev.Event] = []
     for command in decision.commands:
         if isinstance(command, ScheduleActivity):
-            out.append(ev.ActivityScheduled(command.activity_id, command.activity_name,
-                                            command.input, command.queue, command.compensation))
+            out.append(
+                ev.ActivityScheduled(
+                    command.activity_id,
+                    command.activity_name,
+                    command.input,
+                    command.queue,
+                    command.compensation,
+                )
+            )
         elif isinstance(command, RecordMarker):
             out.append(ev.MarkerRecorded(command.name, command.details))
         elif isinstance(command, StartTimer):
@@ -94,8 +101,9 @@ def status_after_cancel(history: Sequence[ev.Event]) -> str:
 def open_activity_ids(history: Sequence[ev.Event]) -> list[str]:
     """Activities scheduled with no final result yet, in dispatch order."""
     done = {e.activity_id for e in history if isinstance(e, (ev.ActivityCompleted, ev.ActivityFailed))}
-    return [e.activity_id for e in history
-            if isinstance(e, ev.ActivityScheduled) and e.activity_id not in done]
+    return [
+        e.activity_id for e in history if isinstance(e, ev.ActivityScheduled) and e.activity_id not in done
+    ]
 
 
 def cancel_branch_failure(status: str, cancelled: bool, error: object) -> str | None:

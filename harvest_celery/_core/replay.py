@@ -124,7 +124,9 @@ class Replay:
         self.times = [h.recorded_at for h in activation.history]
         self.consumed: set[int] = set()
         # positions a command matcher can meet (declared: ``Event.cursor``), never the first
-        self.candidates = [i for i, e in enumerate(self.events) if i > 0 and isinstance(e, ev.CANDIDATE_EVENTS)]
+        self.candidates = [
+            i for i, e in enumerate(self.events) if i > 0 and isinstance(e, ev.CANDIDATE_EVENTS)
+        ]
         self.cpos = 0
         self.commands: list[Command] = []
         self.nd: NonDeterministic | None = None
@@ -169,7 +171,7 @@ class Replay:
         """Unconsumed positions from the command cursor that command matchers must look at
         (result and terminal events never are), lazily: matching a command costs O(1) amortised,
         so a replay stays linear in history length."""
-        for i in self.candidates[self.cpos:]:
+        for i in self.candidates[self.cpos :]:
             if i in self.consumed:
                 continue
             if skip_signals and isinstance(self.events[i], ev.HELD_EVENTS):
@@ -189,8 +191,9 @@ class Replay:
 
     def diverge(self, expected: str, index: int | None) -> NonDeterministic:
         actual = ev.describe(self.events[index]) if index is not None else "end of history"
-        err = NonDeterministic(expected, actual, index if index is not None else len(self.events),
-                               self.definition.name)
+        err = NonDeterministic(
+            expected, actual, index if index is not None else len(self.events), self.definition.name
+        )
         if self.nd is None and not self.sealed:
             self.nd = err  # recorded when raised: catching it in the workflow hides nothing
         return err
@@ -211,9 +214,15 @@ class Replay:
         if not self.running:
             raise NotInWorkflow(api)
 
-    def schedule_activity(self, name: str, input: Any, queue: str, *,
-                          retry: RetryPolicy | None = None,
-                          start_to_close: float | None = None) -> Future:
+    def schedule_activity(
+        self,
+        name: str,
+        input: Any,
+        queue: str,
+        *,
+        retry: RetryPolicy | None = None,
+        start_to_close: float | None = None,
+    ) -> Future:
         definition = self.registry.activity(name)
         what = f"input of activity {name!r}"
         payload = check_json(input, what)
@@ -230,8 +239,11 @@ class Replay:
             ev.ActivityScheduled, f"ActivityScheduled({name})", lambda e: e.activity_name == name
         )
         if recorded is None:
-            self.commands.append(ScheduleActivity(activity_id, name, payload, resolved_queue,
-                                                  self.compensating > 0, retry, start_to_close))
+            self.commands.append(
+                ScheduleActivity(
+                    activity_id, name, payload, resolved_queue, self.compensating > 0, retry, start_to_close
+                )
+            )
         else:
             assert isinstance(recorded, ev.ActivityScheduled)
             activity_id = recorded.activity_id
@@ -352,8 +364,9 @@ class Replay:
 
     def saga_unwind_failed(self, seq: int) -> None:
         """Failure marker of a counted unwind: recorded even past a trailing signal."""
-        self._observe_marker(marker(SAGA_COMPENSATION_FAILED, seq), self._rest(skip_signals=True),
-                             SAGA_COMPENSATION_FAILED)
+        self._observe_marker(
+            marker(SAGA_COMPENSATION_FAILED, seq), self._rest(skip_signals=True), SAGA_COMPENSATION_FAILED
+        )
 
     def _observe_marker(self, name: str, rest: list[int], metric: str) -> bool | None:
         """Frontier → record (and count); recorded → consume silently; else None (Absent arm).

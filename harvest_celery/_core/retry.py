@@ -35,7 +35,7 @@ class RetryPolicy:
         """Seconds to wait after failed attempt ``attempt`` (1-based) before the next one."""
         exponent = min(max(attempt - 1, 0), 64)  # past 2**64 every interval is capped anyway
         try:
-            delay = self.initial_interval * (self.backoff_coefficient ** exponent)
+            delay = self.initial_interval * (self.backoff_coefficient**exponent)
         except OverflowError:
             return self.maximum_interval
         return min(delay, self.maximum_interval)

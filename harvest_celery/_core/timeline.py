@@ -69,7 +69,9 @@ def _retried_failures(history: list[ev.HistoryEvent], errors: Sequence[Any]) -> 
     """(index in ``history`` to insert before, error) for each failed attempt the history does not
     record, in order: after its attempt's ``ActivityStarted`` and after every event recorded no
     later than the failure."""
-    recorded = {(e.activity_id, e.attempt) for e in (h.event for h in history) if isinstance(e, ev.ActivityFailed)}
+    recorded = {
+        (e.activity_id, e.attempt) for e in (h.event for h in history) if isinstance(e, ev.ActivityFailed)
+    }
     started = {
         (h.event.activity_id, h.event.attempt): i
         for i, h in enumerate(history)
@@ -148,13 +150,20 @@ def render_status(execution: Any) -> list[str]:
     if x.cancelled_at is not None:
         lines.append(f"  cancelled {_when(x.cancelled_at)}  reason={short(x.cancel_reason or '')}")
     if x.nd_blocked_at is not None:
-        lines.append(f"  nd-blocked since {_when(x.nd_blocked_at)} ({x.nd_block_count} attempt(s)): "
-                     f"{x.nd_block_reason or ''}")
+        lines.append(
+            f"  nd-blocked since {_when(x.nd_blocked_at)} ({x.nd_block_count} attempt(s)): "
+            f"{x.nd_block_reason or ''}"
+        )
         details = x.nd_details or {}
         if details:
-            lines.append("    " + ", ".join(f"{k}={details[k]}" for k in
-                                              ("expected", "actual", "event_index", "workflow_type")
-                                              if k in details))
+            lines.append(
+                "    "
+                + ", ".join(
+                    f"{k}={details[k]}"
+                    for k in ("expected", "actual", "event_index", "workflow_type")
+                    if k in details
+                )
+            )
     if x.error:
         error = x.error if isinstance(x.error, dict) else {"message": x.error}
         lines.append(f"  error     {error.get('type', 'Error')}: {error.get('message', '')}")

@@ -40,8 +40,9 @@ class NodeRef:
 
     def _ref(self, other: NodeRef) -> str:
         if not isinstance(other, NodeRef) or other._builder is not self._builder:
-            raise DagBuildError(f"dag {self._builder.name!r}: task {self.name!r} refers to a node "
-                                "of another DAG builder")
+            raise DagBuildError(
+                f"dag {self._builder.name!r}: task {self.name!r} refers to a node of another DAG builder"
+            )
         return other.name
 
     def _edge(self, name: str) -> None:
@@ -91,8 +92,7 @@ class NodeRef:
         self._node.binding = ("all", names)
         return self
 
-    def input_from_aliased(self, aliases: dict[str, NodeRef] | None = None, /,
-                           **kwargs: NodeRef) -> NodeRef:
+    def input_from_aliased(self, aliases: dict[str, NodeRef] | None = None, /, **kwargs: NodeRef) -> NodeRef:
         """This node's input is ``{alias: that upstream's output, …}``."""
         pairs = [(alias, self._ref(n)) for alias, n in {**(aliases or {}), **kwargs}.items()]
         for _alias, name in pairs:
@@ -103,8 +103,10 @@ class NodeRef:
     def over(self, node: NodeRef) -> NodeRef:
         """A mapped node runs one activity per item of ``node``'s output array."""
         if self._node.kind != "mapped":
-            raise DagBuildError(f"dag {self._builder.name!r}: task {self.name!r} is not a mapped "
-                                "node; use dag.map_activity(fn).over(...)")
+            raise DagBuildError(
+                f"dag {self._builder.name!r}: task {self.name!r} is not a mapped "
+                "node; use dag.map_activity(fn).over(...)"
+            )
         name = self._ref(node)
         self._edge(name)
         self._node.over = name
@@ -124,8 +126,10 @@ class DagBuilder:
 
     def _add(self, name: str, kind: str, **kw: Any) -> NodeRef:
         if any(n.name == name for n in self.nodes):
-            raise DagBuildError(f"dag {self.name!r}: two nodes are named {name!r} (a node is named "
-                                "after its activity or signal; each name may appear once)")
+            raise DagBuildError(
+                f"dag {self.name!r}: two nodes are named {name!r} (a node is named "
+                "after its activity or signal; each name may appear once)"
+            )
         node = Node(len(self.nodes), name, kind, **kw)
         self.nodes.append(node)
         return NodeRef(self, node)
@@ -161,23 +165,31 @@ def _check_node(dag: str, node: Node, forward: set[str]) -> None:
     task = node.name
     if node.kind == "gate":
         if node.compensator is not None:
-            raise DagBuildError(f"dag {dag!r}: task {task!r} is a signal gate and cannot have a "
-                                "compensator; a gate dispatches no activity, so there is nothing to undo")
+            raise DagBuildError(
+                f"dag {dag!r}: task {task!r} is a signal gate and cannot have a "
+                "compensator; a gate dispatches no activity, so there is nothing to undo"
+            )
         if node.binding is not None or node.over is not None:
-            raise DagBuildError(f"dag {dag!r}: task {task!r} is a signal gate and cannot have an "
-                                "input binding; use .upstream() to add a dependency")
+            raise DagBuildError(
+                f"dag {dag!r}: task {task!r} is a signal gate and cannot have an "
+                "input binding; use .upstream() to add a dependency"
+            )
     if node.compensator is not None:
         if not isinstance(node.compensator, str) or not node.compensator.strip():
-            raise DagBuildError(f"dag {dag!r}: task {task!r} declares an empty compensator name; "
-                                "name the activity that undoes this node")
+            raise DagBuildError(
+                f"dag {dag!r}: task {task!r} declares an empty compensator name; "
+                "name the activity that undoes this node"
+            )
         if node.compensator in forward:
             raise CompensatorNameCollidesWithNode(dag, task, node.compensator)
     if node.kind == "mapped":
         if node.over is None:
             raise DagBuildError(f"dag {dag!r}: mapped task {task!r} needs .over(upstream)")
         if node.binding is not None:
-            raise DagBuildError(f"dag {dag!r}: task {task!r} declares both an input binding and a "
-                                "mapped upstream (input_from and map_activity are mutually exclusive)")
+            raise DagBuildError(
+                f"dag {dag!r}: task {task!r} declares both an input binding and a "
+                "mapped upstream (input_from and map_activity are mutually exclusive)"
+            )
     if node.binding is not None:
         kind, spec = node.binding
         if kind in ("all", "aliased") and not spec:
@@ -265,7 +277,8 @@ def dag(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any
         dag_name = name or f.__name__
         definition = build(dag_name, f)
         f.__harvest_workflow__ = WorkflowDefinition(  # type: ignore[attr-defined]
-            name=dag_name, fn=make_runner(definition), kind="dag", extra=definition)
+            name=dag_name, fn=make_runner(definition), kind="dag", extra=definition
+        )
         return f
 
     return wrap(fn) if fn is not None else wrap

@@ -150,8 +150,11 @@ def carried_nodes(history: Sequence[ev.HistoryEvent]) -> list[str]:
 def is_compensation_dispatch(event: ev.Event, dispatched_names: Iterable[str]) -> bool:
     """``event`` is an ``ActivityScheduled`` whose input is a compensation envelope naming one of
     ``dispatched_names`` (the nodes dispatched forward, or carried, before it)."""
-    return (isinstance(event, ev.ActivityScheduled) and is_envelope(event.input)
-            and event.input["dag_compensate"] in dispatched_names)
+    return (
+        isinstance(event, ev.ActivityScheduled)
+        and is_envelope(event.input)
+        and event.input["dag_compensate"] in dispatched_names
+    )
 
 
 def fold_dispatches(history: Sequence[ev.HistoryEvent], live: bool | None = None) -> DispatchFold:

@@ -82,9 +82,14 @@ def first_line(message: str | None, limit: int = ERROR_MAX_CHARS) -> str | None:
     return (lines[0][:limit] or None) if lines else None
 
 
-def _node(node: Node, status: str, started_at: datetime | None = None,
-          finished_at: datetime | None = None, attempts: int = 0,
-          failure: Dispatch | None = None) -> dict[str, Any]:
+def _node(
+    node: Node,
+    status: str,
+    started_at: datetime | None = None,
+    finished_at: datetime | None = None,
+    attempts: int = 0,
+    failure: Dispatch | None = None,
+) -> dict[str, Any]:
     return {
         "node_name": node.name,
         "status": status,
@@ -131,8 +136,9 @@ def _mapped_node(node: Node, cells: list[Dispatch], live: bool) -> dict[str, Any
     return _node(node, status, started, finished, max(c.attempts for c in cells), failure)
 
 
-def build_run_graph(definition: DagDefinition, execution: RunRow,
-                    history: Sequence[ev.HistoryEvent]) -> dict[str, Any]:
+def build_run_graph(
+    definition: DagDefinition, execution: RunRow, history: Sequence[ev.HistoryEvent]
+) -> dict[str, Any]:
     """``{run_id, dag_name, state, started_at, finished_at, nodes: [...]}`` for one DAG run, from
     its decoded history.
 

@@ -73,5 +73,6 @@ def compensation_envelope(node: str, input: Any, output: Any) -> dict[str, Any]:
 
 def is_envelope(value: Any) -> bool:
     """``value`` has the shape of a DAG compensation envelope ``{dag_compensate, input, output}``."""
-    return (isinstance(value, dict) and ENVELOPE_KEYS <= value.keys()
-            and isinstance(value["dag_compensate"], str))
+    return (
+        isinstance(value, dict) and ENVELOPE_KEYS <= value.keys() and isinstance(value["dag_compensate"], str)
+    )

@@ -37,16 +37,21 @@ COMPENSATED = (
 
 
 def erased_refusal(execution_id: str) -> RetryRefused:
-    return RetryRefused(execution_id, "erased",
-                        f"the payloads of run {execution_id} were erased: a fork would carry "
-                        "tombstones instead of its upstream outputs — start a fresh run instead")
+    return RetryRefused(
+        execution_id,
+        "erased",
+        f"the payloads of run {execution_id} were erased: a fork would carry "
+        "tombstones instead of its upstream outputs — start a fresh run instead",
+    )
 
 
 def compensation_executed(history: Sequence[ev.HistoryEvent]) -> bool:
     """Either signal holds (see the module docstring)."""
     dispatches = fold_dispatches(history)
-    marker = next((h.seq for h in history
-                   if isinstance(h.event, ev.MarkerRecorded) and is_saga_marker(h.event.name)), None)
+    marker = next(
+        (h.seq for h in history if isinstance(h.event, ev.MarkerRecorded) and is_saga_marker(h.event.name)),
+        None,
+    )
     if marker is not None and any(d.seq > marker and d.started for d in dispatches.dispatches):
         return True
     return any(d.started for d in dispatches.compensations())
@@ -59,8 +64,9 @@ class RetryPlan:
     rerun: list[str] = field(default_factory=list)
 
 
-def _succeeded(definition: DagDefinition, history: Sequence[ev.HistoryEvent],
-               started: ev.WorkflowStarted) -> dict[str, dict[str, Any]]:
+def _succeeded(
+    definition: DagDefinition, history: Sequence[ev.HistoryEvent], started: ev.WorkflowStarted
+) -> dict[str, dict[str, Any]]:
     """Nodes that succeeded in the source run, with their recorded input and output."""
     carried_before = dict(started.carried or {})
     recorded = fold_dispatches(history).forward_by_name()
@@ -94,8 +100,12 @@ def _node_succeeded(node: Node, dispatches: list[Dispatch]) -> dict[str, Any] | 
         return None  # a mapped node with cells still open
     output: list[Any]
     if node.policy is CollectAll:
-        output = [{"status": "succeeded", "value": r.output} if isinstance(r, ev.ActivityCompleted)
-                  else {"status": "failed", "error": getattr(r, "message", "")} for r in cells]
+        output = [
+            {"status": "succeeded", "value": r.output}
+            if isinstance(r, ev.ActivityCompleted)
+            else {"status": "failed", "error": getattr(r, "message", "")}
+            for r in cells
+        ]
     elif all(isinstance(r, ev.ActivityCompleted) for r in cells):
         output = [getattr(r, "output", None) for r in cells]
     else:
@@ -115,8 +125,9 @@ def descendants(definition: DagDefinition, name: str) -> set[str]:
     return found
 
 
-def plan_retry(definition: DagDefinition, history: Sequence[ev.HistoryEvent],
-               from_node: str | None = None) -> RetryPlan:
+def plan_retry(
+    definition: DagDefinition, history: Sequence[ev.HistoryEvent], from_node: str | None = None
+) -> RetryPlan:
     """Which node to re-run from, which succeeded nodes to carry over (everything succeeded
     that is neither that node nor downstream of it), and what re-runs."""
     started = history[0].event
@@ -124,8 +135,9 @@ def plan_retry(definition: DagDefinition, history: Sequence[ev.HistoryEvent],
     succeeded = _succeeded(definition, history, started)
     if from_node is None:
         ordered = [n for level in definition.levels for n in level]
-        runnable = [n for n in ordered if n.name not in succeeded
-                    and all(u in succeeded for u in n.upstreams)]
+        runnable = [
+            n for n in ordered if n.name not in succeeded and all(u in succeeded for u in n.upstreams)
+        ]
         if not runnable:
             raise UnknownNode(definition.name, "(no failed node to retry from)")
         from_node = runnable[0].name

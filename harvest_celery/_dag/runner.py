@@ -74,8 +74,9 @@ async def _run_activity(ctx: WorkflowContext, node: Node, value: Any) -> _Outcom
             ctx.check_activity_inputs(node.name, [value])  # a pre-dispatch rejection still wins
             if _new_after_cancel(ctx, node):
                 return _Outcome("cancelled", input=value)
-        future = ctx.execute_activity(node.name, value, node.queue, retry=node.retry,
-                                      start_to_close=node.start_to_close)
+        future = ctx.execute_activity(
+            node.name, value, node.queue, retry=node.retry, start_to_close=node.start_to_close
+        )
     except PayloadTooLarge as exc:
         # deterministic pre-dispatch rejection: no id, no command, no event; a node failure
         return _Outcome("failed", input=value, cause=f"dag task {node.name!r}: {exc}")
@@ -96,8 +97,12 @@ async def _run_mapped(ctx: WorkflowContext, node: Node, items: Any) -> _Outcome:
         return _Outcome("failed", input=items, cause=f"dag task {node.name!r}: {exc}")
     if _new_after_cancel(ctx, node):
         return _Outcome("cancelled", input=items)
-    futures = [ctx.execute_activity(node.name, item, node.queue, retry=node.retry,
-                                    start_to_close=node.start_to_close) for item in items]
+    futures = [
+        ctx.execute_activity(
+            node.name, item, node.queue, retry=node.retry, start_to_close=node.start_to_close
+        )
+        for item in items
+    ]
 
     async def cell(future: Any) -> tuple[bool, Any]:
         try:
@@ -107,8 +112,9 @@ async def _run_mapped(ctx: WorkflowContext, node: Node, items: Any) -> _Outcome:
 
     cells = await ctx.gather(*(cell(f) for f in futures))
     if node.policy is CollectAll:
-        output = [{"status": "succeeded", "value": v} if ok else {"status": "failed", "error": v}
-                  for ok, v in cells]
+        output = [
+            {"status": "succeeded", "value": v} if ok else {"status": "failed", "error": v} for ok, v in cells
+        ]
         return _Outcome("succeeded", output, items, dispatched=True)
     errors = [v for ok, v in cells if not ok]
     if not errors:
@@ -138,8 +144,9 @@ def make_runner(definition: DagDefinition) -> Callable[[WorkflowContext, Any], A
         # retry-from-node: nodes carried over from the source run succeeded there and their side
         # effects are live, so they count as dispatched (compensable) without running again
         for name, recorded in ctx.info.carried.items():
-            outcomes[name] = _Outcome("succeeded", recorded.get("output"), recorded.get("input"),
-                                      dispatched=True)
+            outcomes[name] = _Outcome(
+                "succeeded", recorded.get("output"), recorded.get("input"), dispatched=True
+            )
         for level in definition.levels:
             runnable = []
             for node in level:
@@ -155,11 +162,17 @@ def make_runner(definition: DagDefinition) -> Callable[[WorkflowContext, Any], A
         failed = [n for n in definition.nodes if outcomes[n.name].status == "failed"]
         stopped = any(outcomes[n.name].status == "cancelled" for n in definition.nodes)
         if not failed and not stopped:
-            return {n.name: outcomes[n.name].output for n in definition.nodes
-                    if outcomes[n.name].status == "succeeded"}
+            return {
+                n.name: outcomes[n.name].output
+                for n in definition.nodes
+                if outcomes[n.name].status == "succeeded"
+            }
         causes = [c for c in (outcomes[n.name].cause for n in failed) if c]
-        error: HarvestError = (DagTaskFailed(causes[0] if causes else DAG_FAILED) if failed
-                               else Cancelled(ctx.cancellation_reason() or "cancelled"))
+        error: HarvestError = (
+            DagTaskFailed(causes[0] if causes else DAG_FAILED)
+            if failed
+            else Cancelled(ctx.cancellation_reason() or "cancelled")
+        )
         if ctx.is_sealed() and not ctx.unwind_recorded():
             raise error  # a sealed run never starts an unwind; one begun before the seal replays
         await _unwind(ctx, definition, outcomes, error)
@@ -169,8 +182,9 @@ def make_runner(definition: DagDefinition) -> Callable[[WorkflowContext, Any], A
 
 
 # ── DAG unwind order ──────────────────────────────────────────────────────────────────────────
-async def _unwind(ctx: WorkflowContext, definition: DagDefinition, outcomes: dict[str, _Outcome],
-                  error: HarvestError) -> None:
+async def _unwind(
+    ctx: WorkflowContext, definition: DagDefinition, outcomes: dict[str, _Outcome], error: HarvestError
+) -> None:
     """DAG unwind order: compensations pushed in forward level order (ascending declaration
     index within a level), popped LIFO by the saga, which raises once the unwind is done."""
     saga = Saga(ctx)

@@ -16,7 +16,6 @@ from harvest_celery._errors import PayloadCodecError
 CODEC_KEY = "_harvest_codec"
 
 
-
 class Codec(Protocol):
     codec_id: str
 
@@ -58,13 +57,18 @@ class FernetCodec:
             raise PayloadCodecError(
                 f"payload was encrypted with key {kid!r}, which this codec does not hold "
                 f"(it holds {sorted(self._fernets)}); restore the key to read it",
-                codec=self.codec_id, key_id=kid)
+                codec=self.codec_id,
+                key_id=kid,
+            )
         try:
             return json.loads(fernet.decrypt(str(envelope.get("ct", "")).encode()))
         except InvalidToken:
-            raise PayloadCodecError(f"payload encrypted with key {kid!r} failed authentication "
-                                    "(wrong key material or tampered data)",
-                                    codec=self.codec_id, key_id=kid) from None
+            raise PayloadCodecError(
+                f"payload encrypted with key {kid!r} failed authentication "
+                "(wrong key material or tampered data)",
+                codec=self.codec_id,
+                key_id=kid,
+            ) from None
 
 
 class CodecChain:
@@ -89,5 +93,7 @@ class CodecChain:
             raise PayloadCodecError(
                 f"payload is encoded with codec {codec_id!r} (key {value.get('kid')!r}), but no such "
                 "codec is configured: configure it to read this history",
-                codec=str(codec_id), key_id=str(value.get("kid", "")))
+                codec=str(codec_id),
+                key_id=str(value.get("kid", "")),
+            )
         return codec.decode(value)

@@ -63,19 +63,26 @@ class Payloads:
                 raise PayloadStoreError(
                     f"payload is offloaded to store {store_id!r} (blob {key!r}) but no payload store "
                     "is configured: restore the store configuration to read it",
-                    key=key, store_id=store_id)
+                    key=key,
+                    store_id=store_id,
+                )
             if store_id != self.store.store_id:
                 raise PayloadStoreError(
                     f"payload reference names store {store_id!r} (blob {key!r}); the configured "
-                    f"store is {self.store.store_id!r}", key=key, store_id=store_id)
+                    f"store is {self.store.store_id!r}",
+                    key=key,
+                    store_id=store_id,
+                )
             try:
                 value = json.loads(self.store.get(key))
             except HarvestError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any store or parse failure, one error type
-                raise PayloadStoreError(f"blob {key!r} of payload store {store_id!r} cannot be read: "
-                                        f"{type(exc).__name__}: {exc}", key=key,
-                                        store_id=store_id) from exc
+                raise PayloadStoreError(
+                    f"blob {key!r} of payload store {store_id!r} cannot be read: {type(exc).__name__}: {exc}",
+                    key=key,
+                    store_id=store_id,
+                ) from exc
         try:
             return self.codec.decode(value)
         except HarvestError:

@@ -107,8 +107,9 @@ class FileSystemPayloadStore:
                 return path.read_bytes()
             except FileNotFoundError:
                 continue
-        raise PayloadStoreError(f"blob {key!r} is missing from payload store {self.store_id!r}",
-                                key=key, store_id=self.store_id)
+        raise PayloadStoreError(
+            f"blob {key!r} is missing from payload store {self.store_id!r}", key=key, store_id=self.store_id
+        )
 
     def delete(self, key: str) -> None:
         self._path(key).unlink(missing_ok=True)

@@ -50,8 +50,14 @@ class ActivityContext:
             return
         now = utcnow()
         with self._store.begin() as tx:
-            tasks.renew_lease(tx, self.execution_id, self.activity_id, self.attempt, now,
-                              now + timedelta(seconds=self._lease + 5))
+            tasks.renew_lease(
+                tx,
+                self.execution_id,
+                self.activity_id,
+                self.attempt,
+                now,
+                now + timedelta(seconds=self._lease + 5),
+            )
 
 
 _CURRENT: ContextVar[ActivityContext | None] = ContextVar("harvest_activity_context", default=None)

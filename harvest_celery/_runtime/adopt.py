@@ -67,9 +67,13 @@ def adopt(app: Celery, runtime: Runtime, definition: ActivityDefinition) -> None
             ref = _ref(task)
             if ref is None:
                 return original(*args, **kwargs)  # an ordinary call, not dispatched by harvest
-            ran, error = claims.claim_and_run(runtime, str(ref["execution_id"]),
-                                              str(ref["activity_id"]), int(ref["attempt"]),
-                                              partial(_as_engine_attempt, task, body))
+            ran, error = claims.claim_and_run(
+                runtime,
+                str(ref["execution_id"]),
+                str(ref["activity_id"]),
+                int(ref["attempt"]),
+                partial(_as_engine_attempt, task, body),
+            )
             settle(runtime, ran, error, task.request.id)
             return None
 

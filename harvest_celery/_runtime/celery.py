@@ -36,9 +36,15 @@ class CeleryDispatcher:
         self.app = app
 
     def send(self, message: Message) -> None:
-        self.app.send_task(message.task_name, args=message.args, queue=message.queue,
-                           task_id=message.task_id, headers=message.headers or None,
-                           ignore_result=True, **message.time_limits)
+        self.app.send_task(
+            message.task_name,
+            args=message.args,
+            queue=message.queue,
+            task_id=message.task_id,
+            headers=message.headers or None,
+            ignore_result=True,
+            **message.time_limits,
+        )
 
 
 class ActivityTask(Task):  # type: ignore[misc]
@@ -81,8 +87,13 @@ def _time_limited(task: Any) -> bool:
     """Does this task run under a Celery time limit — its message's, its own or the app's
     (``task_time_limit``)? An eager chain inside it would run under that limit too."""
     conf = task.app.conf
-    limits = (*(getattr(task.request, "timelimit", None) or ()), task.time_limit,
-              task.soft_time_limit, conf.task_time_limit, conf.task_soft_time_limit)
+    limits = (
+        *(getattr(task.request, "timelimit", None) or ()),
+        task.time_limit,
+        task.soft_time_limit,
+        conf.task_time_limit,
+        conf.task_soft_time_limit,
+    )
     return any(limits)
 
 
@@ -94,7 +105,6 @@ def _timeout_as_failure(fn: Any) -> Any:
             raise StartToCloseTimeout("start_to_close exceeded") from None
 
     return run
-
 
 
 def _on_prerun(sender: Any = None, task: Any = None, args: Any = None, **_kw: Any) -> None:
@@ -124,8 +134,16 @@ def install(app: Celery, runtime: Runtime) -> None:
 
     # shared=False: with two Celery apps in one process each keeps its own runtime.
     # Options per task, never app-wide: joining an app changes nothing for its own tasks.
-    @app.task(name=DECIDE_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
-              store_errors_even_if_ignored=False, typing=False, shared=False, bind=True)
+    @app.task(
+        name=DECIDE_TASK,
+        acks_late=True,
+        reject_on_worker_lost=True,
+        ignore_result=True,
+        store_errors_even_if_ignored=False,
+        typing=False,
+        shared=False,
+        bind=True,
+    )
     def decide(self: Any, execution_id: str) -> None:
         # the activity this decision schedules on a queue this worker consumes runs here too
         # (eager execution), so a decision taken by the process holding the run's warm replay
@@ -190,10 +208,19 @@ def register_activity(app: Celery, runtime: Runtime, definition: ActivityDefinit
         return
     time_limits: dict[str, Any] = {}
     if definition.start_to_close:
-        time_limits = {"soft_time_limit": definition.start_to_close,
-                       "time_limit": definition.start_to_close + 5}
-    app.task(name=definition.name, base=ActivityTask, bind=False, shared=False, harvest_runtime=runtime,
-             harvest_definition=definition, **time_limits)(_activity_placeholder)
+        time_limits = {
+            "soft_time_limit": definition.start_to_close,
+            "time_limit": definition.start_to_close + 5,
+        }
+    app.task(
+        name=definition.name,
+        base=ActivityTask,
+        bind=False,
+        shared=False,
+        harvest_runtime=runtime,
+        harvest_definition=definition,
+        **time_limits,
+    )(_activity_placeholder)
 
 
 def _activity_placeholder(*_args: Any) -> None:

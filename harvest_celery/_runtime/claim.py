@@ -24,12 +24,20 @@ def claim(runtime: Runtime, execution_id: str, activity_id: str, attempt: int) -
     try:
         claimed = runtime.claim(execution_id, activity_id, attempt)
     except Exception:  # noqa: BLE001 - the sweeper re-dispatches the still-scheduled row
-        log.exception("claim of %s/%s attempt %s failed: the body will not run; "
-                      "the sweeper re-dispatches it", execution_id, activity_id, attempt)
+        log.exception(
+            "claim of %s/%s attempt %s failed: the body will not run; the sweeper re-dispatches it",
+            execution_id,
+            activity_id,
+            attempt,
+        )
         return None
     if claimed is None:
-        log.info("claim of %s/%s attempt %s refused (duplicate, stale or cancelled)",
-                 execution_id, activity_id, attempt)
+        log.info(
+            "claim of %s/%s attempt %s refused (duplicate, stale or cancelled)",
+            execution_id,
+            activity_id,
+            attempt,
+        )
     return claimed
 
 
@@ -41,8 +49,9 @@ def claim_dispatch(runtime: Runtime, dispatch: Dispatch) -> Claim | None:
     return claim(runtime, dispatch.execution_id, dispatch.activity_id, dispatch.attempt)
 
 
-def run_claimed(runtime: Runtime, claimed: Claim | None,
-                body: Callable[[Any], Any]) -> tuple[bool, BaseException | None]:
+def run_claimed(
+    runtime: Runtime, claimed: Claim | None, body: Callable[[Any], Any]
+) -> tuple[bool, BaseException | None]:
     """Run ``body(input)`` under a claim and record its outcome. Returns whether it ran, and
     the error it raised (already recorded as the attempt's failure), if any."""
     if claimed is None:
@@ -53,6 +62,7 @@ def run_claimed(runtime: Runtime, claimed: Claim | None,
         return True, exc  # the caller decides what goes on (a shutdown, or a wrapped failure)
 
 
-def claim_and_run(runtime: Runtime, execution_id: str, activity_id: str, attempt: int,
-                  body: Callable[[Any], Any]) -> tuple[bool, BaseException | None]:
+def claim_and_run(
+    runtime: Runtime, execution_id: str, activity_id: str, attempt: int, body: Callable[[Any], Any]
+) -> tuple[bool, BaseException | None]:
     return run_claimed(runtime, claim(runtime, execution_id, activity_id, attempt), body)

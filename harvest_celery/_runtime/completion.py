@@ -80,8 +80,7 @@ class Choice:
 class Decided:
     """What a decision taken inside a transaction leaves for after its commit."""
 
-    def __init__(self, session: Session | None = None,
-                 written: list[ev.HistoryEvent] | None = None) -> None:
+    def __init__(self, session: Session | None = None, written: list[ev.HistoryEvent] | None = None) -> None:
         self.session = session
         self.written = written or []
         self.reraise: BaseException | None = None
@@ -97,8 +96,14 @@ class Runtime(Protocol):
     sticky_queue: str | None
     before_inline_decision: Callable[[str], None] | None
 
-    def _decide(self, tx: Tx, row: RunRow, path: str, pending: Sequence[ev.HistoryEvent] = (),
-                known: Sequence[ev.HistoryEvent] = ()) -> Decided: ...
+    def _decide(
+        self,
+        tx: Tx,
+        row: RunRow,
+        path: str,
+        pending: Sequence[ev.HistoryEvent] = (),
+        known: Sequence[ev.HistoryEvent] = (),
+    ) -> Decided: ...
 
     def _after_decision(self, tx: Tx, decided: Decided) -> None: ...
 
@@ -127,8 +132,11 @@ def choose(rt: Runtime, claim: Claim) -> tuple[Choice, Session | None]:
     if session is None:
         return Choice(INLINE, "not_warm"), None
     if claim.started_seq is None or claim.started_at is None or len(session.events) != claim.started_seq:
-        choice = Choice(INLINE, "not_positioned",
-                        f"replay at {len(session.events)}, ActivityStarted at {claim.started_seq}")
+        choice = Choice(
+            INLINE,
+            "not_positioned",
+            f"replay at {len(session.events)}, ActivityStarted at {claim.started_seq}",
+        )
     elif _open_activities(session) != 1:
         # other attempts may append meanwhile: their claims would fail the guard
         choice = Choice(INLINE, "parallel_open", f"{_open_activities(session)} open")
@@ -181,9 +189,15 @@ def _fell_back(tx: Tx, claim: Claim | None, choice: Choice) -> None:
     assert choice.reason in FALLBACK_REASONS, choice.reason
     tx.metrics.append(("decision_fallbacks", {"reason": choice.reason}))
     if claim is not None:
-        log.debug("completion of %s/%s attempt %s: %s path (%s%s)", claim.execution_id,
-                  claim.activity_id, claim.attempt, choice.path, choice.reason,
-                  f": {choice.detail}" if choice.detail else "")
+        log.debug(
+            "completion of %s/%s attempt %s: %s path (%s%s)",
+            claim.execution_id,
+            claim.activity_id,
+            claim.attempt,
+            choice.path,
+            choice.reason,
+            f": {choice.detail}" if choice.detail else "",
+        )
 
 
 # ── the paths ───────────────────────────────────────────────────────────────────────────────
@@ -195,8 +209,12 @@ def complete(rt: Runtime, claim: Claim, output: Any) -> None:
         choice = _one_statement(rt, claim, output, session)
         if choice.path == ONE_STATEMENT:
             return
-    decided, tx = record_outcome(rt, claim, "completion", lambda tx, inline: record_completion(
-        rt, tx, claim, output, inline=inline, fallback=choice))
+    decided, tx = record_outcome(
+        rt,
+        claim,
+        "completion",
+        lambda tx, inline: record_completion(rt, tx, claim, output, inline=inline, fallback=choice),
+    )
     rt._after_decision(tx, decided)
 
 
@@ -211,47 +229,76 @@ def _one_statement(rt: Runtime, claim: Claim, output: Any, session: Session) -> 
     try:
         if rt.before_inline_decision is not None:  # a test seam: a change lands now
             rt.before_inline_decision(claim.execution_id)
-        decision = session.advance([ev.HistoryEvent(seq, started, claim.started_at),
-                                    ev.HistoryEvent(seq + 1, completion, now)], rt.settings.engine)
+        decision = session.advance(
+            [ev.HistoryEvent(seq, started, claim.started_at), ev.HistoryEvent(seq + 1, completion, now)],
+            rt.settings.engine,
+        )
         judged = _judged(decision)
         if decision is None or judged.path != ONE_STATEMENT:
             session.close()
             return judged
         (written, refusal), tx = rt.store.transaction(
             lambda tx: _write_one_statement(rt, tx, claim, session, decision, completion, now),
-            one_statement=True)
+            one_statement=True,
+        )
     except Exception as exc:  # noqa: BLE001 - not a way to choose: logged, counted, recorded
         session.close()
-        log.warning("the one-statement completion of %s/%s attempt %s failed (%s); it is recorded "
-                    "the ordinary way", claim.execution_id, claim.activity_id, claim.attempt,
-                    type(exc).__name__)
+        log.warning(
+            "the one-statement completion of %s/%s attempt %s failed (%s); it is recorded the ordinary way",
+            claim.execution_id,
+            claim.activity_id,
+            claim.attempt,
+            type(exc).__name__,
+        )
         log.debug("the one-statement completion failed", exc_info=True)
         return Choice(INLINE, "error", f"{type(exc).__name__}: {exc}")
     except BaseException:
         session.close()  # a shutdown signal: record the completion alone, then stop
-        decided, tx = record_outcome(rt, claim, "completion", lambda tx, _i: record_completion(
-            rt, tx, claim, output, inline=False, fallback=Choice(TASK, "interrupted")))
+        decided, tx = record_outcome(
+            rt,
+            claim,
+            "completion",
+            lambda tx, _i: record_completion(
+                rt, tx, claim, output, inline=False, fallback=Choice(TASK, "interrupted")
+            ),
+        )
         rt._after_decision(tx, decided)
         raise
     if written is None:
         session.close()
         return Choice(INLINE, refusal)
-    tx.metrics.append(("decisions", {"workflow": session.replay.activation.workflow_type,
-                                     "path": ONE_STATEMENT}))
+    tx.metrics.append(
+        ("decisions", {"workflow": session.replay.activation.workflow_type, "path": ONE_STATEMENT})
+    )
     rt._after_decision(tx, Decided(session, written))
     return Choice(ONE_STATEMENT)
 
 
-def _write_one_statement(rt: Runtime, tx: Tx, claim: Claim, session: Session, decision: Decision,
-                         completion: ev.Event,
-                         now: datetime) -> tuple[list[ev.HistoryEvent] | None, str]:
+def _write_one_statement(
+    rt: Runtime,
+    tx: Tx,
+    claim: Claim,
+    session: Session,
+    decision: Decision,
+    completion: ev.Event,
+    now: datetime,
+) -> tuple[list[ev.HistoryEvent] | None, str]:
     assert claim.started_seq is not None
     workflow_type = session.replay.activation.workflow_type
     row = RunRow.assumed(claim.execution_id, workflow_type, claim.started_seq + 1, rt.sticky_queue)
     return tx.apply_guarded_decision(
-        row, session.events, decision, rt.registry, now, rt.settings.timings, workflow_type,
-        CompletionGuard(claim.activity_id, claim.attempt), leading=[completion],
-        eager=rt._eager_claim(), sticky=rt.sticky_queue if session.reusable else None)
+        row,
+        session.events,
+        decision,
+        rt.registry,
+        now,
+        rt.settings.timings,
+        workflow_type,
+        CompletionGuard(claim.activity_id, claim.attempt),
+        leading=[completion],
+        eager=rt._eager_claim(),
+        sticky=rt.sticky_queue if session.reusable else None,
+    )
 
 
 def record_outcome(rt: Runtime, claim: Claim, what: str, work: Callable[[Tx, bool], T]) -> tuple[T, Tx]:
@@ -272,28 +319,44 @@ def record_outcome(rt: Runtime, claim: Claim, what: str, work: Callable[[Tx, boo
             except Exception as exc:  # noqa: BLE001 - e.g. the decision's write failed
                 if is_transient(exc):
                     raise
-                log.warning("recording the %s of %s/%s with its decision failed; recording "
-                            "it alone", what, claim.execution_id, claim.activity_id,
-                            exc_info=True)
+                log.warning(
+                    "recording the %s of %s/%s with its decision failed; recording it alone",
+                    what,
+                    claim.execution_id,
+                    claim.activity_id,
+                    exc_info=True,
+                )
                 return rt.store.transaction(lambda tx: work(tx, False))
         except Exception as exc:
             if not is_transient(exc):
                 raise
             if time.monotonic() + delay > deadline:
                 METRICS.inc("outcome_lost", {"queue": ""})
-                log.error("the %s of %s/%s attempt %s could not be recorded for %.0f s: "
-                          "given up; the attempt will be retried when its lease expires",
-                          what, claim.execution_id, claim.activity_id, claim.attempt,
-                          rt.settings.timings.outcome_retry_for, exc_info=True)
+                log.error(
+                    "the %s of %s/%s attempt %s could not be recorded for %.0f s: "
+                    "given up; the attempt will be retried when its lease expires",
+                    what,
+                    claim.execution_id,
+                    claim.activity_id,
+                    claim.attempt,
+                    rt.settings.timings.outcome_retry_for,
+                    exc_info=True,
+                )
                 raise
-            log.warning("recording the %s of %s/%s failed (database unavailable?); retrying "
-                        "in %.1f s", what, claim.execution_id, claim.activity_id, delay)
+            log.warning(
+                "recording the %s of %s/%s failed (database unavailable?); retrying in %.1f s",
+                what,
+                claim.execution_id,
+                claim.activity_id,
+                delay,
+            )
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 
 
-def record_completion(rt: Runtime, tx: Tx, claim: Claim, output: Any, *, inline: bool,
-                      fallback: Choice = Choice(INLINE)) -> Decided:
+def record_completion(
+    rt: Runtime, tx: Tx, claim: Claim, output: Any, *, inline: bool, fallback: Choice = Choice(INLINE)
+) -> Decided:
     """The ordinary path of a completion. ``fallback``: how it left the one-statement path."""
     now = utcnow()
     row = tasks.finish_completed(tx, claim.execution_id, claim.activity_id, claim.attempt, now)
@@ -304,20 +367,36 @@ def record_completion(rt: Runtime, tx: Tx, claim: Claim, output: Any, *, inline:
     return record_result(rt, tx, claim, row, completion, now, inline=inline, fallback=fallback)
 
 
-def record_result(rt: Runtime, tx: Tx, claim: Claim, row: RunRow, result: ev.Event, now: datetime,
-                  *, inline: bool, fallback: Choice = Choice(INLINE)) -> Decided:
+def record_result(
+    rt: Runtime,
+    tx: Tx,
+    claim: Claim,
+    row: RunRow,
+    result: ev.Event,
+    now: datetime,
+    *,
+    inline: bool,
+    fallback: Choice = Choice(INLINE),
+) -> Decided:
     """Append an attempt's final result (the run row is locked): with the next decision in the
     same write when this process should decide (``inline_or_task``), else with a decision
     request. ``inline`` False: the first try with a decision failed; the result goes alone."""
     decided = Decided()
-    choice = inline_or_task(rt, row) if inline else Choice(TASK, "error" if rt.settings.inline_decisions else None)
+    choice = (
+        inline_or_task(rt, row) if inline else Choice(TASK, "error" if rt.settings.inline_decisions else None)
+    )
     first = fallback if fallback.reason is not None else choice
     if choice.path == INLINE:
         pending = [ev.HistoryEvent(row.next_seq, result, now)]
         known = []
         if claim.started_seq is not None and claim.started_at is not None:
-            known = [ev.HistoryEvent(claim.started_seq, ev.ActivityStarted(
-                claim.activity_id, claim.attempt, claim.worker_id), claim.started_at)]
+            known = [
+                ev.HistoryEvent(
+                    claim.started_seq,
+                    ev.ActivityStarted(claim.activity_id, claim.attempt, claim.worker_id),
+                    claim.started_at,
+                )
+            ]
         try:
             if rt.before_inline_decision is not None:
                 rt.before_inline_decision(row.id)
@@ -327,8 +406,12 @@ def record_result(rt: Runtime, tx: Tx, claim: Claim, row: RunRow, result: ev.Eve
         except BaseException as exc:  # noqa: BLE001 - a decision bug never loses a result
             # Nothing of the decision is handed to the transaction until its one statement has
             # written: what failed here left no row, message or count behind.
-            log.warning("inline decision of %s failed (%s: %s); the decision task takes over",
-                        row.id, type(exc).__name__, exc)
+            log.warning(
+                "inline decision of %s failed (%s: %s); the decision task takes over",
+                row.id,
+                type(exc).__name__,
+                exc,
+            )
             if first.reason is None:
                 first = Choice(TASK, "error" if isinstance(exc, Exception) else "interrupted")
             if not isinstance(exc, Exception):
@@ -344,8 +427,9 @@ def fail(rt: Runtime, claim: Claim, error_type: str, message: str, traceback: st
 
     def work(tx: Tx, inline: bool) -> tuple[str, Decided]:
         now = utcnow()
-        verdict, row, failed = tasks.fail_attempt(tx, claim.execution_id, claim.activity_id,
-                                                  claim.attempt, error_type, message, now, traceback)
+        verdict, row, failed = tasks.fail_attempt(
+            tx, claim.execution_id, claim.activity_id, claim.attempt, error_type, message, now, traceback
+        )
         if row is None or failed is None:
             return verdict, Decided()
         return verdict, record_result(rt, tx, claim, row, failed, now, inline=inline)
@@ -359,20 +443,26 @@ def fail(rt: Runtime, claim: Claim, error_type: str, message: str, traceback: st
 _FAST = {"inline_decisions": True, "sticky_sessions": True}  # eager_max_chain: any > 0
 
 
-def fast_path_settings(fast_paths: bool, inline_decisions: bool | None, sticky_sessions: bool | None,
-                       eager_max_chain: int | None) -> dict[str, Any]:
+def fast_path_settings(
+    fast_paths: bool, inline_decisions: bool | None, sticky_sessions: bool | None, eager_max_chain: int | None
+) -> dict[str, Any]:
     """The three settings ``fast_paths`` stands for, as ``Settings`` keywords: ``False`` is
     shorthand for ``inline_decisions=False, sticky_sessions=False, eager_max_chain=0`` (every
     step through the decision task). An explicit setting (not None) wins when ``fast_paths`` is
     True; with ``fast_paths=False``, one passed at its fast value is a contradiction: ValueError
     naming both."""
-    given = {"inline_decisions": inline_decisions, "sticky_sessions": sticky_sessions,
-             "eager_max_chain": eager_max_chain}
+    given = {
+        "inline_decisions": inline_decisions,
+        "sticky_sessions": sticky_sessions,
+        "eager_max_chain": eager_max_chain,
+    }
     if not fast_paths:
         for name, value in given.items():
             if value is not None and (value > 0 if name == "eager_max_chain" else value is _FAST[name]):
-                raise ValueError(f"fast_paths=False contradicts {name}={value!r}: fast_paths=False "
-                                 "means inline_decisions=False, sticky_sessions=False and "
-                                 "eager_max_chain=0; pass one or the other")
+                raise ValueError(
+                    f"fast_paths=False contradicts {name}={value!r}: fast_paths=False "
+                    "means inline_decisions=False, sticky_sessions=False and "
+                    "eager_max_chain=0; pass one or the other"
+                )
         return {"inline_decisions": False, "sticky_sessions": False, "eager_max_chain": 0}
     return {name: value for name, value in given.items() if value is not None}

@@ -47,9 +47,15 @@ class QueueConsumers:
 
     ``inspector`` (tests) replaces the broadcast; ``clock`` is a monotonic clock."""
 
-    def __init__(self, app: Any, *, ttl: float = DEFAULT_TTL, timeout: float = DEFAULT_TIMEOUT,
-                 inspector: Inspector | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        app: Any,
+        *,
+        ttl: float = DEFAULT_TTL,
+        timeout: float = DEFAULT_TIMEOUT,
+        inspector: Inspector | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.app = app
         self.ttl = ttl
         self.timeout = timeout
@@ -84,14 +90,20 @@ class QueueConsumers:
         with self.app.connection_for_read() as conn:
             conn.ensure_connection(max_retries=1, timeout=self.timeout)
             replies: Mapping[str, Any] | None = self.app.control.inspect(
-                timeout=self.timeout, connection=conn).active_queues()
+                timeout=self.timeout, connection=conn
+            ).active_queues()
             return replies
 
 
 # ── the pure part: what a run waits on ─────────────────────────────────────────────────────────
-def waiting_hints(rows: Iterable[Mapping[str, Any]], consumed: Collection[str], now: datetime, *,
-                  scheduled_at: Mapping[int, datetime] | None = None,
-                  decision: tuple[str, datetime] | None = None) -> list[dict[str, Any]]:
+def waiting_hints(
+    rows: Iterable[Mapping[str, Any]],
+    consumed: Collection[str],
+    now: datetime,
+    *,
+    scheduled_at: Mapping[int, datetime] | None = None,
+    decision: tuple[str, datetime] | None = None,
+) -> list[dict[str, Any]]:
     """One hint per open (``scheduled``) activity row whose queue is not in ``consumed``, then
     one for a pending decision request ``(queue, since)`` whose queue is not.
 
@@ -104,13 +116,23 @@ def waiting_hints(rows: Iterable[Mapping[str, Any]], consumed: Collection[str], 
     for row in rows:
         if row.get("status") != TaskStatus.SCHEDULED.value or row.get("queue") in consumed:
             continue
-        since = scheduled_at.get(row.get("event_seq", -1)) if row.get("attempt", 1) <= 1 \
+        since = (
+            scheduled_at.get(row.get("event_seq", -1))
+            if row.get("attempt", 1) <= 1
             else row.get("started_at")
-        hints.append({"kind": "activity", "activity": row.get("activity_name"), "queue": row.get("queue"),
-                      "waiting_seconds": _seconds(now, since or row.get("dispatched_at"))})
+        )
+        hints.append(
+            {
+                "kind": "activity",
+                "activity": row.get("activity_name"),
+                "queue": row.get("queue"),
+                "waiting_seconds": _seconds(now, since or row.get("dispatched_at")),
+            }
+        )
     if decision is not None and decision[0] not in consumed:
-        hints.append({"kind": "decision", "queue": decision[0],
-                      "waiting_seconds": _seconds(now, decision[1])})
+        hints.append(
+            {"kind": "decision", "queue": decision[0], "waiting_seconds": _seconds(now, decision[1])}
+        )
     return hints
 
 

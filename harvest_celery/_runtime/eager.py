@@ -41,9 +41,13 @@ from harvest_celery._runtime.runtime import Runtime
 from harvest_celery._store.records import Dispatch
 
 
-def run_chain(app: Any, hostname: str | None, runtime: Runtime,
-              take: Callable[[], Dispatch | None],
-              wrap: Callable[[Callable[[Any], Any]], Callable[[Any], Any]]) -> int:
+def run_chain(
+    app: Any,
+    hostname: str | None,
+    runtime: Runtime,
+    take: Callable[[], Dispatch | None],
+    wrap: Callable[[Callable[[Any], Any]], Callable[[Any], Any]],
+) -> int:
     """Run every activity the scope holds back, one after another; returns how many ran."""
     ran = 0
     with ExitStack() as stack:
@@ -56,8 +60,15 @@ def run_chain(app: Any, hostname: str | None, runtime: Runtime,
     return ran
 
 
-def _signal_outcome(app: Any, runtime: Runtime, d: Dispatch, task_id: str, args: list[Any],
-                    ran: bool, error: BaseException | None) -> BaseException | None:
+def _signal_outcome(
+    app: Any,
+    runtime: Runtime,
+    d: Dispatch,
+    task_id: str,
+    args: list[Any],
+    ran: bool,
+    error: BaseException | None,
+) -> BaseException | None:
     """What Celery's tracer would signal for a delivered attempt, so handlers connected to
     ``task_failure`` (error trackers) and ``task_postrun`` see eager attempts too."""
     task = app.tasks.get(d.activity_name)
@@ -67,17 +78,25 @@ def _signal_outcome(app: Any, runtime: Runtime, d: Dispatch, task_id: str, args:
     shown = for_celery(runtime, error, task_id) if error is not None else None
     if shown is not None:
         tb = shown.__traceback__
-        signals.task_failure.send(sender=task, task_id=task_id, exception=shown, args=args,
-                                  kwargs={}, traceback=tb,
-                                  einfo=ExceptionInfo((type(shown), shown, tb)))
-    signals.task_postrun.send(sender=task, task_id=task_id, task=task, args=args, kwargs={},
-                              retval=shown, state=state)
+        signals.task_failure.send(
+            sender=task,
+            task_id=task_id,
+            exception=shown,
+            args=args,
+            kwargs={},
+            traceback=tb,
+            einfo=ExceptionInfo((type(shown), shown, tb)),
+        )
+    signals.task_postrun.send(
+        sender=task, task_id=task_id, task=task, args=args, kwargs={}, retval=shown, state=state
+    )
     return shown
 
 
 @contextmanager
-def _as_current_task(app: Any, d: Dispatch, task_id: str, args: list[Any],
-                     hostname: str | None) -> Iterator[None]:
+def _as_current_task(
+    app: Any, d: Dispatch, task_id: str, args: list[Any], hostname: str | None
+) -> Iterator[None]:
     """Make the eager attempt the current task, with its own request (id, args, queue), as the
     worker's tracer does for a delivered message: code that reads ``current_task.request``
     (logging, error trackers) sees this attempt, not the task whose thread it borrows."""
@@ -86,10 +105,23 @@ def _as_current_task(app: Any, d: Dispatch, task_id: str, args: list[Any],
         yield
         return
     _task_stack.push(task)
-    task.push_request(id=task_id, args=args, kwargs={}, hostname=hostname, root_id=task_id,
-                      retries=d.attempt - 1, is_eager=False, called_directly=False,
-                      delivery_info={"routing_key": d.queue, "exchange": "", "priority": 0,
-                                     "redelivered": False, "harvest_eager": True})
+    task.push_request(
+        id=task_id,
+        args=args,
+        kwargs={},
+        hostname=hostname,
+        root_id=task_id,
+        retries=d.attempt - 1,
+        is_eager=False,
+        called_directly=False,
+        delivery_info={
+            "routing_key": d.queue,
+            "exchange": "",
+            "priority": 0,
+            "redelivered": False,
+            "harvest_eager": True,
+        },
+    )
     try:
         yield
     finally:
@@ -97,16 +129,34 @@ def _as_current_task(app: Any, d: Dispatch, task_id: str, args: list[Any],
         _task_stack.pop()
 
 
-def _run_one(app: Any, hostname: str | None, events: Any, runtime: Runtime, d: Dispatch,
-             wrap: Callable[[Callable[[Any], Any]], Callable[[Any], Any]]) -> None:
+def _run_one(
+    app: Any,
+    hostname: str | None,
+    events: Any,
+    runtime: Runtime,
+    d: Dispatch,
+    wrap: Callable[[Callable[[Any], Any]], Callable[[Any], Any]],
+) -> None:
     task_id = activity_task_id(d.execution_id, d.activity_id, d.attempt)
     args = [d.execution_id, d.activity_id, d.attempt]
     fn = runtime.registry.activity(d.activity_name).fn
     assert fn is not None
     if events is not None:
-        events.send("task-received", uuid=task_id, name=d.activity_name, args=repr(args),
-                    kwargs="{}", root_id=task_id, parent_id=None, retries=d.attempt - 1,
-                    eta=None, expires=None, routing_key=d.queue, exchange="", eager=True)
+        events.send(
+            "task-received",
+            uuid=task_id,
+            name=d.activity_name,
+            args=repr(args),
+            kwargs="{}",
+            root_id=task_id,
+            parent_id=None,
+            retries=d.attempt - 1,
+            eta=None,
+            expires=None,
+            routing_key=d.queue,
+            exchange="",
+            eager=True,
+        )
         events.send("task-started", uuid=task_id)  # the dispatcher adds this process's pid
     started = time.monotonic()
     with _as_current_task(app, d, task_id, args, hostname):
@@ -120,8 +170,11 @@ def _run_one(app: Any, hostname: str | None, events: Any, runtime: Runtime, d: D
     if events is None or not ran:
         return
     if shown is None:
-        events.send("task-succeeded", uuid=task_id, result="None",
-                    runtime=time.monotonic() - started)
+        events.send("task-succeeded", uuid=task_id, result="None", runtime=time.monotonic() - started)
     else:
-        events.send("task-failed", uuid=task_id, exception=repr(shown),
-                    traceback="".join(traceback.format_exception(shown)))
+        events.send(
+            "task-failed",
+            uuid=task_id,
+            exception=repr(shown),
+            traceback="".join(traceback.format_exception(shown)),
+        )

@@ -45,23 +45,34 @@ def activity_task_id(execution_id: str, activity_id: str, attempt: int) -> str:
 
 def encode(dispatch: Dispatch) -> Message:
     if dispatch.kind == Dispatch.DECIDE:
-        return Message(DECIDE_TASK, dispatch.queue, [dispatch.execution_id],
-                       f"decide:{dispatch.execution_id}:{dispatch.requested_at}")
+        return Message(
+            DECIDE_TASK,
+            dispatch.queue,
+            [dispatch.execution_id],
+            f"decide:{dispatch.execution_id}:{dispatch.requested_at}",
+        )
     task_id = activity_task_id(dispatch.execution_id, dispatch.activity_id, dispatch.attempt)
     headers: dict[str, Any] = {TIME_LIMIT_HEADER: dispatch.deadline} if dispatch.deadline else {}
     if dispatch.adopted:
-        ref = {"execution_id": dispatch.execution_id, "activity_id": dispatch.activity_id,
-               "attempt": dispatch.attempt}
-        return Message(dispatch.activity_name, dispatch.queue, [dispatch.input], task_id,
-                       {REF_HEADER: ref, **headers})
-    return Message(dispatch.activity_name, dispatch.queue,
-                   [dispatch.execution_id, dispatch.activity_id, dispatch.attempt], task_id,
-                   headers or None)
+        ref = {
+            "execution_id": dispatch.execution_id,
+            "activity_id": dispatch.activity_id,
+            "attempt": dispatch.attempt,
+        }
+        return Message(
+            dispatch.activity_name, dispatch.queue, [dispatch.input], task_id, {REF_HEADER: ref, **headers}
+        )
+    return Message(
+        dispatch.activity_name,
+        dispatch.queue,
+        [dispatch.execution_id, dispatch.activity_id, dispatch.attempt],
+        task_id,
+        headers or None,
+    )
 
 
 def relayed(message: RelayedMessage) -> Message:
-    return Message(message.task_name, message.queue, list(message.args), message.task_id,
-                   message.headers)
+    return Message(message.task_name, message.queue, list(message.args), message.task_id, message.headers)
 
 
 def activity_ref(args: Any, headers: Any) -> tuple[str, str, int] | None:

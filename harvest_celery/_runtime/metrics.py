@@ -22,16 +22,56 @@ from prometheus_client import (
 )
 
 _SPECS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "saga_compensated": ("harvest_saga_compensated", "Saga/DAG unwinds begun (counted once per unwind).", ("workflow",)),
-    "saga_compensation_failed": ("harvest_saga_compensation_failed", "Unwinds that ended with compensation errors.", ("workflow",)),
-    "workflow_terminal": ("harvest_workflow_terminal", "Runs that reached a terminal outcome.", ("workflow", "outcome")),
-    "cancel_branch_failed": ("harvest_cancel_branch_failed", "Cancelled runs whose cancel branch failed (the workflow raised an error other than Cancelled after the cancel): dangling state.", ("workflow",)),
-    "nd_blocked": ("harvest_nd_blocked", "Decisions that diverged from history (run nd-blocked).", ("workflow",)),
-    "activity_attempt_failed": ("harvest_activity_attempt_failed", "Activity attempts that failed (raised, or lost their lease).", ("workflow", "queue")),
-    "activity_eager": ("harvest_activity_eager", "Activity attempts run eagerly in the worker that scheduled them (no broker hop).", ("queue",)),
-    "outcome_lost": ("harvest_outcome_lost", "Activity outcomes given up after the database did not answer for Timings.outcome_retry_for (the attempt is retried when its lease expires).", ("queue",)),
-    "decisions": ("harvest_decisions", "Decisions taken, by path: one_statement (with the completion, in one guarded statement), inline (in the transaction of the worker that recorded the completion) or task (the decision task).", ("workflow", "path")),
-    "decision_fallbacks": ("harvest_decision_fallbacks", "Completions that configuration and dialect allowed on the one-statement path but that went another way, and inline decisions handed to the decision task, by the first reason (docs/operations.md).", ("reason",)),
+    "saga_compensated": (
+        "harvest_saga_compensated",
+        "Saga/DAG unwinds begun (counted once per unwind).",
+        ("workflow",),
+    ),
+    "saga_compensation_failed": (
+        "harvest_saga_compensation_failed",
+        "Unwinds that ended with compensation errors.",
+        ("workflow",),
+    ),
+    "workflow_terminal": (
+        "harvest_workflow_terminal",
+        "Runs that reached a terminal outcome.",
+        ("workflow", "outcome"),
+    ),
+    "cancel_branch_failed": (
+        "harvest_cancel_branch_failed",
+        "Cancelled runs whose cancel branch failed (the workflow raised an error other than Cancelled after the cancel): dangling state.",
+        ("workflow",),
+    ),
+    "nd_blocked": (
+        "harvest_nd_blocked",
+        "Decisions that diverged from history (run nd-blocked).",
+        ("workflow",),
+    ),
+    "activity_attempt_failed": (
+        "harvest_activity_attempt_failed",
+        "Activity attempts that failed (raised, or lost their lease).",
+        ("workflow", "queue"),
+    ),
+    "activity_eager": (
+        "harvest_activity_eager",
+        "Activity attempts run eagerly in the worker that scheduled them (no broker hop).",
+        ("queue",),
+    ),
+    "outcome_lost": (
+        "harvest_outcome_lost",
+        "Activity outcomes given up after the database did not answer for Timings.outcome_retry_for (the attempt is retried when its lease expires).",
+        ("queue",),
+    ),
+    "decisions": (
+        "harvest_decisions",
+        "Decisions taken, by path: one_statement (with the completion, in one guarded statement), inline (in the transaction of the worker that recorded the completion) or task (the decision task).",
+        ("workflow", "path"),
+    ),
+    "decision_fallbacks": (
+        "harvest_decision_fallbacks",
+        "Completions that configuration and dialect allowed on the one-statement path but that went another way, and inline decisions handed to the decision task, by the first reason (docs/operations.md).",
+        ("reason",),
+    ),
 }
 
 

@@ -71,8 +71,9 @@ class Runtime:
         self.dispatcher: Dispatcher | None = None
         self.sessions = SessionCache(settings.max_sessions)
         self.leases = LeaseKeeper(store, settings.timings.default_lease)
-        self.sweeper = Sweeper(store, settings, self._after_commit, self.send_message,
-                               lambda: sorted(self.registry.workflows))
+        self.sweeper = Sweeper(
+            store, settings, self._after_commit, self.send_message, lambda: sorted(self.registry.workflows)
+        )
         # a pool child forked while another thread held a lock must not inherit it held
         if hasattr(os, "register_at_fork"):
             me = weakref.ref(self)  # the hook must not keep every Runtime alive
@@ -181,8 +182,11 @@ class Runtime:
             if held is not None and held.claimed is not None:
                 # claimed for this thread, which stops before running it (a shutdown): its
                 # lease expires and the attempt is retried, as if this process had died
-                log.warning("eager attempt %s/%s was claimed but not run; retried when its "
-                            "lease expires", held.execution_id, held.activity_id)
+                log.warning(
+                    "eager attempt %s/%s was claimed but not run; retried when its lease expires",
+                    held.execution_id,
+                    held.activity_id,
+                )
             elif held is not None:
                 self.send([held])
 
@@ -210,15 +214,24 @@ class Runtime:
         decided, tx = self.store.transaction(work)
         self._after_decision(tx, decided)
 
-    def _decide(self, tx: Tx, row: RunRow, path: str, pending: Sequence[ev.HistoryEvent] = (),
-                known: Sequence[ev.HistoryEvent] = ()) -> Decided:
+    def _decide(
+        self,
+        tx: Tx,
+        row: RunRow,
+        path: str,
+        pending: Sequence[ev.HistoryEvent] = (),
+        known: Sequence[ev.HistoryEvent] = (),
+    ) -> Decided:
         """Replay and write one decision on a locked, decidable run. ``pending``: events not
         yet written that the decision sees and writes first, in the same statement (the
         completion a worker decides on). ``known``: the last events already written, when the
         caller knows them (the claim's ActivityStarted), so a warm replay need not read them."""
         session, decision = self._replay(tx, row, list(pending), list(known))
-        if (isinstance(decision.outcome, Failed) and decision.outcome.interrupt
-                and self.shutting_down.is_set()):
+        if (
+            isinstance(decision.outcome, Failed)
+            and decision.outcome.interrupt
+            and self.shutting_down.is_set()
+        ):
             # a shutdown signal interrupted the workflow code, not the workflow's own doing:
             # nothing is written; the decision is taken again after the restart
             session.close()
@@ -226,20 +239,32 @@ class Runtime:
         keeps = session.reusable and self.settings.sticky_sessions
         # the events are stored at the time the replay saw the pending ones at (ctx.now())
         now = pending[-1].recorded_at if pending else utcnow()
-        written = tx.apply_decision(row, session.events, decision, self.registry, now,
-                                    self.settings.timings, row.workflow_type,
-                                    leading=[h.event for h in pending],
-                                    sticky=self.sticky_queue if keeps else None,
-                                    eager=self._eager_claim())
+        written = tx.apply_decision(
+            row,
+            session.events,
+            decision,
+            self.registry,
+            now,
+            self.settings.timings,
+            row.workflow_type,
+            leading=[h.event for h in pending],
+            sticky=self.sticky_queue if keeps else None,
+            eager=self._eager_claim(),
+        )
 
         tx.metrics.append(("decisions", {"workflow": row.workflow_type, "path": path}))
         if decision.nd is not None:
-            log.warning("execution %s is nd-blocked: expected %s, got %s", row.id,
-                        decision.nd["expected"], decision.nd["actual"])
+            log.warning(
+                "execution %s is nd-blocked: expected %s, got %s",
+                row.id,
+                decision.nd["expected"],
+                decision.nd["actual"],
+            )
         return Decided(session, written)
 
-    def _replay(self, tx: Tx, row: RunRow, pending: list[ev.HistoryEvent],
-                known: list[ev.HistoryEvent] | None = None) -> tuple[Session, Decision]:
+    def _replay(
+        self, tx: Tx, row: RunRow, pending: list[ev.HistoryEvent], known: list[ev.HistoryEvent] | None = None
+    ) -> tuple[Session, Decision]:
         """A warm execution (its last decision was taken by this process) is advanced from its
         cached ``Session`` with only the events appended since, so the cost stays flat in
         history length; anything unexpected falls back to a full replay."""
@@ -258,8 +283,9 @@ class Runtime:
                 return session, decision
             session.close()
         history = tx.history(row.id) + pending
-        session = Session(definition, Activation(row.id, row.workflow_type, history,
-                                                 self.settings.engine), self.registry)
+        session = Session(
+            definition, Activation(row.id, row.workflow_type, history, self.settings.engine), self.registry
+        )
         return session, session.decision
 
     def _after_decision(self, tx: Tx, decided: Decided) -> None:
@@ -279,8 +305,9 @@ class Runtime:
         def work(tx: Tx) -> Claim | None:
             if self.before_claim_append is not None:
                 self.before_claim_append(execution_id, activity_id, attempt)
-            return tasks.claim(tx, execution_id, activity_id, attempt, worker_id(), utcnow(),
-                               self.settings.timings)
+            return tasks.claim(
+                tx, execution_id, activity_id, attempt, worker_id(), utcnow(), self.settings.timings
+            )
 
         claim, _tx = self.store.transaction(work, one_statement=True)
         return claim

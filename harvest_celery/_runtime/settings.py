@@ -89,16 +89,31 @@ class Keyword:
 
 KEYWORDS: tuple[Keyword, ...] = (
     Keyword("decision_queue", Settings.decision_queue, "a non-empty queue name", _queue),
-    Keyword("max_activity_input_bytes", EngineConfig.max_activity_input_bytes,
-            "a byte count of at least 0, or None (no cap)", _count(0), none_allowed=True),
+    Keyword(
+        "max_activity_input_bytes",
+        EngineConfig.max_activity_input_bytes,
+        "a byte count of at least 0, or None (no cap)",
+        _count(0),
+        none_allowed=True,
+    ),
     Keyword("timings", Timings(), "a harvest_celery.Timings", lambda v: isinstance(v, Timings)),
     Keyword("sweep_interval", Settings.sweep_interval, "seconds above 0", _seconds),
-    Keyword("codec", None, "a Codec (codec_id, encode, decode) or None", _shaped("codec_id", "encode", "decode")),
-    Keyword("payload_store", None, "a PayloadStore (store_id, put, get, delete) or None",
-            _shaped("store_id", "put", "get", "delete")),
+    Keyword(
+        "codec", None, "a Codec (codec_id, encode, decode) or None", _shaped("codec_id", "encode", "decode")
+    ),
+    Keyword(
+        "payload_store",
+        None,
+        "a PayloadStore (store_id, put, get, delete) or None",
+        _shaped("store_id", "put", "get", "delete"),
+    ),
     Keyword("offload_threshold", 256 * 1024, "a byte count of at least 0", _count(0)),
-    Keyword("celery_error_detail", Settings.celery_error_detail, '"full" or "type"',
-            lambda v: isinstance(v, str) and v in ("full", "type")),
+    Keyword(
+        "celery_error_detail",
+        Settings.celery_error_detail,
+        '"full" or "type"',
+        lambda v: isinstance(v, str) and v in ("full", "type"),
+    ),
     Keyword("eager_max_chain", Settings.eager_max_chain, "a count of at least 0 (0: off)", _count(0)),
     Keyword("inline_decisions", Settings.inline_decisions, "True or False", _flag),
     Keyword("inline_cold_max_events", Settings.inline_cold_max_events, "a count of at least 0", _count(0)),
@@ -108,10 +123,16 @@ KEYWORDS: tuple[Keyword, ...] = (
     Keyword("fast_paths", Settings.fast_paths, "True or False", _flag),
     Keyword("pool_size", Pools.size, "a count of at least 1", _count(1), env="HARVEST_POOL_SIZE"),
     Keyword("max_overflow", Pools.overflow, "a count of at least 0", _count(0), env="HARVEST_MAX_OVERFLOW"),
-    Keyword("claim_pool_size", Pools.claim_size, "a count of at least 1", _count(1),
-            env="HARVEST_CLAIM_POOL_SIZE"),
-    Keyword("claim_max_overflow", Pools.claim_overflow, "a count of at least 0", _count(0),
-            env="HARVEST_CLAIM_MAX_OVERFLOW"),
+    Keyword(
+        "claim_pool_size", Pools.claim_size, "a count of at least 1", _count(1), env="HARVEST_CLAIM_POOL_SIZE"
+    ),
+    Keyword(
+        "claim_max_overflow",
+        Pools.claim_overflow,
+        "a count of at least 0",
+        _count(0),
+        env="HARVEST_CLAIM_MAX_OVERFLOW",
+    ),
 )
 BY_NAME = {keyword.name: keyword for keyword in KEYWORDS}
 
@@ -148,8 +169,12 @@ def runtime_settings(options: Mapping[str, Any], offloads: Callable[[Any], bool]
 
 
 def pools(options: Mapping[str, Any]) -> Pools:
-    return Pools(size=options["pool_size"], overflow=options["max_overflow"],
-                 claim_size=options["claim_pool_size"], claim_overflow=options["claim_max_overflow"])
+    return Pools(
+        size=options["pool_size"],
+        overflow=options["max_overflow"],
+        claim_size=options["claim_pool_size"],
+        claim_overflow=options["claim_max_overflow"],
+    )
 
 
 def framework_keywords(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -179,6 +204,10 @@ def configure_dedicated_celery_app(app: Any) -> None:
 def configure_celery(app: Any) -> None:
     """Deprecated: ``configure_dedicated_celery_app`` (the same function, under the name that
     says what it is for). Kept for one minor release."""
-    warnings.warn("configure_celery is deprecated: call configure_dedicated_celery_app (for a Celery "
-                  "app made only for harvest)", DeprecationWarning, stacklevel=2)
+    warnings.warn(
+        "configure_celery is deprecated: call configure_dedicated_celery_app (for a Celery "
+        "app made only for harvest)",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     configure_dedicated_celery_app(app)

@@ -35,9 +35,14 @@ class SweepSettings(Protocol):
 
 
 class Sweeper:
-    def __init__(self, store: Store, settings: SweepSettings, after_commit: Callable[[Tx], None],
-                 send_message: Callable[[Message], bool],
-                 kinds: Callable[[], list[str]] | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        settings: SweepSettings,
+        after_commit: Callable[[Tx], None],
+        send_message: Callable[[Message], bool],
+        kinds: Callable[[], list[str]] | None = None,
+    ) -> None:
         self.store = store
         # the workflow types this sweeper answers for (its app's registry): another app sharing
         # the database sweeps its own runs through its own queues
@@ -89,8 +94,11 @@ class Sweeper:
     def take_started(self, notices: list[str]) -> None:
         """Claim the announced starts addressed to this decision queue, and send their first
         decision (one claimant wins each: ``starts.take_started``)."""
-        mine = [(n[0], n[1]) for n in map(starts.parse_notice, notices)
-                if n is not None and n[2] == self.settings.decision_queue]
+        mine = [
+            (n[0], n[1])
+            for n in map(starts.parse_notice, notices)
+            if n is not None and n[2] == self.settings.decision_queue
+        ]
         if not mine:
             return
         try:
@@ -112,22 +120,41 @@ class Sweeper:
             expired = sweeps.expired_leases(tx, now, kinds=kinds)
             timers = sweeps.due_timers(tx, now, kinds=kinds)
         for execution_id, activity_id in due:
-            self._row("retry", execution_id, partial(
-                tasks.redispatch_next_attempt, execution_id=execution_id, activity_id=activity_id))
+            self._row(
+                "retry",
+                execution_id,
+                partial(tasks.redispatch_next_attempt, execution_id=execution_id, activity_id=activity_id),
+            )
         for execution_id, activity_id, attempt in expired:
             # The worker vanished or overran start_to_close: a failed attempt, retried per policy.
-            self._row("lease", execution_id, partial(
-                tasks.expire_lease, execution_id=execution_id, activity_id=activity_id,
-                attempt=attempt, decision_queue=s.decision_queue))
+            self._row(
+                "lease",
+                execution_id,
+                partial(
+                    tasks.expire_lease,
+                    execution_id=execution_id,
+                    activity_id=activity_id,
+                    attempt=attempt,
+                    decision_queue=s.decision_queue,
+                ),
+            )
         for execution_id, timer_id in timers:
-            self._row("timer", execution_id, partial(
-                sweeps.fire_timer, execution_id=execution_id, timer_id=timer_id,
-                decision_queue=s.decision_queue))
-        self._row("lost messages", "*", partial(sweeps.stale_scheduled, timings=s.timings,
-                                                kinds=kinds))
-        self._row("lost decisions", "*", partial(
-            sweeps.stale_decisions, timings=s.timings, decision_queue=s.decision_queue,
-            kinds=kinds))
+            self._row(
+                "timer",
+                execution_id,
+                partial(
+                    sweeps.fire_timer,
+                    execution_id=execution_id,
+                    timer_id=timer_id,
+                    decision_queue=s.decision_queue,
+                ),
+            )
+        self._row("lost messages", "*", partial(sweeps.stale_scheduled, timings=s.timings, kinds=kinds))
+        self._row(
+            "lost decisions",
+            "*",
+            partial(sweeps.stale_decisions, timings=s.timings, decision_queue=s.decision_queue, kinds=kinds),
+        )
         self._relay_outbox()
 
     def _row(self, what: str, execution_id: str, work: Callable[..., Any]) -> None:

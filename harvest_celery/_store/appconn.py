@@ -51,8 +51,16 @@ class AppStart:
     on_commit: OnCommit | None
 
 
-def start_on(connection: Any, store: Store, execution_id: str, workflow_type: str, input: Any,
-             now: datetime, decision_queue: str, id_reuse: str) -> AppStart:
+def start_on(
+    connection: Any,
+    store: Store,
+    execution_id: str,
+    workflow_type: str,
+    input: Any,
+    now: datetime,
+    decision_queue: str,
+    id_reuse: str,
+) -> AppStart:
     """Write the start on ``connection`` (module docstring); ``TypeError`` for a kind it does not
     know, ``ValueError`` for one outside a transaction or on another kind of database."""
     args = (execution_id, workflow_type, input, now, decision_queue)
@@ -66,9 +74,11 @@ def start_on(connection: Any, store: Store, execution_id: str, workflow_type: st
         return AppStart(_on_sqlalchemy(connection, store, *args, id_reuse), None)
     if _is_django(connection):
         if not connection.in_atomic_block:
-            raise ValueError("start_workflow(connection=<Django connection>) must be called inside "
-                             f"transaction.atomic(using={connection.alias!r}): outside one, Django "
-                             "commits every statement on its own")
+            raise ValueError(
+                "start_workflow(connection=<Django connection>) must be called inside "
+                f"transaction.atomic(using={connection.alias!r}): outside one, Django "
+                "commits every statement on its own"
+            )
         _check_postgres(store, f"Django connection {connection.alias!r}", connection.vendor)
         connection.ensure_connection()
         created = _on_dbapi(connection.connection, store, *args, id_reuse)
@@ -77,49 +87,87 @@ def start_on(connection: Any, store: Store, execution_id: str, workflow_type: st
     if dbapi.is_dbapi_connection(raw):
         _check_postgres(store, type(raw).__module__, "postgresql")
         return AppStart(_on_dbapi(raw, store, *args, id_reuse), None)
-    raise TypeError("start_workflow(connection=...) takes a SQLAlchemy Connection or Session, a "
-                    "psycopg2 or psycopg 3 connection, or a Django connection; not "
-                    f"{type(connection).__module__}.{type(connection).__name__}")
+    raise TypeError(
+        "start_workflow(connection=...) takes a SQLAlchemy Connection or Session, a "
+        "psycopg2 or psycopg 3 connection, or a Django connection; not "
+        f"{type(connection).__module__}.{type(connection).__name__}"
+    )
 
 
 def _is_django(connection: Any) -> bool:
-    return all(hasattr(connection, name) for name in ("in_atomic_block", "on_commit",
-                                                       "ensure_connection", "alias", "vendor"))
+    return all(
+        hasattr(connection, name)
+        for name in ("in_atomic_block", "on_commit", "ensure_connection", "alias", "vendor")
+    )
 
 
 def _check_postgres(store: Store, what: str, vendor: str) -> None:
     if store.dialect.name != "postgresql" or vendor != "postgresql":
-        raise ValueError(f"{what} is a {vendor} connection and the harvest database is "
-                         f"{store.dialect.name}: a start joins the application's transaction only "
-                         "when both are the same Postgres database")
+        raise ValueError(
+            f"{what} is a {vendor} connection and the harvest database is "
+            f"{store.dialect.name}: a start joins the application's transaction only "
+            "when both are the same Postgres database"
+        )
 
 
 def _check_dialect(name: str, store: Store) -> None:
     if name != store.dialect.name:
-        raise ValueError(f"the connection is on {name} and the harvest database is "
-                         f"{store.dialect.name}: a start joins the application's transaction only "
-                         "on the harvest database")
+        raise ValueError(
+            f"the connection is on {name} and the harvest database is "
+            f"{store.dialect.name}: a start joins the application's transaction only "
+            "on the harvest database"
+        )
 
 
-def _on_sqlalchemy(conn: Connection, store: Store, execution_id: str, workflow_type: str,
-                   input: Any, now: datetime, decision_queue: str, id_reuse: str) -> bool:
+def _on_sqlalchemy(
+    conn: Connection,
+    store: Store,
+    execution_id: str,
+    workflow_type: str,
+    input: Any,
+    now: datetime,
+    decision_queue: str,
+    id_reuse: str,
+) -> bool:
     _check_dialect(conn.dialect.name, store)
     if conn._is_autocommit_isolation():
-        raise ValueError("start_workflow(connection=...) needs a connection inside a transaction, "
-                         "not one in AUTOCOMMIT isolation")
+        raise ValueError(
+            "start_workflow(connection=...) needs a connection inside a transaction, "
+            "not one in AUTOCOMMIT isolation"
+        )
     tx = Tx(conn, store.dialect, payloads_on(store, conn))
-    return starts.start(tx, execution_id, workflow_type, input, now, decision_queue,
-                        id_reuse=id_reuse, announce=True)
+    return starts.start(
+        tx, execution_id, workflow_type, input, now, decision_queue, id_reuse=id_reuse, announce=True
+    )
 
 
-def _on_dbapi(raw: Any, store: Store, execution_id: str, workflow_type: str, input: Any,
-              now: datetime, decision_queue: str, id_reuse: str) -> bool:
+def _on_dbapi(
+    raw: Any,
+    store: Store,
+    execution_id: str,
+    workflow_type: str,
+    input: Any,
+    now: datetime,
+    decision_queue: str,
+    id_reuse: str,
+) -> bool:
     if not dbapi.in_transaction(raw):
-        raise ValueError("start_workflow(connection=...) needs a connection inside a transaction: "
-                         "this one is in autocommit mode (open one first, e.g. psycopg 3's "
-                         "conn.transaction(), or set autocommit off)")
-    return dbapi.start(raw, store.payloads, _blobs_here(store), execution_id, workflow_type,
-                       input, now, decision_queue, id_reuse)
+        raise ValueError(
+            "start_workflow(connection=...) needs a connection inside a transaction: "
+            "this one is in autocommit mode (open one first, e.g. psycopg 3's "
+            "conn.transaction(), or set autocommit off)"
+        )
+    return dbapi.start(
+        raw,
+        store.payloads,
+        _blobs_here(store),
+        execution_id,
+        workflow_type,
+        input,
+        now,
+        decision_queue,
+        id_reuse,
+    )
 
 
 def _blobs_here(store: Store) -> bool:
@@ -160,8 +208,10 @@ def _run_pending(session: Session) -> None:
         try:
             fn()
         except Exception:  # noqa: BLE001 - the commit happened; the sweeper re-requests it
-            log.exception("harvest: an after-commit dispatch failed; the run's decision is "
-                          "requested by a decision worker or the sweeper instead")
+            log.exception(
+                "harvest: an after-commit dispatch failed; the run's decision is "
+                "requested by a decision worker or the sweeper instead"
+            )
 
 
 def _drop_pending(session: Session, transaction: Any) -> None:

@@ -50,8 +50,11 @@ class PostgresPayloadStore:
         with self.engine.connect() as conn:
             data = conn.execute(sa.select(blobs.c.data).where(blobs.c.key == key)).scalar()
         if data is None:
-            raise PayloadStoreError(f"blob {key!r} is missing from payload store {self.store_id!r}",
-                                    key=key, store_id=self.store_id)
+            raise PayloadStoreError(
+                f"blob {key!r} is missing from payload store {self.store_id!r}",
+                key=key,
+                store_id=self.store_id,
+            )
         return bytes(data)
 
     def delete(self, key: str) -> None:
@@ -60,8 +63,11 @@ class PostgresPayloadStore:
 
     def list(self, prefix: str) -> list[str]:
         """Every key of this store starting with ``prefix`` (``ListablePayloadStore``)."""
-        q = sa.select(blobs.c.key).where(blobs.c.key.startswith(prefix, autoescape=True)
-                                         & (blobs.c.store_id == self.store_id)).order_by(blobs.c.key)
+        q = (
+            sa.select(blobs.c.key)
+            .where(blobs.c.key.startswith(prefix, autoescape=True) & (blobs.c.store_id == self.store_id))
+            .order_by(blobs.c.key)
+        )
         with self.engine.connect() as conn:
             return [str(key) for key in conn.execute(q).scalars()]
 

@@ -38,8 +38,11 @@ from harvest_celery._store.starts import check_policy, check_reuse, legacy_diges
 def is_dbapi_connection(conn: Any) -> bool:
     """A psycopg2 or psycopg 3 (sync) connection."""
     package = type(conn).__module__.split(".")[0]
-    return (package in ("psycopg2", "psycopg") and callable(getattr(conn, "cursor", None))
-            and not type(conn).__name__.startswith("Async"))
+    return (
+        package in ("psycopg2", "psycopg")
+        and callable(getattr(conn, "cursor", None))
+        and not type(conn).__name__.startswith("Async")
+    )
 
 
 def in_transaction(conn: Any) -> bool:
@@ -65,9 +68,19 @@ def _one(conn: Any, sql: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
         cursor.close()
 
 
-def start(conn: Any, payloads: Payloads, blobs_here: bool, execution_id: str, workflow_type: str,
-          input: Any, now: datetime, decision_queue: str, id_reuse: str = "idempotent", *,
-          again: bool = True) -> bool:
+def start(
+    conn: Any,
+    payloads: Payloads,
+    blobs_here: bool,
+    execution_id: str,
+    workflow_type: str,
+    input: Any,
+    now: datetime,
+    decision_queue: str,
+    id_reuse: str = "idempotent",
+    *,
+    again: bool = True,
+) -> bool:
     """Write a start on ``conn`` (module docstring). True: a new run; False: the id exists and
     ``id_reuse`` accepts it. ``blobs_here``: offloaded blobs are written on ``conn`` (the Postgres
     payload store of the harvest database); otherwise through the store, once the row is new."""
@@ -81,24 +94,56 @@ def start(conn: Any, payloads: Payloads, blobs_here: bool, execution_id: str, wo
     if _one(conn, sql.START, params) is None:
         found = _one(conn, sql.EXISTING, {"id": execution_id})
         if found is None and again:  # purged in between: a new start of the id
-            return start(conn, payloads, blobs_here, execution_id, workflow_type, input, now,
-                         decision_queue, id_reuse, again=False)
+            return start(
+                conn,
+                payloads,
+                blobs_here,
+                execution_id,
+                workflow_type,
+                input,
+                now,
+                decision_queue,
+                id_reuse,
+                again=False,
+            )
         if found is None:
             raise ExecutionAlreadyExists(execution_id, "?", "exists")
-        check_reuse(execution_id, found[0], found[1], found[2], workflow_type, digest, id_reuse,
-                    lambda: _legacy_digest(conn, payloads, execution_id))
+        check_reuse(
+            execution_id,
+            found[0],
+            found[1],
+            found[2],
+            workflow_type,
+            digest,
+            id_reuse,
+            lambda: _legacy_digest(conn, payloads, execution_id),
+        )
         return False
     if deferred is not None:
         _put_blobs(conn, deferred, blobs_here)
     return True
 
 
-def _start_params(execution_id: str, workflow_type: str, encoded: Any, event: Any, digest: str,
-                  now: datetime, decision_queue: str) -> dict[str, Any]:
-    return {"id": execution_id, "workflow_type": workflow_type, "status": RUNNING,
-            "input": json.dumps(encoded), "digest": digest, "now": now,
-            "event_type": ev.WorkflowStarted.type, "event": json.dumps(event),
-            "notice": start_notice(execution_id, now, decision_queue)}
+def _start_params(
+    execution_id: str,
+    workflow_type: str,
+    encoded: Any,
+    event: Any,
+    digest: str,
+    now: datetime,
+    decision_queue: str,
+) -> dict[str, Any]:
+    return {
+        "id": execution_id,
+        "workflow_type": workflow_type,
+        "status": RUNNING,
+        "input": json.dumps(encoded),
+        "digest": digest,
+        "now": now,
+        "event_type": ev.WorkflowStarted.type,
+        "event": json.dumps(event),
+        "notice": start_notice(execution_id, now, decision_queue),
+    }
 
 
 def _put_blobs(conn: Any, deferred: DeferredPuts, blobs_here: bool) -> None:

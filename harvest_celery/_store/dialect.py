@@ -44,8 +44,9 @@ class Dialect:
     row_locks = True
     dml_ctes = True  # INSERT … inside an UPDATE's WITH (read only by the methods of this module)
 
-    def create_engine(self, url: str, echo: bool, *, autocommit: bool = False,
-                      pools: Pools = DEFAULT_POOLS) -> Engine:
+    def create_engine(
+        self, url: str, echo: bool, *, autocommit: bool = False, pools: Pools = DEFAULT_POOLS
+    ) -> Engine:
         # No pool ping on the hot path: a connection in constant use is not pinged. One idle
         # longer than IDLE_PING seconds (the likely victims of a database restart) is pinged on
         # checkout and replaced if dead; a busy one that died fails its first statement, and
@@ -53,8 +54,13 @@ class Dialect:
         # ``autocommit``: a pool for one-statement operations (the claim).
         options: dict[str, Any] = {"echo": echo, "pool_pre_ping": False, "hide_parameters": True}
         if autocommit:
-            engine = sa.create_engine(url, pool_size=pools.claim_size, max_overflow=pools.claim_overflow,
-                                      isolation_level="AUTOCOMMIT", **options)
+            engine = sa.create_engine(
+                url,
+                pool_size=pools.claim_size,
+                max_overflow=pools.claim_overflow,
+                isolation_level="AUTOCOMMIT",
+                **options,
+            )
         else:
             engine = sa.create_engine(url, pool_size=pools.size, max_overflow=pools.overflow, **options)
         _ping_when_idle(engine)
@@ -77,8 +83,9 @@ class Dialect:
         (``Tx.apply_guarded_decision``)."""
         return self.dml_ctes
 
-    def write_run(self, conn: Connection, execution_id: str, inserts: Inserts,
-                  values: dict[str, Any]) -> None:
+    def write_run(
+        self, conn: Connection, execution_id: str, inserts: Inserts, values: dict[str, Any]
+    ) -> None:
         """A run write (``Tx.write``): the inserts as data-modifying CTEs of the run-row UPDATE, ONE
         statement. The hot path's shapes go as plain SQL cached by shape (``pgwrite``); anything
         else through Core."""
@@ -111,10 +118,12 @@ class SqliteDialect(Dialect):
     row_locks = False
     dml_ctes = False
 
-    def create_engine(self, url: str, echo: bool, *, autocommit: bool = False,
-                      pools: Pools = DEFAULT_POOLS) -> Engine:
-        engine = sa.create_engine(url, echo=echo, hide_parameters=True,
-                                  connect_args={"check_same_thread": False, "timeout": 30})
+    def create_engine(
+        self, url: str, echo: bool, *, autocommit: bool = False, pools: Pools = DEFAULT_POOLS
+    ) -> Engine:
+        engine = sa.create_engine(
+            url, echo=echo, hide_parameters=True, connect_args={"check_same_thread": False, "timeout": 30}
+        )
 
         @sa.event.listens_for(engine, "connect")
         def _pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -132,8 +141,9 @@ class SqliteDialect(Dialect):
     def autocommits(self, one_statement: bool) -> bool:
         return False
 
-    def write_run(self, conn: Connection, execution_id: str, inserts: Inserts,
-                  values: dict[str, Any]) -> None:
+    def write_run(
+        self, conn: Connection, execution_id: str, inserts: Inserts, values: dict[str, Any]
+    ) -> None:
         """One statement per table, then the run-row update."""
         for table, rows in inserts:
             conn.execute(table.insert(), rows)
@@ -151,8 +161,11 @@ class SqliteDialect(Dialect):
 
 
 def update_run(execution_id: str, values: dict[str, Any]) -> Any:
-    return executions.update().where(executions.c.id == execution_id).values(
-        **(values or {"next_seq": executions.c.next_seq}))
+    return (
+        executions.update()
+        .where(executions.c.id == execution_id)
+        .values(**(values or {"next_seq": executions.c.next_seq}))
+    )
 
 
 IDLE_PING = 30.0  # seconds a pooled connection may sit unused before it is pinged on checkout

@@ -28,16 +28,24 @@ from harvest_celery._store.sql import DIALECT, Shape
 Rows = Sequence[dict[str, Any]]
 
 
-def statement(execution_id: str, inserts: Sequence[tuple[sa.Table, Rows]],
-              values: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+def statement(
+    execution_id: str, inserts: Sequence[tuple[sa.Table, Rows]], values: dict[str, Any]
+) -> tuple[str, dict[str, Any]] | None:
     """The SQL and parameters of one run write, or None when Core must build it."""
     found = _shape_and_params(execution_id, inserts, values)
     return (sql.plain_write(found[0]), found[1]) if found is not None else None
 
 
-def guarded(row: RunRow, inserts: Sequence[tuple[sa.Table, Rows]], values: dict[str, Any],
-            guard: CompletionGuard, now: datetime, *, closing: tuple[datetime, str] | None = None,
-            notify: bool = False) -> tuple[str, dict[str, Any]] | None:
+def guarded(
+    row: RunRow,
+    inserts: Sequence[tuple[sa.Table, Rows]],
+    values: dict[str, Any],
+    guard: CompletionGuard,
+    now: datetime,
+    *,
+    closing: tuple[datetime, str] | None = None,
+    notify: bool = False,
+) -> tuple[str, dict[str, Any]] | None:
     """A completion and its decision as ONE statement that writes only while ``guard`` holds
     (``records.CompletionGuard``, ``predicates.fast_path``: ``sql.GUARD``): the run row is
     locked and checked against ``row`` (its next seq and sticky queue; live, nothing pending),
@@ -52,15 +60,21 @@ def guarded(row: RunRow, inserts: Sequence[tuple[sa.Table, Rows]], values: dict[
     if found is None:
         return None
     shape, params = found
-    params.update(g_next_seq=row.next_seq, g_sticky_queue=row.sticky_queue, g_now=now,
-                  g_activity_id=guard.activity_id, g_attempt=guard.attempt)
+    params.update(
+        g_next_seq=row.next_seq,
+        g_sticky_queue=row.sticky_queue,
+        g_now=now,
+        g_activity_id=guard.activity_id,
+        g_attempt=guard.attempt,
+    )
     if closing is not None:
         params.update(g_closed_at=closing[0], g_why=closing[1])
     return sql.guarded_write(shape, closing is not None, notify), params
 
 
-def _shape_and_params(execution_id: str, inserts: Sequence[tuple[sa.Table, Rows]],
-                      values: dict[str, Any]) -> tuple[Shape, dict[str, Any]] | None:
+def _shape_and_params(
+    execution_id: str, inserts: Sequence[tuple[sa.Table, Rows]], values: dict[str, Any]
+) -> tuple[Shape, dict[str, Any]] | None:
     """A write's shape (what its cached text depends on) and its bound parameters."""
     if any(isinstance(v, sa.ClauseElement) for v in values.values()):
         return None

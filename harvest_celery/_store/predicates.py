@@ -178,8 +178,9 @@ class Predicate:
     def params(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(p for t in self.terms for p in t.params))
 
-    def sql(self, alias: str | None = None, param: Callable[[str], str] = pyformat, *,
-            table: str = RUN) -> str:
+    def sql(
+        self, alias: str | None = None, param: Callable[[str], str] = pyformat, *, table: str = RUN
+    ) -> str:
         """The SQL text of its terms on ``table`` (its rows named ``alias``), ANDed."""
         return " AND ".join(t.sql(alias, param) for t in self.of(table)) or "true"
 
@@ -206,44 +207,64 @@ def _null(column: str, name: str) -> Term:
 
 _RUNNING = Term("running", EQUALS, "status", RUNNING)
 
-accepts_results = Predicate("accepts_results", (
-    _null("erased_at", "not erased"),
-    Term("running or cancelled", ANY, terms=(_RUNNING, Term("cancelled", NOT_NULL, "cancelled_at"))),
-), doc="A live run records results; so does a cancelled one (a body that was running when the "
-       "cancel landed did its side effect, and the history must say so). An erased run never. "
-       "The claim and the finish.")
+accepts_results = Predicate(
+    "accepts_results",
+    (
+        _null("erased_at", "not erased"),
+        Term("running or cancelled", ANY, terms=(_RUNNING, Term("cancelled", NOT_NULL, "cancelled_at"))),
+    ),
+    doc="A live run records results; so does a cancelled one (a body that was running when the "
+    "cancel landed did its side effect, and the history must say so). An erased run never. "
+    "The claim and the finish.",
+)
 
 decidable = accepts_results.extended(
-    "decidable", _null("paused_at", "not paused"),
-    doc="A decision may run: live (or sealed with a cancel to follow up), not paused or erased.")
+    "decidable",
+    _null("paused_at", "not paused"),
+    doc="A decision may run: live (or sealed with a cancel to follow up), not paused or erased.",
+)
 
 eager_claim = accepts_results.extended(
-    "eager_claim", Term("the decision does not close the run", FACT, value="closes"),
+    "eager_claim",
+    Term("the decision does not close the run", FACT, value="closes"),
     doc="A decision claims one of its new activities for its own thread in its write: the "
-        "claim's own rule, and the decision leaves the run open (a closing write abandons the "
-        "rows it could claim).")
+    "claim's own rule, and the decision leaves the run open (a closing write abandons the "
+    "rows it could claim).",
+)
 
-fast_path = Predicate("fast_path", (
-    _RUNNING,
-    _null("cancelled_at", "no cancel seal"),
-    _null("cancel_requested_at", "no cancellation request"),
-    _null("decision_requested_at", "no pending decision"),
-    _null("paused_at", "not paused"),
-    _null("erased_at", "not erased"),
-    _null("nd_blocked_at", "not nd-blocked"),
-    _null("nd_retry_at", "no nd retry due"),
-    Term("the next seq the warm replay assumes", PARAM, "next_seq", "next_seq"),
-    Term("the sticky queue the warm replay assumes", SAME, "sticky_queue", "sticky_queue"),
-    Term("the task row running at this attempt", ALL, table=TASK, terms=(
-        Term("the task row running", EQUALS, "status", TaskStatus.RUNNING.value, table=TASK),
-        Term("the task row at this attempt", PARAM, "attempt", "attempt", table=TASK))),
-), doc="The one-statement guard: a completion and the decision taken on it are written in one "
-       "statement only while the run is exactly as the deciding warm replay assumes.")
+fast_path = Predicate(
+    "fast_path",
+    (
+        _RUNNING,
+        _null("cancelled_at", "no cancel seal"),
+        _null("cancel_requested_at", "no cancellation request"),
+        _null("decision_requested_at", "no pending decision"),
+        _null("paused_at", "not paused"),
+        _null("erased_at", "not erased"),
+        _null("nd_blocked_at", "not nd-blocked"),
+        _null("nd_retry_at", "no nd retry due"),
+        Term("the next seq the warm replay assumes", PARAM, "next_seq", "next_seq"),
+        Term("the sticky queue the warm replay assumes", SAME, "sticky_queue", "sticky_queue"),
+        Term(
+            "the task row running at this attempt",
+            ALL,
+            table=TASK,
+            terms=(
+                Term("the task row running", EQUALS, "status", TaskStatus.RUNNING.value, table=TASK),
+                Term("the task row at this attempt", PARAM, "attempt", "attempt", table=TASK),
+            ),
+        ),
+    ),
+    doc="The one-statement guard: a completion and the decision taken on it are written in one "
+    "statement only while the run is exactly as the deciding warm replay assumes.",
+)
 
-operator_live = Predicate("operator_live", (_RUNNING,),
-                          doc="Running: operator actions (signal, cancel, terminate, pause), the "
-                              "sweeper's timers and nd retries, retries of a failed attempt, "
-                              "claims of an announced start.")
+operator_live = Predicate(
+    "operator_live",
+    (_RUNNING,),
+    doc="Running: operator actions (signal, cancel, terminate, pause), the "
+    "sweeper's timers and nd retries, retries of a failed attempt, "
+    "claims of an announced start.",
+)
 
 PREDICATES = (accepts_results, decidable, fast_path, eager_claim, operator_live)
-

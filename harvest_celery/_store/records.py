@@ -49,18 +49,42 @@ class RunRow:
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> RunRow:
-        return cls(m["id"], m["workflow_type"], m["status"], int(m["next_seq"]), m["input"],
-                   m["result"], m["error"], m["decision_requested_at"], m["cancelled_at"], m["paused_at"],
-                   m["erased_at"], m["nd_blocked_at"], m["nd_retry_at"], m["nd_block_count"] or 0,
-                   m["forked_to"], m.get("sticky_queue"), m.get("cancel_requested_at"))
+        return cls(
+            m["id"],
+            m["workflow_type"],
+            m["status"],
+            int(m["next_seq"]),
+            m["input"],
+            m["result"],
+            m["error"],
+            m["decision_requested_at"],
+            m["cancelled_at"],
+            m["paused_at"],
+            m["erased_at"],
+            m["nd_blocked_at"],
+            m["nd_retry_at"],
+            m["nd_block_count"] or 0,
+            m["forked_to"],
+            m.get("sticky_queue"),
+            m.get("cancel_requested_at"),
+        )
 
     @classmethod
-    def assumed(cls, execution_id: str, workflow_type: str, next_seq: int, sticky_queue: str | None) -> RunRow:
+    def assumed(
+        cls, execution_id: str, workflow_type: str, next_seq: int, sticky_queue: str | None
+    ) -> RunRow:
         """The run row a one-statement completion assumes: exactly what ``predicates.fast_path``
         checks (its run terms' values), the rest empty."""
-        return cls(id=execution_id, workflow_type=workflow_type, input=None, result=None, error=None,
-                   nd_block_count=0, forked_to=None,
-                   **predicates.fast_path.assumed(next_seq=next_seq, sticky_queue=sticky_queue))
+        return cls(
+            id=execution_id,
+            workflow_type=workflow_type,
+            input=None,
+            result=None,
+            error=None,
+            nd_block_count=0,
+            forked_to=None,
+            **predicates.fast_path.assumed(next_seq=next_seq, sticky_queue=sticky_queue),
+        )
 
     def decide_on(self, queue: str) -> str:
         """Where this run's decision requests go: the worker holding its warm replay, if any."""
@@ -95,9 +119,19 @@ class TaskRow:
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> TaskRow:
-        return cls(m["execution_id"], m["activity_id"], m["activity_name"], m["queue"], m["status"],
-                   int(m["attempt"]), m["retry"], m["start_to_close"], int(m["event_seq"]),
-                   bool(m["adopted"]), aware(m["dispatched_at"]))
+        return cls(
+            m["execution_id"],
+            m["activity_id"],
+            m["activity_name"],
+            m["queue"],
+            m["status"],
+            int(m["attempt"]),
+            m["retry"],
+            m["start_to_close"],
+            int(m["event_seq"]),
+            bool(m["adopted"]),
+            aware(m["dispatched_at"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -179,14 +213,26 @@ class Execution:
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> Execution:
         return cls(
-            id=m["id"], workflow_type=m["workflow_type"], status=m["status"], input=m["input"],
-            result=m["result"], error=m["error"], created_at=aware(m["created_at"]),  # type: ignore[arg-type]
-            updated_at=aware(m["updated_at"]), closed_at=aware(m["closed_at"]),  # type: ignore[arg-type]
-            cancelled_at=aware(m["cancelled_at"]), cancel_reason=m["cancel_reason"],
-            nd_blocked_at=aware(m["nd_blocked_at"]), nd_block_reason=m["nd_block_reason"],
-            nd_block_count=m["nd_block_count"] or 0, nd_details=m["nd_details"],
-            history_length=m["next_seq"], erased_at=aware(m["erased_at"]),
-            paused_at=aware(m["paused_at"]), forked_from=m["forked_from"], forked_to=m["forked_to"],
+            id=m["id"],
+            workflow_type=m["workflow_type"],
+            status=m["status"],
+            input=m["input"],
+            result=m["result"],
+            error=m["error"],
+            created_at=aware(m["created_at"]),  # type: ignore[arg-type]
+            updated_at=aware(m["updated_at"]),  # type: ignore[arg-type]
+            closed_at=aware(m["closed_at"]),  # type: ignore[arg-type]
+            cancelled_at=aware(m["cancelled_at"]),
+            cancel_reason=m["cancel_reason"],
+            nd_blocked_at=aware(m["nd_blocked_at"]),
+            nd_block_reason=m["nd_block_reason"],
+            nd_block_count=m["nd_block_count"] or 0,
+            nd_details=m["nd_details"],
+            history_length=m["next_seq"],
+            erased_at=aware(m["erased_at"]),
+            paused_at=aware(m["paused_at"]),
+            forked_from=m["forked_from"],
+            forked_to=m["forked_to"],
             cancel_requested_at=aware(m.get("cancel_requested_at")),
         )
 
@@ -202,14 +248,16 @@ class Execution:
     @property
     def cancel_branch_error(self) -> str | None:
         """``"<type>: <message>"`` when the run was cancelled and its cancel branch failed."""
-        return cancel_branch_failure(self.status, self.cancel_requested_at is not None
-                                     or self.cancelled_at is not None, self.error)
+        return cancel_branch_failure(
+            self.status, self.cancel_requested_at is not None or self.cancelled_at is not None, self.error
+        )
 
     @property
     def display_status(self) -> str:
         """``CANCELLING``, ``CANCELLED (cancel branch failed: …)`` or the stored status."""
-        return display_status(self.status, self.cancelled_at is not None,
-                              self.cancel_requested_at is not None, self.error)
+        return display_status(
+            self.status, self.cancelled_at is not None, self.cancel_requested_at is not None, self.error
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -245,8 +293,9 @@ def cancel_branch_of(reason: str, settled: bool, terminal: str | None, error: An
     if terminal == "WorkflowFailed":
         error = error if isinstance(error, dict) else {}
         text = f"{error.get('type', 'Error')}: {error.get('message', '')}"
-        return CancelBranch(reason, True, "cancelled" if error.get("type") == CANCELLED_ERROR else "failed",
-                            text)
+        return CancelBranch(
+            reason, True, "cancelled" if error.get("type") == CANCELLED_ERROR else "failed", text
+        )
     return CancelBranch(reason, True, "stopped")
 
 
@@ -263,9 +312,14 @@ class AttemptError:
     recorded_at: datetime
 
     def to_dict(self) -> dict[str, Any]:
-        return {"activity_id": self.activity_id, "attempt": self.attempt,
-                "error_type": self.error_type, "message": self.message,
-                "traceback": self.traceback, "recorded_at": self.recorded_at.isoformat()}
+        return {
+            "activity_id": self.activity_id,
+            "attempt": self.attempt,
+            "error_type": self.error_type,
+            "message": self.message,
+            "traceback": self.traceback,
+            "recorded_at": self.recorded_at.isoformat(),
+        }
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,9 @@ def redacted(exc: BaseException) -> BaseException:
         diag = getattr(cause, "diag", None)
         if diag is not None and hasattr(diag, "message_primary"):
             primary = diag.message_primary or "database error"
-            return RedactedDatabaseError(f"{type(exc).__name__} ({type(cause).__name__}): {primary} "
-                                         "[statement and values not logged]")
+            return RedactedDatabaseError(
+                f"{type(exc).__name__} ({type(cause).__name__}): {primary} [statement and values not logged]"
+            )
         link = link.__cause__ or link.__context__
     return exc
 

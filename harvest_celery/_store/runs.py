@@ -62,15 +62,22 @@ def cancel(tx: Tx, execution_id: str, reason: str, now: datetime, decision_queue
     history = [h.event for h in tx.history(execution_id)]
     tx.append(row, [ev.WorkflowCancelled(reason)], now)
     new_status = status_after_cancel(history)
-    tx.update_run(execution_id, status=new_status, cancelled_at=now, cancel_reason=reason,
-                  closed_at=now, updated_at=now, nd_retry_at=None, paused_at=None)
+    tx.update_run(
+        execution_id,
+        status=new_status,
+        cancelled_at=now,
+        cancel_reason=reason,
+        closed_at=now,
+        updated_at=now,
+        nd_retry_at=None,
+        paused_at=None,
+    )
     tx.abandon_open_tasks(execution_id, now, f"workflow cancelled: {reason}")
     tx.request_decision(execution_id, now, decision_queue, force=True)
     return new_status
 
 
-def request_cancellation(tx: Tx, execution_id: str, reason: str, now: datetime,
-                         decision_queue: str) -> bool:
+def request_cancellation(tx: Tx, execution_id: str, reason: str, now: datetime, decision_queue: str) -> bool:
     """Cooperative cancel: append ``WorkflowCancelRequested`` and request a decision, without
     sealing — the run stays RUNNING (shown CANCELLING) and may still schedule durable work.
     False if a request is already open (idempotent: no second event)."""
@@ -79,8 +86,14 @@ def request_cancellation(tx: Tx, execution_id: str, reason: str, now: datetime,
         raise InvalidState(execution_id, row.status, "request the cancellation of")
     if row.cancel_requested_at is not None:
         return False
-    tx.append(row, [ev.WorkflowCancelRequested(reason)], now, decide_on=decision_queue,
-              cancel_requested_at=now, cancel_reason=reason)
+    tx.append(
+        row,
+        [ev.WorkflowCancelRequested(reason)],
+        now,
+        decide_on=decision_queue,
+        cancel_requested_at=now,
+        cancel_reason=reason,
+    )
     return True
 
 
@@ -94,40 +107,68 @@ def _seal_for_fork(tx: Tx, source_id: str, new_id: str, now: datetime, *, once: 
         raise erased_refusal(source_id)
     if once and m.forked_to is not None:
         # a double click or a client retrying its request must not fork twice
-        raise RetryRefused(source_id, "retried", f"run {source_id} was already retried as "
-                                                 f"{m.forked_to}; retry that run instead")
+        raise RetryRefused(
+            source_id,
+            "retried",
+            f"run {source_id} was already retried as {m.forked_to}; retry that run instead",
+        )
     existing = tx.lock(new_id)
     if existing is not None:
         raise ExecutionAlreadyExists(new_id, existing.workflow_type)
-    tx.conn.execute(executions.update().where(executions.c.id == source_id)
-                      .values(forked_to=new_id, updated_at=now))
+    tx.conn.execute(
+        executions.update().where(executions.c.id == source_id).values(forked_to=new_id, updated_at=now)
+    )
     return row
 
-def _create_run(tx: Tx, new_id: str, workflow_type: str, input: Any, forked_from: str,
-                now: datetime) -> Any:
+
+def _create_run(tx: Tx, new_id: str, workflow_type: str, input: Any, forked_from: str, now: datetime) -> Any:
     return _insert_run(tx, new_id, workflow_type, input, now, forked_from=forked_from)
 
 
-def _insert_run(tx: Tx, execution_id: str, workflow_type: str, input: Any, now: datetime,
-                forked_from: str | None = None) -> RunRow:
-    tx.conn.execute(executions.insert().values(
-        id=execution_id, workflow_type=workflow_type, status=RUNNING,
-        input=tx.payloads.encode_value(input, f"{execution_id}/input"), next_seq=0,
-        input_digest=None if is_erased(input) else input_digest(execution_id, input),
-        created_at=now, updated_at=now, nd_block_count=0, forked_from=forked_from))
+def _insert_run(
+    tx: Tx, execution_id: str, workflow_type: str, input: Any, now: datetime, forked_from: str | None = None
+) -> RunRow:
+    tx.conn.execute(
+        executions.insert().values(
+            id=execution_id,
+            workflow_type=workflow_type,
+            status=RUNNING,
+            input=tx.payloads.encode_value(input, f"{execution_id}/input"),
+            next_seq=0,
+            input_digest=None if is_erased(input) else input_digest(execution_id, input),
+            created_at=now,
+            updated_at=now,
+            nd_block_count=0,
+            forked_from=forked_from,
+        )
+    )
     return tx.lock_existing(execution_id)
 
-def fork_dag_run(tx: Tx, source_id: str, new_id: str, conf: Any, carried: dict[str, Any],
-                 now: datetime, decision_queue: str) -> None:
+
+def fork_dag_run(
+    tx: Tx,
+    source_id: str,
+    new_id: str,
+    conf: Any,
+    carried: dict[str, Any],
+    now: datetime,
+    decision_queue: str,
+) -> None:
     """A new run of the same DAG carrying over the succeeded nodes' recorded input/output."""
     source = _seal_for_fork(tx, source_id, new_id, now, once=True)
     workflow_type = source.workflow_type
     row = _create_run(tx, new_id, workflow_type, conf, source_id, now)
-    tx.append(row, [ev.WorkflowStarted(workflow_type, conf, carried or None, source_id)], now,
-                decide_on=decision_queue)
+    tx.append(
+        row,
+        [ev.WorkflowStarted(workflow_type, conf, carried or None, source_id)],
+        now,
+        decide_on=decision_queue,
+    )
 
-def reset(tx: Tx, source_id: str, new_id: str, to_seq: int, registry: Registry, now: datetime,
-          decision_queue: str) -> None:
+
+def reset(
+    tx: Tx, source_id: str, new_id: str, to_seq: int, registry: Registry, now: datetime, decision_queue: str
+) -> None:
     """A new run whose history is the source's first ``to_seq`` events; a live source is
     terminated. Open activities and timers of the copied prefix are scheduled again."""
     source = _seal_for_fork(tx, source_id, new_id, now)
@@ -151,9 +192,13 @@ def reset(tx: Tx, source_id: str, new_id: str, to_seq: int, registry: Registry, 
     for dispatch in fold_dispatches(history[:to_seq]).dispatches:  # the open ones run again
         if dispatch.outcome == OPEN:
             s = dispatch.scheduled
-            tx.insert_task(new_id, ScheduleActivity(s.activity_id, s.activity_name, s.input,
-                                                    s.queue, s.compensation),
-                           dispatch.seq, registry, now)
+            tx.insert_task(
+                new_id,
+                ScheduleActivity(s.activity_id, s.activity_name, s.input, s.queue, s.compensation),
+                dispatch.seq,
+                registry,
+                now,
+            )
     fired = {e.timer_id for e in prefix if isinstance(e, ev.TimerFired)}
     for event in prefix:
         if isinstance(event, ev.TimerStarted) and event.timer_id not in fired:
@@ -166,9 +211,17 @@ def terminate(tx: Tx, execution_id: str, reason: str, now: datetime) -> None:
     row = tx.lock_existing(execution_id)
     if not operator_live.holds(row):
         raise InvalidState(execution_id, row.status, "terminate")
-    tx.append(row, [ev.WorkflowFailed("Terminated", reason or "terminated by an operator")], now,
-              status=TERMINATED, closed_at=now, nd_retry_at=None, decision_requested_at=None,
-              paused_at=None, error={"type": "Terminated", "message": reason})
+    tx.append(
+        row,
+        [ev.WorkflowFailed("Terminated", reason or "terminated by an operator")],
+        now,
+        status=TERMINATED,
+        closed_at=now,
+        nd_retry_at=None,
+        decision_requested_at=None,
+        paused_at=None,
+        error={"type": "Terminated", "message": reason},
+    )
     tx.abandon_open_tasks(execution_id, now, f"workflow terminated: {reason}")
 
 
@@ -178,20 +231,27 @@ def pause(tx: Tx, execution_id: str, now: datetime) -> None:
     row = tx.lock_existing(execution_id)
     if not operator_live.holds(row):
         raise InvalidState(execution_id, row.status, "pause")
-    tx.conn.execute(executions.update().where(executions.c.id == execution_id)
-                      .values(paused_at=row.paused_at or now, updated_at=now))
+    tx.conn.execute(
+        executions.update()
+        .where(executions.c.id == execution_id)
+        .values(paused_at=row.paused_at or now, updated_at=now)
+    )
+
 
 def resume(tx: Tx, execution_id: str, now: datetime, decision_queue: str) -> None:
     row = tx.lock_existing(execution_id)
     if row.paused_at is None:
         raise InvalidState(execution_id, "not paused", "resume")
-    tx.conn.execute(executions.update().where(executions.c.id == execution_id)
-                      .values(paused_at=None, updated_at=now))
+    tx.conn.execute(
+        executions.update().where(executions.c.id == execution_id).values(paused_at=None, updated_at=now)
+    )
     tx.request_decision(execution_id, now, decision_queue, force=True)
 
+
 # ── erasure and retention ───────────────────────────────────────────────────────────────
-def erase(tx: Tx, execution_id: str, now: datetime, *,
-          with_forks: bool = False) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+def erase(
+    tx: Tx, execution_id: str, now: datetime, *, with_forks: bool = False
+) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """Tombstone every payload field of a terminal run, the execution row's input first, under
     the row lock; never remove or reorder an event. Idempotent. Returns counts and the blob
     references to delete once this commits.
@@ -227,8 +287,11 @@ def fork_family(tx: Tx, execution_id: str) -> set[str]:
     found: set[str] = set()
     frontier = {execution_id}
     while frontier:
-        rows = tx.conn.execute(sa.select(executions.c.id, executions.c.forked_from).where(
-            executions.c.id.in_(sorted(frontier)) | executions.c.forked_from.in_(sorted(frontier)))).all()
+        rows = tx.conn.execute(
+            sa.select(executions.c.id, executions.c.forked_from).where(
+                executions.c.id.in_(sorted(frontier)) | executions.c.forked_from.in_(sorted(frontier))
+            )
+        ).all()
         found |= {r.id for r in rows if r.id in frontier}
         linked = {r.id for r in rows} | {r.forked_from for r in rows if r.forked_from is not None}
         frontier = linked - found - frontier
@@ -261,12 +324,20 @@ def _check_erasable(tx: Tx, m: RunRow) -> None:
     if m.paused_at is not None and m.erased_at is None:
         raise InvalidState(execution_id, "paused", "erase the payloads of (resume it first)")
     if m.cancelled_at is not None and m.erased_at is None:
-        running = tx.conn.execute(sa.select(sa.func.count()).select_from(activity_tasks).where(
-            (activity_tasks.c.execution_id == execution_id)
-            & (activity_tasks.c.status == TaskStatus.RUNNING.value))).scalar_one()
+        running = tx.conn.execute(
+            sa.select(sa.func.count())
+            .select_from(activity_tasks)
+            .where(
+                (activity_tasks.c.execution_id == execution_id)
+                & (activity_tasks.c.status == TaskStatus.RUNNING.value)
+            )
+        ).scalar_one()
         if running or m.decision_requested_at is not None:
-            raise InvalidState(execution_id, "cancelled with work still finishing",
-                               "erase the payloads of (retry once it settles)")
+            raise InvalidState(
+                execution_id,
+                "cancelled with work still finishing",
+                "erase the payloads of (retry once it settles)",
+            )
 
 
 def _erase_one(tx: Tx, m: RunRow, now: datetime) -> tuple[dict[str, Any], list[tuple[str, str]]]:
@@ -286,9 +357,11 @@ def _erase_one(tx: Tx, m: RunRow, now: datetime) -> tuple[dict[str, Any], list[t
     if erase_error(m.error) != m.error:
         values["error"] = erase_error(m.error)
     tx.conn.execute(executions.update().where(executions.c.id == execution_id).values(**values))
-    tx.conn.execute(activity_tasks.update().where(
-        (activity_tasks.c.execution_id == execution_id) & activity_tasks.c.last_error.is_not(None))
-        .values(last_error=ERASED_TEXT))
+    tx.conn.execute(
+        activity_tasks.update()
+        .where((activity_tasks.c.execution_id == execution_id) & activity_tasks.c.last_error.is_not(None))
+        .values(last_error=ERASED_TEXT)
+    )
     _delete_outbox_rows(tx, [execution_id])
     refs += _erase_attempt_errors(tx, execution_id)
     touched = 0
@@ -298,10 +371,19 @@ def _erase_one(tx: Tx, m: RunRow, now: datetime) -> tuple[dict[str, Any], list[t
         fields += erased
         if changed != data:
             touched += 1
-            tx.conn.execute(events.update().where(
-                (events.c.execution_id == execution_id) & (events.c.seq == seq)).values(data=changed))
-    return {"execution_id": execution_id, "events": touched, "fields": fields,
-            "blobs": len(refs), "forks": []}, refs
+            tx.conn.execute(
+                events.update()
+                .where((events.c.execution_id == execution_id) & (events.c.seq == seq))
+                .values(data=changed)
+            )
+    return {
+        "execution_id": execution_id,
+        "events": touched,
+        "fields": fields,
+        "blobs": len(refs),
+        "forks": [],
+    }, refs
+
 
 def _delete_outbox_rows(tx: Tx, ids: Sequence[str]) -> None:
     """Delete the runs' unsent outbox rows (an older build's: an adopted task's carry its input
@@ -310,8 +392,9 @@ def _delete_outbox_rows(tx: Tx, ids: Sequence[str]) -> None:
     is read from its arguments and headers, as migration 0006's backfill did."""
     wanted = set(ids)
     tx.conn.execute(outbox.delete().where(outbox.c.execution_id.in_(sorted(wanted))))
-    legacy = tx.conn.execute(sa.select(outbox.c.id, outbox.c.args, outbox.c.headers).where(
-        outbox.c.execution_id.is_(None))).all()
+    legacy = tx.conn.execute(
+        sa.select(outbox.c.id, outbox.c.args, outbox.c.headers).where(outbox.c.execution_id.is_(None))
+    ).all()
     mine = [r.id for r in legacy if outbox_execution_id(r.args, r.headers) in wanted]
     if mine:
         tx.conn.execute(outbox.delete().where(outbox.c.id.in_(mine)))
@@ -329,10 +412,15 @@ def _erase_attempt_errors(tx: Tx, execution_id: str) -> list[tuple[str, str]]:
 
 
 def purgeable(tx: Tx, cutoff: datetime, limit: int) -> list[str]:
-    q = tx.dialect.lock(sa.select(executions.c.id).where(
-        executions.c.status.in_(sorted(TERMINAL_STATUSES)) & (executions.c.closed_at < cutoff))
-        .order_by(executions.c.closed_at).limit(limit), skip_locked=True)
+    q = tx.dialect.lock(
+        sa.select(executions.c.id)
+        .where(executions.c.status.in_(sorted(TERMINAL_STATUSES)) & (executions.c.closed_at < cutoff))
+        .order_by(executions.c.closed_at)
+        .limit(limit),
+        skip_locked=True,
+    )
     return [r[0] for r in tx.conn.execute(q).fetchall()]
+
 
 def delete_runs(tx: Tx, ids: Sequence[str]) -> tuple[int, list[tuple[str, str]]]:
     """Delete whole runs (history, task rows, timers). Returns events removed and the blob
@@ -349,8 +437,9 @@ def delete_runs(tx: Tx, ids: Sequence[str]) -> tuple[int, list[tuple[str, str]]]
             removed += 1
             for name in PAYLOAD_FIELDS.get(data.get("type", ""), ()):
                 refs += references(data.get(name))
-    for (detail,) in tx.conn.execute(sa.select(attempt_errors.c.detail).where(
-            attempt_errors.c.execution_id.in_(list(ids)))):
+    for (detail,) in tx.conn.execute(
+        sa.select(attempt_errors.c.detail).where(attempt_errors.c.execution_id.in_(list(ids)))
+    ):
         refs += references(detail)
     for table in (events, activity_tasks, timers, attempt_errors):
         tx.conn.execute(table.delete().where(table.c.execution_id.in_(list(ids))))

@@ -80,8 +80,9 @@ executions = Table(
 events = Table(
     "harvest_events",
     metadata,
-    Column("execution_id", String(200), ForeignKey("harvest_executions.id", ondelete="CASCADE"),
-           primary_key=True),
+    Column(
+        "execution_id", String(200), ForeignKey("harvest_executions.id", ondelete="CASCADE"), primary_key=True
+    ),
     # unique (execution_id, seq): two decisions can never append the same position
     Column("seq", Integer, primary_key=True),
     Column("type", String(40), nullable=False),
@@ -92,8 +93,9 @@ events = Table(
 activity_tasks = Table(
     "harvest_activity_tasks",
     metadata,
-    Column("execution_id", String(200), ForeignKey("harvest_executions.id", ondelete="CASCADE"),
-           primary_key=True),
+    Column(
+        "execution_id", String(200), ForeignKey("harvest_executions.id", ondelete="CASCADE"), primary_key=True
+    ),
     Column("activity_id", String(40), primary_key=True),
     Column("activity_name", String(200), nullable=False),
     Column("queue", String(200), nullable=False),
@@ -119,8 +121,9 @@ activity_tasks = Table(
 timers = Table(
     "harvest_timers",
     metadata,
-    Column("execution_id", String(200), ForeignKey("harvest_executions.id", ondelete="CASCADE"),
-           primary_key=True),
+    Column(
+        "execution_id", String(200), ForeignKey("harvest_executions.id", ondelete="CASCADE"), primary_key=True
+    ),
     Column("timer_id", String(40), primary_key=True),
     Column("fire_at", Ts, nullable=False),
     Column("fired", Boolean, nullable=False, server_default="0"),
@@ -133,8 +136,9 @@ timers = Table(
 attempt_errors = Table(
     "harvest_attempt_errors",
     metadata,
-    Column("execution_id", String(200), ForeignKey("harvest_executions.id", ondelete="CASCADE"),
-           primary_key=True),
+    Column(
+        "execution_id", String(200), ForeignKey("harvest_executions.id", ondelete="CASCADE"), primary_key=True
+    ),
     Column("activity_id", String(40), primary_key=True),
     Column("attempt", Integer, primary_key=True),
     Column("error_type", String(200), nullable=False),

@@ -30,11 +30,23 @@ DIALECT = postgresql.psycopg2.dialect()  # type: ignore[attr-defined]
 RUNS_CHANNEL = "harvest_runs"  # a run's waiters: notified when it closes or settles
 STARTS_CHANNEL = "harvest_runs_started"  # a start made in an application's transaction
 
-RUNS, TASKS, EVENTS, TIMERS, BLOBS = (executions.name, activity_tasks.name, events.name, timers.name,
-                                      blobs.name)
+RUNS, TASKS, EVENTS, TIMERS, BLOBS = (
+    executions.name,
+    activity_tasks.name,
+    events.name,
+    timers.name,
+    blobs.name,
+)
 SCHEDULED, RUNNING_TASK, RETRY_WAIT, COMPLETED_TASK, CANCELLED_TASK = (
-    literal(s.value) for s in (TaskStatus.SCHEDULED, TaskStatus.RUNNING, TaskStatus.RETRY_WAIT,
-                               TaskStatus.COMPLETED, TaskStatus.CANCELLED))
+    literal(s.value)
+    for s in (
+        TaskStatus.SCHEDULED,
+        TaskStatus.RUNNING,
+        TaskStatus.RETRY_WAIT,
+        TaskStatus.COMPLETED,
+        TaskStatus.CANCELLED,
+    )
+)
 STARTED = literal(ev.ActivityStarted.type)
 
 # Shape of a run write (``pgwrite``): per table its name, columns and row count; the run columns set.
@@ -140,8 +152,10 @@ def plain_write(shape: Shape) -> str:
     tables, columns = shape
     ctes = []
     for t, (table, names, count) in enumerate(tables):
-        ctes.append(f"new_{table} AS (INSERT INTO {table} ({_columns(names)}) "
-                    f"VALUES {_rows(t, table, names, count, cast=False)})")
+        ctes.append(
+            f"new_{table} AS (INSERT INTO {table} ({_columns(names)}) "
+            f"VALUES {_rows(t, table, names, count, cast=False)})"
+        )
     sets = ", ".join(f"{quote(n)} = %(v_{n})s" for n in columns) or "next_seq = next_seq"
     head = f"WITH {', '.join(ctes)} " if ctes else ""
     return f"{head}UPDATE {RUNS} SET {sets} WHERE id = %(run_id)s"
@@ -153,11 +167,15 @@ def guarded_write(shape: Shape, closing: bool, notify: bool) -> str:
     tables, columns = shape
     ctes = [GUARD] + ([CLOSING] if closing else []) + ([NOTIFY_DONE] if notify else [])
     for t, (table, names, count) in enumerate(tables):
-        ctes.append(f"new_{table} AS (INSERT INTO {table} ({_columns(names)}) SELECT v.* FROM "
-                    f"(VALUES {_rows(t, table, names, count, cast=True)}) AS v, done)")
+        ctes.append(
+            f"new_{table} AS (INSERT INTO {table} ({_columns(names)}) SELECT v.* FROM "
+            f"(VALUES {_rows(t, table, names, count, cast=True)}) AS v, done)"
+        )
     sets = ", ".join(f"{quote(n)} = %(v_{n})s" for n in columns) or "next_seq = e.next_seq"
     sources = "done, notified" if notify else "done"  # a plain CTE runs only if read
-    return f"WITH {', '.join(ctes)} UPDATE {RUNS} AS e SET {sets} FROM {sources} WHERE e.id = done.execution_id"
+    return (
+        f"WITH {', '.join(ctes)} UPDATE {RUNS} AS e SET {sets} FROM {sources} WHERE e.id = done.execution_id"
+    )
 
 
 def _type(table: str, column: str) -> str:
@@ -169,8 +187,9 @@ def _type(table: str, column: str) -> str:
 def _rows(t: int, table: str, names: tuple[str, ...], count: int, *, cast: bool) -> str:
     """``count`` VALUES rows of table ``t``'s parameters; cast to the column types where the
     rows stand in a SELECT (no INSERT target to coerce them)."""
-    cells = [f"CAST(%(t{t}r{{r}}_{n})s AS {_type(table, n)})" if cast else f"%(t{t}r{{r}}_{n})s"
-             for n in names]
+    cells = [
+        f"CAST(%(t{t}r{{r}}_{n})s AS {_type(table, n)})" if cast else f"%(t{t}r{{r}}_{n})s" for n in names
+    ]
     return ", ".join("(" + ", ".join(cell.format(r=r) for cell in cells) + ")" for r in range(count))
 
 

@@ -58,8 +58,12 @@ class RunWrite:
 
     def inserts(self) -> list[tuple[sa.Table, list[dict[str, Any]]]]:
         """The tables this write inserts into, with their rows (empty ones left out)."""
-        tables = ((events, self.events), (activity_tasks, self.tasks), (timers, self.timers),
-                  (attempt_errors, self.errors))
+        tables = (
+            (events, self.events),
+            (activity_tasks, self.tasks),
+            (timers, self.timers),
+            (attempt_errors, self.errors),
+        )
         return [(table, rows) for table, rows in tables if rows]
 
 
@@ -95,24 +99,41 @@ def deferred(payloads: Payloads) -> tuple[Payloads, list[Blob]]:
     return payloads.with_store(puts), puts.puts
 
 
-def stage_events(write: RunWrite, row: RunRow, new_events: Sequence[ev.Event], now: datetime,
-                 payloads: Payloads, key: str) -> int:
+def stage_events(
+    write: RunWrite, row: RunRow, new_events: Sequence[ev.Event], now: datetime, payloads: Payloads, key: str
+) -> int:
     """Add ``new_events`` to ``write`` after what it already holds; returns the first seq. Their
     blobs go under ``{key}/{seq}``."""
     first = row.next_seq + len(write.events)
     for i, e in enumerate(new_events):
-        write.events.append({"execution_id": row.id, "seq": first + i, "type": e.type,
-                             "data": payloads.encode_event(e.to_data(), f"{key}/{first + i}"),
-                             "recorded_at": now})
+        write.events.append(
+            {
+                "execution_id": row.id,
+                "seq": first + i,
+                "type": e.type,
+                "data": payloads.encode_event(e.to_data(), f"{key}/{first + i}"),
+                "recorded_at": now,
+            }
+        )
     if write.events:
         write.values.update(next_seq=row.next_seq + len(write.events), updated_at=now)
     return first
 
 
-def stage_decision(row: RunRow, history: Sequence[ev.Event], decision: Decision, registry: Registry,
-                   now: datetime, timings: Timings, workflow_label: str, payloads: Payloads, *,
-                   leading: Sequence[ev.Event] = (), sticky: str | None = None,
-                   eager: EagerClaim | None = None) -> Staged:
+def stage_decision(
+    row: RunRow,
+    history: Sequence[ev.Event],
+    decision: Decision,
+    registry: Registry,
+    now: datetime,
+    timings: Timings,
+    workflow_label: str,
+    payloads: Payloads,
+    *,
+    leading: Sequence[ev.Event] = (),
+    sticky: str | None = None,
+    eager: EagerClaim | None = None,
+) -> Staged:
     """Everything one decision writes and asks for, gathered; nothing executed, sent or put.
     ``leading``: events recorded just before it in the same write (the completion a worker
     decides on). ``eager``: claim one of its new activities for the deciding thread."""
@@ -124,30 +145,56 @@ def stage_decision(row: RunRow, history: Sequence[ev.Event], decision: Decision,
         write.values["sticky_queue"] = sticky  # the process that will hold its warm replay
     if decision.nd is not None:
         metrics = [_nd_block(write, row, decision.nd, now, timings, workflow_label)]
-        return Staged(write, row.status, row.next_seq + len(write.events), [], now, metrics=metrics,
-                      blobs=blobs, nd=True)
+        return Staged(
+            write,
+            row.status,
+            row.next_seq + len(write.events),
+            [],
+            now,
+            metrics=metrics,
+            blobs=blobs,
+            nd=True,
+        )
     new_events = decision_events(decision, history)
     status = status_for_outcome(decision, row.status, row.cancel_requested_at is not None)
     first = stage_events(write, row, new_events, now, payloads, key)
     _stage_outcome(write, row, decision, status, new_events, now, payloads, key)
-    staged = Staged(write, status, first, new_events, now, blobs=blobs,
-                    metrics=_decision_metrics(row, decision, status, write, workflow_label),
-                    wake=row.cancelled_at is not None)
+    staged = Staged(
+        write,
+        status,
+        first,
+        new_events,
+        now,
+        blobs=blobs,
+        metrics=_decision_metrics(row, decision, status, write, workflow_label),
+        wake=row.cancelled_at is not None,
+    )
     _stage_commands(staged, row, decision, registry)
     if eager is not None and predicates.eager_claim.holds(row, closes=write.abandon is not None):
         _claim_eagerly(staged, row, decision, eager, payloads, key)
     return staged
 
 
-def _stage_outcome(write: RunWrite, row: RunRow, decision: Decision, status: str,
-                   new_events: Sequence[ev.Event], now: datetime, payloads: Payloads, key: str) -> None:
+def _stage_outcome(
+    write: RunWrite,
+    row: RunRow,
+    decision: Decision,
+    status: str,
+    new_events: Sequence[ev.Event],
+    now: datetime,
+    payloads: Payloads,
+    key: str,
+) -> None:
     """The run-row columns it changes, its error record, and the abandon of a closing run."""
     write.values.update(_decision_values(row, status, new_events, now, payloads, key))
     outcome = decision.outcome
     if isinstance(outcome, Failed) and any(isinstance(e, ev.WorkflowFailed) for e in new_events):
         # the workflow code's own traceback, beside the run (the history keeps type + message)
-        write.errors.append(error_row(payloads, row.id, "", 0, outcome.error_type, outcome.message,
-                                      outcome.traceback, now, key))
+        write.errors.append(
+            error_row(
+                payloads, row.id, "", 0, outcome.error_type, outcome.message, outcome.traceback, now, key
+            )
+        )
     if status != row.status and status in TERMINAL_STATUSES:
         write.abandon = (now, "the workflow finished without awaiting it")
 
@@ -163,21 +210,24 @@ def _stage_commands(staged: Staged, row: RunRow, decision: Decision, registry: R
             write.timers.append(timer_row(row.id, command.timer_id, command.fire_at))
 
 
-def _decision_metrics(row: RunRow, decision: Decision, status: str, write: RunWrite,
-                      workflow_label: str) -> list[Metric]:
+def _decision_metrics(
+    row: RunRow, decision: Decision, status: str, write: RunWrite, workflow_label: str
+) -> list[Metric]:
     """What a written decision counts (after its commit)."""
     metrics: list[Metric] = [(metric, {"workflow": workflow_label}) for metric in decision.metrics]
     if status != row.status and status in TERMINAL_STATUSES:
         ended = status.lower()  # completed · failed · cancelled (a cooperative cancel)
         metrics.append(("workflow_terminal", {"workflow": workflow_label, "outcome": ended}))
-    if (row.cancelled_at is not None or row.cancel_requested_at is not None) and \
-            cancel_branch_failure(status, True, write.values.get("error")):
+    if (row.cancelled_at is not None or row.cancel_requested_at is not None) and cancel_branch_failure(
+        status, True, write.values.get("error")
+    ):
         metrics.append(("cancel_branch_failed", {"workflow": workflow_label}))
     return metrics
 
 
-def _claim_eagerly(staged: Staged, row: RunRow, decision: Decision, eager: EagerClaim,
-                   payloads: Payloads, key: str) -> None:
+def _claim_eagerly(
+    staged: Staged, row: RunRow, decision: Decision, eager: EagerClaim, payloads: Payloads, key: str
+) -> None:
     """Claim the first activity of this decision that ``eager`` wants (``EagerClaim``): its
     task row is written ``running`` and its ``ActivityStarted`` follows the decision's events."""
     write, now = staged.write, staged.now
@@ -187,30 +237,50 @@ def _claim_eagerly(staged: Staged, row: RunRow, decision: Decision, eager: Eager
             continue
         task = next(t for t in write.tasks if t["activity_id"] == d.activity_id)
         lease = (task["start_to_close"] or eager.lease) + 5  # as the claim statement's
-        task.update(status=TaskStatus.RUNNING.value, worker_id=eager.worker_id, started_at=now,
-                    lease_expires_at=now + timedelta(seconds=lease))
+        task.update(
+            status=TaskStatus.RUNNING.value,
+            worker_id=eager.worker_id,
+            started_at=now,
+            lease_expires_at=now + timedelta(seconds=lease),
+        )
         started = ev.ActivityStarted(d.activity_id, d.attempt, eager.worker_id)
         seq = stage_events(write, row, [started], now, payloads, key)
-        staged.claimed = Claim(row.id, d.activity_id, d.activity_name, d.attempt,
-                               inputs[d.activity_id], task["start_to_close"], eager.worker_id, seq, now)
+        staged.claimed = Claim(
+            row.id,
+            d.activity_id,
+            d.activity_name,
+            d.attempt,
+            inputs[d.activity_id],
+            task["start_to_close"],
+            eager.worker_id,
+            seq,
+            now,
+        )
         staged.dispatches[i] = replace(d, claimed=staged.claimed)
         return
 
 
-def _nd_block(write: RunWrite, row: RunRow, nd: dict[str, Any], now: datetime, timings: Timings,
-              workflow_label: str) -> Metric:
+def _nd_block(
+    write: RunWrite, row: RunRow, nd: dict[str, Any], now: datetime, timings: Timings, workflow_label: str
+) -> Metric:
     """nd-blocked: still RUNNING, nothing of the decision appended, retried with backoff."""
     count = row.nd_block_count + 1
     delay = min(timings.nd_retry_initial * 2 ** min(count - 1, 16), timings.nd_retry_max)
-    write.values.update(nd_blocked_at=row.nd_blocked_at or now,
-                        nd_block_reason=f"expected {nd['expected']}, got {nd['actual']}",
-                        nd_block_count=count, nd_details=nd, nd_retry_at=now + timedelta(seconds=delay),
-                        updated_at=now, decision_requested_at=None)
+    write.values.update(
+        nd_blocked_at=row.nd_blocked_at or now,
+        nd_block_reason=f"expected {nd['expected']}, got {nd['actual']}",
+        nd_block_count=count,
+        nd_details=nd,
+        nd_retry_at=now + timedelta(seconds=delay),
+        updated_at=now,
+        decision_requested_at=None,
+    )
     return ("nd_blocked", {"workflow": workflow_label})
 
 
-def _decision_values(row: RunRow, status: str, new_events: Sequence[ev.Event], now: datetime,
-                     payloads: Payloads, key: str) -> dict[str, Any]:
+def _decision_values(
+    row: RunRow, status: str, new_events: Sequence[ev.Event], now: datetime, payloads: Payloads, key: str
+) -> dict[str, Any]:
     """The run-row columns a decision changes: one UPDATE per decision, folded into the append."""
     values: dict[str, Any] = {}
     if row.decision_requested_at is not None:
@@ -218,8 +288,9 @@ def _decision_values(row: RunRow, status: str, new_events: Sequence[ev.Event], n
     if status != row.status:
         values["status"] = status
     if row.nd_blocked_at is not None or row.nd_retry_at is not None:
-        values.update(nd_blocked_at=None, nd_block_reason=None, nd_details=None, nd_retry_at=None,
-                      nd_block_count=0)
+        values.update(
+            nd_blocked_at=None, nd_block_reason=None, nd_details=None, nd_retry_at=None, nd_block_count=0
+        )
     for done in new_events:
         if isinstance(done, ev.WorkflowCompleted):
             values["result"] = payloads.encode_value(done.result, f"{key}/result")
@@ -231,24 +302,38 @@ def _decision_values(row: RunRow, status: str, new_events: Sequence[ev.Event], n
 
 
 def timer_row(execution_id: str, timer_id: str, fire_at: str) -> dict[str, Any]:
-    return {"execution_id": execution_id, "timer_id": timer_id,
-            "fire_at": datetime.fromisoformat(fire_at), "fired": False}
+    return {
+        "execution_id": execution_id,
+        "timer_id": timer_id,
+        "fire_at": datetime.fromisoformat(fire_at),
+        "fired": False,
+    }
 
 
-def task_row(execution_id: str, command: ScheduleActivity, event_seq: int, registry: Registry,
-             now: datetime) -> dict[str, Any]:
+def task_row(
+    execution_id: str, command: ScheduleActivity, event_seq: int, registry: Registry, now: datetime
+) -> dict[str, Any]:
     """The task row of a new dispatch: the durable record of it (the sweeper re-sends it if its
     message, ``activity_dispatch``, is lost)."""
     definition = registry.activity(command.activity_name)
-    return {"execution_id": execution_id, "activity_id": command.activity_id,
-            "activity_name": command.activity_name, "queue": command.queue,
-            "status": TaskStatus.SCHEDULED.value, "attempt": 1,
-            "retry": (command.retry or definition.retry).to_data(),
-            "start_to_close": command.start_to_close or definition.start_to_close,
-            "event_seq": event_seq, "dispatched_at": now, "compensation": command.compensation,
-            "adopted": definition.adopted,
-            # every row of one write has the same columns (one cached statement shape)
-            "worker_id": None, "started_at": None, "lease_expires_at": None}
+    return {
+        "execution_id": execution_id,
+        "activity_id": command.activity_id,
+        "activity_name": command.activity_name,
+        "queue": command.queue,
+        "status": TaskStatus.SCHEDULED.value,
+        "attempt": 1,
+        "retry": (command.retry or definition.retry).to_data(),
+        "start_to_close": command.start_to_close or definition.start_to_close,
+        "event_seq": event_seq,
+        "dispatched_at": now,
+        "compensation": command.compensation,
+        "adopted": definition.adopted,
+        # every row of one write has the same columns (one cached statement shape)
+        "worker_id": None,
+        "started_at": None,
+        "lease_expires_at": None,
+    }
 
 
 def activity_dispatch(execution_id: str, command: ScheduleActivity, registry: Registry) -> Dispatch:
@@ -256,16 +341,41 @@ def activity_dispatch(execution_id: str, command: ScheduleActivity, registry: Re
     input: an existing task keeps its signature)."""
     definition = registry.activity(command.activity_name)
     deadline = command.start_to_close or definition.start_to_close
-    return Dispatch(Dispatch.ACTIVITY, execution_id, command.queue, command.activity_id,
-                    command.activity_name, 1, definition.adopted,
-                    command.input if definition.adopted else None, deadline)
+    return Dispatch(
+        Dispatch.ACTIVITY,
+        execution_id,
+        command.queue,
+        command.activity_id,
+        command.activity_name,
+        1,
+        definition.adopted,
+        command.input if definition.adopted else None,
+        deadline,
+    )
 
 
-def error_row(payloads: Payloads, execution_id: str, activity_id: str, attempt: int, error_type: str,
-              message: str, traceback: str, now: datetime, key: str | None = None) -> dict[str, Any]:
+def error_row(
+    payloads: Payloads,
+    execution_id: str,
+    activity_id: str,
+    attempt: int,
+    error_type: str,
+    message: str,
+    traceback: str,
+    now: datetime,
+    key: str | None = None,
+) -> dict[str, Any]:
     """A failed attempt's record (activity "" attempt 0: the workflow's own failure); its
     message and traceback are a payload: encoded by the codec, offloaded, erased."""
-    detail = payloads.encode_value({"message": message, "traceback": traceback},
-                                   f"{key or execution_id}/error/{activity_id or 'workflow'}/{attempt}")
-    return {"execution_id": execution_id, "activity_id": activity_id, "attempt": attempt,
-            "error_type": error_type, "detail": detail, "recorded_at": now}
+    detail = payloads.encode_value(
+        {"message": message, "traceback": traceback},
+        f"{key or execution_id}/error/{activity_id or 'workflow'}/{attempt}",
+    )
+    return {
+        "execution_id": execution_id,
+        "activity_id": activity_id,
+        "attempt": attempt,
+        "error_type": error_type,
+        "detail": detail,
+        "recorded_at": now,
+    }

@@ -64,53 +64,89 @@ def check_policy(id_reuse: str) -> str:
 
 def new_run_values(execution_id: str, workflow_type: str, digest: str, now: datetime) -> dict[str, Any]:
     """The run row of a new start, before its input is encoded."""
-    return {"id": execution_id, "workflow_type": workflow_type, "status": RUNNING, "input": None,
-            "input_digest": digest, "next_seq": 0, "created_at": now, "updated_at": now,
-            "nd_block_count": 0}
+    return {
+        "id": execution_id,
+        "workflow_type": workflow_type,
+        "status": RUNNING,
+        "input": None,
+        "input_digest": digest,
+        "next_seq": 0,
+        "created_at": now,
+        "updated_at": now,
+        "nd_block_count": 0,
+    }
 
 
-def start(tx: Tx, execution_id: str, workflow_type: str, input: Any, now: datetime,
-          decision_queue: str, *, id_reuse: str = "idempotent", announce: bool = False) -> bool:
+def start(
+    tx: Tx,
+    execution_id: str,
+    workflow_type: str,
+    input: Any,
+    now: datetime,
+    decision_queue: str,
+    *,
+    id_reuse: str = "idempotent",
+    announce: bool = False,
+) -> bool:
     """Create a run with its ``WorkflowStarted`` and request its first decision. False if the id
     exists and ``id_reuse`` accepts it (nothing written); ``ExecutionAlreadyExists`` if not.
     ``announce``: the transaction is the application's, so the request is also announced (see
     the module docstring)."""
     check_policy(id_reuse)
     digest = input_digest(execution_id, input)
-    insert = (tx.dialect.insert_ignore(executions)
-              .values(**new_run_values(execution_id, workflow_type, digest, now))
-              .returning(*executions.c))
+    insert = (
+        tx.dialect.insert_ignore(executions)
+        .values(**new_run_values(execution_id, workflow_type, digest, now))
+        .returning(*executions.c)
+    )
     for _ in range(3):  # the existing row may vanish between the two statements (purged): again
         inserted = tx.conn.execute(insert).first()
         if inserted is not None:
             break
-        found = tx.conn.execute(sa.select(executions.c.workflow_type, executions.c.status,
-                                          executions.c.input_digest)
-                                .where(executions.c.id == execution_id)).first()
+        found = tx.conn.execute(
+            sa.select(executions.c.workflow_type, executions.c.status, executions.c.input_digest).where(
+                executions.c.id == execution_id
+            )
+        ).first()
         if found is not None:
-            check_reuse(execution_id, found[0], found[1], found[2], workflow_type, digest, id_reuse,
-                        lambda: _legacy_digest(tx, execution_id))
+            check_reuse(
+                execution_id,
+                found[0],
+                found[1],
+                found[2],
+                workflow_type,
+                digest,
+                id_reuse,
+                lambda: _legacy_digest(tx, execution_id),
+            )
             return False
     else:
         raise ExecutionAlreadyExists(execution_id, "?", "exists")
     row = RunRow.from_mapping(inserted._mapping)
     encoded = tx.payloads.encode_value(input, f"{execution_id}/input")
-    tx.append(row, [ev.WorkflowStarted(workflow_type, input)], now, decide_on=decision_queue,
-              input=encoded)
+    tx.append(row, [ev.WorkflowStarted(workflow_type, input)], now, decide_on=decision_queue, input=encoded)
     if announce:
         tx.dialect.announce_start(tx.conn, start_notice(execution_id, now, decision_queue))
     return True
 
 
-def check_reuse(execution_id: str, existing_type: str, status: str, existing_digest: str | None,
-                workflow_type: str, digest: str, id_reuse: str,
-                legacy_digest: Callable[[], str | None]) -> None:
+def check_reuse(
+    execution_id: str,
+    existing_type: str,
+    status: str,
+    existing_digest: str | None,
+    workflow_type: str,
+    digest: str,
+    id_reuse: str,
+    legacy_digest: Callable[[], str | None],
+) -> None:
     """Judge a start of an id that exists (module docstring); returns if it may answer it.
     ``legacy_digest``: the digest of a run started before digests were stored, from its decoded
     input (None when that can no longer be read: erased, or its key or store is gone)."""
     if existing_type != workflow_type:
-        raise ExecutionAlreadyExists(execution_id, existing_type, "workflow", requested=workflow_type,
-                                     status=status)
+        raise ExecutionAlreadyExists(
+            execution_id, existing_type, "workflow", requested=workflow_type, status=status
+        )
     if id_reuse == "reject":
         raise ExecutionAlreadyExists(execution_id, existing_type, "exists", status=status)
     if id_reuse == "use_existing":
@@ -128,8 +164,12 @@ def legacy_digest_of(execution_id: str, stored_input: Any, decode: Callable[[Any
     try:
         return input_digest(execution_id, decode(stored_input))
     except (PayloadStoreError, PayloadCodecError) as exc:
-        log.warning("cannot compare the input of a second start of %s with the first (%s): "
-                    "answered with the existing run", execution_id, exc)
+        log.warning(
+            "cannot compare the input of a second start of %s with the first (%s): "
+            "answered with the existing run",
+            execution_id,
+            exc,
+        )
         return None
 
 
@@ -142,8 +182,9 @@ def _legacy_digest(tx: Tx, execution_id: str) -> str | None:
 def start_notice(execution_id: str, requested_at: datetime, decision_queue: str) -> str:
     """The payload of ``NOTIFY harvest_runs_started``: the run, the exact request time written
     (what a claim matches) and the decision queue it is for (a worker claims only its own)."""
-    return json.dumps({"id": execution_id, "at": requested_at.isoformat(), "q": decision_queue},
-                      separators=(",", ":"))
+    return json.dumps(
+        {"id": execution_id, "at": requested_at.isoformat(), "q": decision_queue}, separators=(",", ":")
+    )
 
 
 def parse_notice(text: str) -> tuple[str, datetime, str] | None:
@@ -155,19 +196,25 @@ def parse_notice(text: str) -> tuple[str, datetime, str] | None:
         return None
 
 
-def take_started(tx: Tx, started: Sequence[tuple[str, datetime]], now: datetime,
-                 decision_queue: str) -> int:
+def take_started(tx: Tx, started: Sequence[tuple[str, datetime]], now: datetime, decision_queue: str) -> int:
     """Claim announced starts: a run whose decision request is still the one its start wrote
     gets a fresh request time (the sweeper's lost-message clock restarts) and one decision
     dispatch. Two claimants of one start race on that row; only the first matches. Returns how
     many were claimed."""
     claimed = 0
     for execution_id, requested_at in started:
-        updated = tx.conn.execute(executions.update().where(
-            (executions.c.id == execution_id) & (executions.c.decision_requested_at == requested_at)
-            & operator_live.core(executions)).values(decision_requested_at=now)).rowcount
+        updated = tx.conn.execute(
+            executions.update()
+            .where(
+                (executions.c.id == execution_id)
+                & (executions.c.decision_requested_at == requested_at)
+                & operator_live.core(executions)
+            )
+            .values(decision_requested_at=now)
+        ).rowcount
         if updated:
-            tx.dispatches.append(Dispatch(Dispatch.DECIDE, execution_id, decision_queue,
-                                          requested_at=now.timestamp()))
+            tx.dispatches.append(
+                Dispatch(Dispatch.DECIDE, execution_id, decision_queue, requested_at=now.timestamp())
+            )
             claimed += 1
     return claimed

@@ -57,8 +57,14 @@ def is_transient(exc: BaseException) -> bool:
 
 
 class Store:
-    def __init__(self, database_url: str, *, echo: bool = False, payloads: Payloads | None = None,
-                 pools: Pools | None = None) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        echo: bool = False,
+        payloads: Payloads | None = None,
+        pools: Pools | None = None,
+    ) -> None:
         self.database_url = database_url
         self.dialect: Dialect = dialect_for(database_url)
         self._echo = echo
@@ -147,8 +153,10 @@ class Store:
         if self._autocommit is None or self._autocommit[0] is not engine:
             if self._autocommit is not None:
                 self._autocommit[1].dispose(close=False)
-            self._autocommit = (engine, self.dialect.create_engine(self.database_url, self._echo,
-                                                                   autocommit=True, pools=self.pools))
+            self._autocommit = (
+                engine,
+                self.dialect.create_engine(self.database_url, self._echo, autocommit=True, pools=self.pools),
+            )
         return self._autocommit[1]
 
     def ping(self) -> None:
@@ -174,8 +182,9 @@ class Store:
     def status(self, execution_id: str) -> str:
         """The run's status alone (no payload column is read)."""
         with self.engine.connect() as conn:
-            status = conn.execute(sa.select(executions.c.status)
-                                  .where(executions.c.id == execution_id)).scalar()
+            status = conn.execute(
+                sa.select(executions.c.status).where(executions.c.id == execution_id)
+            ).scalar()
         if status is None:
             raise ExecutionNotFound(execution_id)
         return str(status)
@@ -183,12 +192,17 @@ class Store:
     def cancelled(self, execution_id: str) -> bool:
         """Was the run sealed by a cancel, asked to cancel, or terminated (or is it gone)? One
         read of the run row: what an activity polls (``activity_context().is_cancelled()``)."""
-        q = sa.select(executions.c.status, executions.c.cancelled_at,
-                      executions.c.cancel_requested_at).where(executions.c.id == execution_id)
+        q = sa.select(executions.c.status, executions.c.cancelled_at, executions.c.cancel_requested_at).where(
+            executions.c.id == execution_id
+        )
         with self.engine.connect() as conn:
             row = conn.execute(q).first()
-        return (row is None or row.cancelled_at is not None or row.cancel_requested_at is not None
-                or row.status == TERMINATED)
+        return (
+            row is None
+            or row.cancelled_at is not None
+            or row.cancel_requested_at is not None
+            or row.status == TERMINATED
+        )
 
     def history(self, execution_id: str, *, strict: bool = True) -> list[ev.HistoryEvent]:
         """The history, decoded. Blobs are inflated after the connection is released. ``strict``
@@ -208,10 +222,17 @@ class Store:
             log.warning("event %s stays encoded: %s", seq, exc)
         return ev.HistoryEvent(seq, ev.event_from_data(data), recorded_at)
 
-    def list(self, *, status: str | None = None, workflow_type: str | None = None,
-             nd_blocked: bool | None = None, limit: int = 100, offset: int = 0,
-             created_after: datetime | None = None,
-             created_before: datetime | None = None) -> builtins.list[Execution]:
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        workflow_type: str | None = None,
+        nd_blocked: bool | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+    ) -> builtins.list[Execution]:
         """Runs, newest first. Reads no payload column: ``input`` and ``result`` are None.
         ``status="CANCELLING"`` selects live runs with an open cancellation request;
         ``created_after``/``created_before`` bound the creation time (inclusive/exclusive)."""
@@ -243,12 +264,18 @@ class Store:
     def attempt_errors(self, execution_id: str) -> builtins.list[AttemptError]:
         """Every recorded failed attempt of the run (and the workflow's own failure, activity
         ""), oldest first, decoded; a detail that cannot be decoded stays raw (a read-only view)."""
-        q = (sa.select(attempt_errors).where(attempt_errors.c.execution_id == execution_id)
-             # the workflow's own error ("" activity) after an attempt's at the same instant:
-             # a failure decided on inline is recorded at its cause's time
-             .order_by(attempt_errors.c.recorded_at,
-                       sa.case((attempt_errors.c.activity_id == "", 1), else_=0),
-                       attempt_errors.c.activity_id, attempt_errors.c.attempt))
+        q = (
+            sa.select(attempt_errors)
+            .where(attempt_errors.c.execution_id == execution_id)
+            # the workflow's own error ("" activity) after an attempt's at the same instant:
+            # a failure decided on inline is recorded at its cause's time
+            .order_by(
+                attempt_errors.c.recorded_at,
+                sa.case((attempt_errors.c.activity_id == "", 1), else_=0),
+                attempt_errors.c.activity_id,
+                attempt_errors.c.attempt,
+            )
+        )
         with self.engine.connect() as conn:
             rows = conn.execute(q).fetchall()
         out = []
@@ -257,12 +284,20 @@ class Store:
             try:
                 detail = self.payloads.decode_value(detail)
             except Exception as exc:  # noqa: BLE001 - a read-only view degrades
-                log.warning("attempt error %s/%s/%s stays encoded: %s", execution_id,
-                            r.activity_id, r.attempt, exc)
+                log.warning(
+                    "attempt error %s/%s/%s stays encoded: %s", execution_id, r.activity_id, r.attempt, exc
+                )
             detail = detail if isinstance(detail, dict) else {}
-            out.append(AttemptError(r.activity_id, r.attempt, r.error_type,
-                                    str(detail.get("message", "")), str(detail.get("traceback", "")),
-                                    aware(r.recorded_at)))  # type: ignore[arg-type]
+            out.append(
+                AttemptError(
+                    r.activity_id,
+                    r.attempt,
+                    r.error_type,
+                    str(detail.get("message", "")),
+                    str(detail.get("traceback", "")),
+                    aware(r.recorded_at),  # type: ignore[arg-type]
+                )
+            )
         return out
 
     # ── erasure and retention (blobs deleted once the transaction commits) ─────────────────
@@ -300,8 +335,9 @@ class Store:
             if store is not None and store.store_id == store_id:
                 keys.add(key)
             else:
-                log.warning("blob %s lives in payload store %r, which is not configured: not deleted",
-                            key, store_id)
+                log.warning(
+                    "blob %s lives in payload store %r, which is not configured: not deleted", key, store_id
+                )
         if store is not None and listable(store):
             for run_id in run_ids:
                 keys.update(store.list(run_prefix(run_id)))
@@ -312,31 +348,53 @@ class Store:
     def cancel_branch(self, execution_id: str) -> CancelBranch | None:
         """The post-cancel branch of a sealed run (None: the run was never sealed by a cancel),
         from the run row, its running task rows and its terminal event — no history load."""
-        running = (sa.select(sa.func.count()).select_from(activity_tasks)
-                   .where((activity_tasks.c.execution_id == execution_id)
-                          & (activity_tasks.c.status == TaskStatus.RUNNING.value)).scalar_subquery())
-        terminal = (sa.select(events.c.type).where(
-            (events.c.execution_id == execution_id)
-            & events.c.type.in_([ev.WorkflowCompleted.type, ev.WorkflowFailed.type]))
-            .order_by(events.c.seq).limit(1).scalar_subquery())
-        q = sa.select(executions.c.cancelled_at, executions.c.cancel_reason, executions.c.error,
-                      executions.c.decision_requested_at, running.label("running"),
-                      terminal.label("terminal")).where(executions.c.id == execution_id)
+        running = (
+            sa.select(sa.func.count())
+            .select_from(activity_tasks)
+            .where(
+                (activity_tasks.c.execution_id == execution_id)
+                & (activity_tasks.c.status == TaskStatus.RUNNING.value)
+            )
+            .scalar_subquery()
+        )
+        terminal = (
+            sa.select(events.c.type)
+            .where(
+                (events.c.execution_id == execution_id)
+                & events.c.type.in_([ev.WorkflowCompleted.type, ev.WorkflowFailed.type])
+            )
+            .order_by(events.c.seq)
+            .limit(1)
+            .scalar_subquery()
+        )
+        q = sa.select(
+            executions.c.cancelled_at,
+            executions.c.cancel_reason,
+            executions.c.error,
+            executions.c.decision_requested_at,
+            running.label("running"),
+            terminal.label("terminal"),
+        ).where(executions.c.id == execution_id)
         with self.engine.connect() as conn:
             row = conn.execute(q).first()
         if row is None:
             raise ExecutionNotFound(execution_id)
         if row.cancelled_at is None:
             return None
-        return cancel_branch_of(row.cancel_reason or "", row.decision_requested_at is None
-                                and not row.running, row.terminal, row.error)
+        return cancel_branch_of(
+            row.cancel_reason or "",
+            row.decision_requested_at is None and not row.running,
+            row.terminal,
+            row.error,
+        )
 
     def decision_request(self, execution_id: str) -> tuple[str, datetime | None, datetime]:
         """The run's status, when its pending decision request was made (None: none pending; the
         sweeper moves it forward when it re-sends the request) and when the run last changed —
         as stored (naive on SQLite), no payload column read. For ``Harvest.stuck``."""
-        q = sa.select(executions.c.status, executions.c.decision_requested_at,
-                      executions.c.updated_at).where(executions.c.id == execution_id)
+        q = sa.select(executions.c.status, executions.c.decision_requested_at, executions.c.updated_at).where(
+            executions.c.id == execution_id
+        )
         with self.engine.connect() as conn:
             row = conn.execute(q).first()
         if row is None:

@@ -29,25 +29,39 @@ def _of(column: Any, kinds: Kinds) -> Any:
 
 
 def due_retries(tx: Tx, now: datetime, limit: int = 100, kinds: Kinds = None) -> list[tuple[str, str]]:
-    q = sa.select(activity_tasks.c.execution_id, activity_tasks.c.activity_id).where(
-        (activity_tasks.c.status == TaskStatus.RETRY_WAIT.value) & (activity_tasks.c.due_at <= now)
-        & _of(activity_tasks.c.execution_id, kinds)).limit(limit)
+    q = (
+        sa.select(activity_tasks.c.execution_id, activity_tasks.c.activity_id)
+        .where(
+            (activity_tasks.c.status == TaskStatus.RETRY_WAIT.value)
+            & (activity_tasks.c.due_at <= now)
+            & _of(activity_tasks.c.execution_id, kinds)
+        )
+        .limit(limit)
+    )
     return [(r[0], r[1]) for r in tx.conn.execute(q)]
 
 
-def expired_leases(tx: Tx, now: datetime, limit: int = 100,
-                   kinds: Kinds = None) -> list[tuple[str, str, int]]:
-    q = sa.select(activity_tasks.c.execution_id, activity_tasks.c.activity_id,
-                  activity_tasks.c.attempt).where(
-        (activity_tasks.c.status == TaskStatus.RUNNING.value) & (activity_tasks.c.lease_expires_at <= now)
-        & _of(activity_tasks.c.execution_id, kinds)).limit(limit)
+def expired_leases(
+    tx: Tx, now: datetime, limit: int = 100, kinds: Kinds = None
+) -> list[tuple[str, str, int]]:
+    q = (
+        sa.select(activity_tasks.c.execution_id, activity_tasks.c.activity_id, activity_tasks.c.attempt)
+        .where(
+            (activity_tasks.c.status == TaskStatus.RUNNING.value)
+            & (activity_tasks.c.lease_expires_at <= now)
+            & _of(activity_tasks.c.execution_id, kinds)
+        )
+        .limit(limit)
+    )
     return [(r[0], r[1], r[2]) for r in tx.conn.execute(q)]
 
 
 def due_timers(tx: Tx, now: datetime, limit: int = 100, kinds: Kinds = None) -> list[tuple[str, str]]:
-    q = sa.select(timers.c.execution_id, timers.c.timer_id).where(
-        (timers.c.fired.is_(False)) & (timers.c.fire_at <= now)
-        & _of(timers.c.execution_id, kinds)).limit(limit)
+    q = (
+        sa.select(timers.c.execution_id, timers.c.timer_id)
+        .where((timers.c.fired.is_(False)) & (timers.c.fire_at <= now) & _of(timers.c.execution_id, kinds))
+        .limit(limit)
+    )
     return [(r[0], r[1]) for r in tx.conn.execute(q)]
 
 
@@ -55,43 +69,69 @@ def fire_timer(tx: Tx, execution_id: str, timer_id: str, now: datetime, decision
     row = tx.lock(execution_id)
     if row is None:
         return
-    updated = tx.conn.execute(timers.update().where(
-        (timers.c.execution_id == execution_id) & (timers.c.timer_id == timer_id)
-        & (timers.c.fired.is_(False))).values(fired=True))
+    updated = tx.conn.execute(
+        timers.update()
+        .where(
+            (timers.c.execution_id == execution_id)
+            & (timers.c.timer_id == timer_id)
+            & (timers.c.fired.is_(False))
+        )
+        .values(fired=True)
+    )
     if updated.rowcount and operator_live.holds(row):
         tx.append(row, [ev.TimerFired(timer_id)], now, decide_on=decision_queue)
 
 
-def stale_scheduled(tx: Tx, now: datetime, timings: Timings, limit: int = 100,
-                    kinds: Kinds = None) -> None:
+def stale_scheduled(tx: Tx, now: datetime, timings: Timings, limit: int = 100, kinds: Kinds = None) -> None:
     """Re-send scheduled rows whose message seems lost (a crash between commit and send, a Redis
     restart, a refused claim). Duplicates are harmless: the claim lets one through."""
     cutoff = now - timedelta(seconds=timings.redispatch_after)
-    q = tx.dialect.lock(sa.select(activity_tasks).where(
-        (activity_tasks.c.status == TaskStatus.SCHEDULED.value) & (activity_tasks.c.dispatched_at < cutoff)
-        & _of(activity_tasks.c.execution_id, kinds)).limit(limit), skip_locked=True)
+    q = tx.dialect.lock(
+        sa.select(activity_tasks)
+        .where(
+            (activity_tasks.c.status == TaskStatus.SCHEDULED.value)
+            & (activity_tasks.c.dispatched_at < cutoff)
+            & _of(activity_tasks.c.execution_id, kinds)
+        )
+        .limit(limit),
+        skip_locked=True,
+    )
     for found in tx.conn.execute(q).fetchall():
         t = TaskRow.from_mapping(found._mapping)
         # back off: the next re-send waits as long again as this row has waited so far (a
         # backed-up queue must not be flooded with duplicates), at most an hour
         waited = min(now - t.dispatched_at, timedelta(hours=1))  # type: ignore[operator]
-        tx.conn.execute(activity_tasks.update().where(
-            (activity_tasks.c.execution_id == t.execution_id)
-            & (activity_tasks.c.activity_id == t.activity_id)).values(dispatched_at=now + waited))
-        tx.dispatch_activity(t.execution_id, t.activity_id, t.activity_name, t.queue, t.attempt,
-                             t.adopted, t.start_to_close)
+        tx.conn.execute(
+            activity_tasks.update()
+            .where(
+                (activity_tasks.c.execution_id == t.execution_id)
+                & (activity_tasks.c.activity_id == t.activity_id)
+            )
+            .values(dispatched_at=now + waited)
+        )
+        tx.dispatch_activity(
+            t.execution_id, t.activity_id, t.activity_name, t.queue, t.attempt, t.adopted, t.start_to_close
+        )
 
 
-def stale_decisions(tx: Tx, now: datetime, timings: Timings, decision_queue: str, limit: int = 100,
-                    kinds: Kinds = None) -> None:
+def stale_decisions(
+    tx: Tx, now: datetime, timings: Timings, decision_queue: str, limit: int = 100, kinds: Kinds = None
+) -> None:
     """Re-request decisions whose message seems lost, and retry nd-blocked runs whose backoff
     is due."""
     cutoff = now - timedelta(seconds=timings.redispatch_after)
-    q = tx.dialect.lock(sa.select(executions.c.id).where(
-        ((executions.c.decision_requested_at < cutoff)
-         | ((executions.c.nd_retry_at <= now) & operator_live.core(executions)))
-        & (sa.true() if kinds is None else executions.c.workflow_type.in_(list(kinds)))).limit(limit),
-        skip_locked=True)
+    q = tx.dialect.lock(
+        sa.select(executions.c.id)
+        .where(
+            (
+                (executions.c.decision_requested_at < cutoff)
+                | ((executions.c.nd_retry_at <= now) & operator_live.core(executions))
+            )
+            & (sa.true() if kinds is None else executions.c.workflow_type.in_(list(kinds)))
+        )
+        .limit(limit),
+        skip_locked=True,
+    )
     for (execution_id,) in tx.conn.execute(q).fetchall():
         # the worker that held its warm replay did not take it (gone?): any decision worker may
         tx.update_run(execution_id, nd_retry_at=None, sticky_queue=None)
@@ -101,10 +141,14 @@ def stale_decisions(tx: Tx, now: datetime, timings: Timings, decision_queue: str
 def stale_outbox(tx: Tx, now: datetime, older_than: float, limit: int = 500) -> list[RelayedMessage]:
     """Outbox rows an older build wrote and did not delete: relayed as stored."""
     cutoff = now - timedelta(seconds=older_than)
-    q = tx.dialect.lock(sa.select(outbox).where(outbox.c.created_at < cutoff)
-                        .order_by(outbox.c.id).limit(limit), skip_locked=True)
-    return [RelayedMessage(r.id, r.task_name, r.queue, r.args, r.task_id, r.headers)
-            for r in tx.conn.execute(q).fetchall()]
+    q = tx.dialect.lock(
+        sa.select(outbox).where(outbox.c.created_at < cutoff).order_by(outbox.c.id).limit(limit),
+        skip_locked=True,
+    )
+    return [
+        RelayedMessage(r.id, r.task_name, r.queue, r.args, r.task_id, r.headers)
+        for r in tx.conn.execute(q).fetchall()
+    ]
 
 
 def delete_outbox(tx: Tx, ids: Sequence[int]) -> None:

@@ -29,8 +29,9 @@ def _where(execution_id: str, activity_id: str) -> Any:
 
 
 def lock_task(tx: Tx, execution_id: str, activity_id: str) -> TaskRow | None:
-    row = tx.conn.execute(tx.dialect.lock(sa.select(activity_tasks).where(
-        _where(execution_id, activity_id)))).first()
+    row = tx.conn.execute(
+        tx.dialect.lock(sa.select(activity_tasks).where(_where(execution_id, activity_id)))
+    ).first()
     return TaskRow.from_mapping(row._mapping) if row is not None else None
 
 
@@ -38,8 +39,9 @@ def _update(tx: Tx, execution_id: str, activity_id: str, **values: Any) -> None:
     tx.conn.execute(activity_tasks.update().where(_where(execution_id, activity_id)).values(**values))
 
 
-def claim(tx: Tx, execution_id: str, activity_id: str, attempt: int, worker_id: str,
-          now: datetime, timings: Timings) -> Claim | None:
+def claim(
+    tx: Tx, execution_id: str, activity_id: str, attempt: int, worker_id: str, now: datetime, timings: Timings
+) -> Claim | None:
     """The pre-run claim: mark the row running and append ActivityStarted, or refuse.
 
     Refused for a re-sent or redelivered message (row not ``scheduled`` or another attempt),
@@ -47,25 +49,44 @@ def claim(tx: Tx, execution_id: str, activity_id: str, attempt: int, worker_id: 
     finished or erased), or an unknown row. A refused claim means the body must not run.
     Postgres: one statement (``sql.CLAIM``); SQLite: the same steps one by one."""
     return tx.dialect.one_statement(_claim_in_one, _claim_stepwise)(
-        tx, execution_id, activity_id, attempt, worker_id, now, timings)
+        tx, execution_id, activity_id, attempt, worker_id, now, timings
+    )
 
 
-def _claim_in_one(tx: Tx, execution_id: str, activity_id: str, attempt: int, worker_id: str,
-                  now: datetime, timings: Timings) -> Claim | None:
+def _claim_in_one(
+    tx: Tx, execution_id: str, activity_id: str, attempt: int, worker_id: str, now: datetime, timings: Timings
+) -> Claim | None:
     data = ev.ActivityStarted(activity_id, attempt, worker_id).to_data()
-    found = tx.conn.execute(sql.CLAIM, {
-        "execution_id": execution_id, "activity_id": activity_id, "attempt": attempt,
-        "worker_id": worker_id, "now": now, "lease": timings.default_lease,
-        "data": json.dumps(tx.payloads.encode_event(data, f"{execution_id}/started"))}).first()
+    found = tx.conn.execute(
+        sql.CLAIM,
+        {
+            "execution_id": execution_id,
+            "activity_id": activity_id,
+            "attempt": attempt,
+            "worker_id": worker_id,
+            "now": now,
+            "lease": timings.default_lease,
+            "data": json.dumps(tx.payloads.encode_event(data, f"{execution_id}/started")),
+        },
+    ).first()
     if found is None:
         return None
-    return Claim(execution_id, activity_id, found.activity_name, attempt,
-                 tx.payloads.decode_event(found.scheduled).get("input"), found.start_to_close,
-                 worker_id, found.started_seq, now)
+    return Claim(
+        execution_id,
+        activity_id,
+        found.activity_name,
+        attempt,
+        tx.payloads.decode_event(found.scheduled).get("input"),
+        found.start_to_close,
+        worker_id,
+        found.started_seq,
+        now,
+    )
 
 
-def _claim_stepwise(tx: Tx, execution_id: str, activity_id: str, attempt: int, worker_id: str,
-                    now: datetime, timings: Timings) -> Claim | None:
+def _claim_stepwise(
+    tx: Tx, execution_id: str, activity_id: str, attempt: int, worker_id: str, now: datetime, timings: Timings
+) -> Claim | None:
     row = tx.lock(execution_id)
     if row is None or not accepts_results.holds(row):
         return None
@@ -73,12 +94,27 @@ def _claim_stepwise(tx: Tx, execution_id: str, activity_id: str, attempt: int, w
     if task is None or task.status != TaskStatus.SCHEDULED.value or task.attempt != attempt:
         return None
     lease = task.start_to_close or timings.default_lease
-    _update(tx, execution_id, activity_id, status=TaskStatus.RUNNING.value, worker_id=worker_id,
-            started_at=now, lease_expires_at=now + timedelta(seconds=lease + 5))
+    _update(
+        tx,
+        execution_id,
+        activity_id,
+        status=TaskStatus.RUNNING.value,
+        worker_id=worker_id,
+        started_at=now,
+        lease_expires_at=now + timedelta(seconds=lease + 5),
+    )
     seq = tx.append(row, [ev.ActivityStarted(activity_id, attempt, worker_id)], now)
-    return Claim(execution_id, activity_id, task.activity_name, attempt,
-                 tx.scheduled_input(execution_id, activity_id), task.start_to_close,
-                 worker_id, seq, now)
+    return Claim(
+        execution_id,
+        activity_id,
+        task.activity_name,
+        attempt,
+        tx.scheduled_input(execution_id, activity_id),
+        task.start_to_close,
+        worker_id,
+        seq,
+        now,
+    )
 
 
 def running_task(tx: Tx, execution_id: str, activity_id: str) -> tuple[RunRow, TaskRow] | None:
@@ -103,67 +139,98 @@ def accepts_completion(task: TaskRow, attempt: int, *, started_in_cancelled_run:
     completion is recorded like any body's that outlives a cancel (``started_in_cancelled_run``:
     the run is cancelled and the history holds this attempt's ActivityStarted — the proof a
     body ran; a row a cancel abandoned before any attempt started never has it)."""
-    return ((task.attempt == attempt and task.status in (TaskStatus.RUNNING.value, TaskStatus.RETRY_WAIT.value))
-            or (task.attempt == attempt + 1 and task.status == TaskStatus.SCHEDULED.value)
-            or (started_in_cancelled_run and task.status == TaskStatus.CANCELLED.value
-                and task.attempt in (attempt, attempt + 1)))
+    return (
+        (task.attempt == attempt and task.status in (TaskStatus.RUNNING.value, TaskStatus.RETRY_WAIT.value))
+        or (task.attempt == attempt + 1 and task.status == TaskStatus.SCHEDULED.value)
+        or (
+            started_in_cancelled_run
+            and task.status == TaskStatus.CANCELLED.value
+            and task.attempt in (attempt, attempt + 1)
+        )
+    )
 
 
 def _attempt_started(tx: Tx, execution_id: str, activity_id: str, attempt: int) -> bool:
     """The history holds ActivityStarted for this attempt (SQLite; Postgres asks in ``sql.FINISH``)."""
     for _seq, data, _at in tx.raw_history(execution_id):
-        if (data.get("type") == "ActivityStarted" and data.get("activity_id") == activity_id
-                and data.get("attempt") == attempt):
+        if (
+            data.get("type") == "ActivityStarted"
+            and data.get("activity_id") == activity_id
+            and data.get("attempt") == attempt
+        ):
             return True
     return False
 
 
-def finish_completed(tx: Tx, execution_id: str, activity_id: str, attempt: int,
-                     now: datetime) -> RunRow | None:
+def finish_completed(
+    tx: Tx, execution_id: str, activity_id: str, attempt: int, now: datetime
+) -> RunRow | None:
     """Lock the run and mark the task row completed: the run row (locked), or None when the
     completion is not accepted (``accepts_completion``: a duplicate, a later attempt owns the
     row, a cancel abandoned it) or the run is unknown. Postgres: one statement (``sql.FINISH``)."""
     return tx.dialect.one_statement(_finish_in_one, _finish_stepwise)(
-        tx, execution_id, activity_id, attempt, now)
+        tx, execution_id, activity_id, attempt, now
+    )
 
 
-def _finish_in_one(tx: Tx, execution_id: str, activity_id: str, attempt: int,
-                   now: datetime) -> RunRow | None:
-    found = tx.conn.execute(sql.FINISH, {"execution_id": execution_id, "activity_id": activity_id,
-                                         "attempt": attempt, "now": now}).first()
+def _finish_in_one(tx: Tx, execution_id: str, activity_id: str, attempt: int, now: datetime) -> RunRow | None:
+    found = tx.conn.execute(
+        sql.FINISH, {"execution_id": execution_id, "activity_id": activity_id, "attempt": attempt, "now": now}
+    ).first()
     if found is None or not found.finished:
         return None
     return RunRow.from_mapping(found._mapping)
 
 
-def _finish_stepwise(tx: Tx, execution_id: str, activity_id: str, attempt: int,
-                     now: datetime) -> RunRow | None:
+def _finish_stepwise(
+    tx: Tx, execution_id: str, activity_id: str, attempt: int, now: datetime
+) -> RunRow | None:
     located = running_task(tx, execution_id, activity_id)
     if located is None:
         return None
     row, task = located
-    started = (row.cancelled_at is not None and task.status == TaskStatus.CANCELLED.value
-               and _attempt_started(tx, execution_id, activity_id, attempt))
+    started = (
+        row.cancelled_at is not None
+        and task.status == TaskStatus.CANCELLED.value
+        and _attempt_started(tx, execution_id, activity_id, attempt)
+    )
     if not accepts_completion(task, attempt, started_in_cancelled_run=started):
         return None
     _finish(tx, execution_id, activity_id, TaskStatus.COMPLETED.value, now, None)
     return located[0]
 
 
-def fail(tx: Tx, execution_id: str, activity_id: str, attempt: int, error_type: str,
-         message: str, now: datetime, decision_queue: str, traceback: str = "") -> str:
+def fail(
+    tx: Tx,
+    execution_id: str,
+    activity_id: str,
+    attempt: int,
+    error_type: str,
+    message: str,
+    now: datetime,
+    decision_queue: str,
+    traceback: str = "",
+) -> str:
     """Record a failed attempt: schedule a retry (no event) or fail for good (``ActivityFailed``
     and a decision request). Returns ``"retry"``, ``"failed"`` or ``"ignored"``."""
-    verdict, row, failed = fail_attempt(tx, execution_id, activity_id, attempt, error_type,
-                                        message, now, traceback)
+    verdict, row, failed = fail_attempt(
+        tx, execution_id, activity_id, attempt, error_type, message, now, traceback
+    )
     if row is not None and failed is not None:
         tx.append(row, [failed], now, decide_on=decision_queue)
     return verdict
 
 
-def fail_attempt(tx: Tx, execution_id: str, activity_id: str, attempt: int, error_type: str,
-                 message: str, now: datetime,
-                 traceback: str = "") -> tuple[str, RunRow | None, ev.ActivityFailed | None]:
+def fail_attempt(
+    tx: Tx,
+    execution_id: str,
+    activity_id: str,
+    attempt: int,
+    error_type: str,
+    message: str,
+    now: datetime,
+    traceback: str = "",
+) -> tuple[str, RunRow | None, ev.ActivityFailed | None]:
     """The task-row side of a failed attempt: a retry is scheduled (no event), or the row fails
     for good and the ``ActivityFailed`` to append is returned with the locked run row (None when
     the run records no more results). The caller appends it (``fail``) or decides on it."""
@@ -179,9 +246,16 @@ def fail_attempt(tx: Tx, execution_id: str, activity_id: str, attempt: int, erro
     tx.record_error(execution_id, activity_id, attempt, error_type, message, traceback, now)
     policy = RetryPolicy.from_data(task.retry)
     if policy.should_retry(attempt, error_type) and operator_live.holds(row):
-        _update(tx, execution_id, activity_id, status=TaskStatus.RETRY_WAIT.value,
-                due_at=now + timedelta(seconds=policy.delay_after(attempt)),
-                last_error=f"{error_type}: {message}", worker_id=None, lease_expires_at=None)
+        _update(
+            tx,
+            execution_id,
+            activity_id,
+            status=TaskStatus.RETRY_WAIT.value,
+            due_at=now + timedelta(seconds=policy.delay_after(attempt)),
+            last_error=f"{error_type}: {message}",
+            worker_id=None,
+            lease_expires_at=None,
+        )
         return RETRY, None, None
     _finish(tx, execution_id, activity_id, TaskStatus.FAILED.value, now, f"{error_type}: {message}")
     if not accepts_results.holds(row):
@@ -189,8 +263,9 @@ def fail_attempt(tx: Tx, execution_id: str, activity_id: str, attempt: int, erro
     return FAILED, row, ev.ActivityFailed(activity_id, error_type, message, attempt)
 
 
-def _finish(tx: Tx, execution_id: str, activity_id: str, status: str, now: datetime,
-            error: str | None) -> None:
+def _finish(
+    tx: Tx, execution_id: str, activity_id: str, status: str, now: datetime, error: str | None
+) -> None:
     values: dict[str, Any] = {"status": status, "finished_at": now, "lease_expires_at": None}
     if error is not None:
         values["last_error"] = error
@@ -198,30 +273,50 @@ def _finish(tx: Tx, execution_id: str, activity_id: str, status: str, now: datet
 
 
 # ── leases and retries (the sweeper's side) ──────────────────────────────────────────────────
-def renew_lease(tx: Tx, execution_id: str, activity_id: str, attempt: int, now: datetime,
-                until: datetime) -> bool:
+def renew_lease(
+    tx: Tx, execution_id: str, activity_id: str, attempt: int, now: datetime, until: datetime
+) -> bool:
     """Push the lease of ``attempt`` out to ``until`` while it is still live; False when it was
     not renewed. A lease that has already expired is the sweeper's: a late heartbeat (a stalled
     thread, a database outage) must not revive it, or the sweeper's expiry and a renewal would
     race and a lost worker's row could stay 'running' past its expiry."""
-    renewed = tx.conn.execute(activity_tasks.update().where(
-        _where(execution_id, activity_id) & (activity_tasks.c.attempt == attempt)
-        & (activity_tasks.c.status == TaskStatus.RUNNING.value)
-        & (activity_tasks.c.lease_expires_at > now)).values(lease_expires_at=until))
+    renewed = tx.conn.execute(
+        activity_tasks.update()
+        .where(
+            _where(execution_id, activity_id)
+            & (activity_tasks.c.attempt == attempt)
+            & (activity_tasks.c.status == TaskStatus.RUNNING.value)
+            & (activity_tasks.c.lease_expires_at > now)
+        )
+        .values(lease_expires_at=until)
+    )
     return bool(renewed.rowcount)
 
 
-def expire_lease(tx: Tx, execution_id: str, activity_id: str, attempt: int, now: datetime,
-                 decision_queue: str) -> None:
+def expire_lease(
+    tx: Tx, execution_id: str, activity_id: str, attempt: int, now: datetime, decision_queue: str
+) -> None:
     """A lease found expired: rechecked under the lock (the attempt may have finished or
     renewed meanwhile), then recorded as a failed attempt, retried per policy."""
     tx.lock(execution_id)
-    lease = tx.conn.execute(sa.select(activity_tasks.c.lease_expires_at).where(
-        _where(execution_id, activity_id) & (activity_tasks.c.status == TaskStatus.RUNNING.value)
-        & (activity_tasks.c.attempt == attempt))).scalar()
+    lease = tx.conn.execute(
+        sa.select(activity_tasks.c.lease_expires_at).where(
+            _where(execution_id, activity_id)
+            & (activity_tasks.c.status == TaskStatus.RUNNING.value)
+            & (activity_tasks.c.attempt == attempt)
+        )
+    ).scalar()
     if lease is not None and aware(lease) <= now:  # type: ignore[operator]
-        fail(tx, execution_id, activity_id, attempt, START_TO_CLOSE_TIMEOUT,
-             "no result before the lease expired (worker lost or too slow)", now, decision_queue)
+        fail(
+            tx,
+            execution_id,
+            activity_id,
+            attempt,
+            START_TO_CLOSE_TIMEOUT,
+            "no result before the lease expired (worker lost or too slow)",
+            now,
+            decision_queue,
+        )
 
 
 def redispatch_next_attempt(tx: Tx, execution_id: str, activity_id: str, now: datetime) -> None:
@@ -231,7 +326,15 @@ def redispatch_next_attempt(tx: Tx, execution_id: str, activity_id: str, now: da
     if task is None or task.status != TaskStatus.RETRY_WAIT.value:
         return
     attempt = task.attempt + 1
-    _update(tx, execution_id, activity_id, status=TaskStatus.SCHEDULED.value, attempt=attempt,
-            due_at=None, dispatched_at=now)
-    tx.dispatch_activity(execution_id, activity_id, task.activity_name, task.queue, attempt,
-                         task.adopted, task.start_to_close)
+    _update(
+        tx,
+        execution_id,
+        activity_id,
+        status=TaskStatus.SCHEDULED.value,
+        attempt=attempt,
+        due_at=None,
+        dispatched_at=now,
+    )
+    tx.dispatch_activity(
+        execution_id, activity_id, task.activity_name, task.queue, attempt, task.adopted, task.start_to_close
+    )

@@ -77,8 +77,9 @@ class Tx:
 
     # ── rows and history ─────────────────────────────────────────────────────────────────────
     def lock(self, execution_id: str, *, skip_locked: bool = False) -> RunRow | None:
-        q = self.dialect.lock(sa.select(executions).where(executions.c.id == execution_id),
-                              skip_locked=skip_locked)
+        q = self.dialect.lock(
+            sa.select(executions).where(executions.c.id == execution_id), skip_locked=skip_locked
+        )
         row = self.conn.execute(q).first()
         return RunRow.from_mapping(row._mapping) if row is not None else None
 
@@ -89,8 +90,11 @@ class Tx:
         return row
 
     def update_run(self, execution_id: str, **values: Any) -> int:
-        updated = int(self.conn.execute(executions.update().where(executions.c.id == execution_id)
-                                        .values(**values)).rowcount)
+        updated = int(
+            self.conn.execute(
+                executions.update().where(executions.c.id == execution_id).values(**values)
+            ).rowcount
+        )
         self._notify_if_closed(execution_id, values)
         return updated
 
@@ -100,19 +104,30 @@ class Tx:
 
     def raw_history(self, execution_id: str, since: int = 0) -> list[RawEvent]:
         """Stored events, payload fields as written (possibly encoded or offloaded)."""
-        q = (sa.select(events.c.seq, events.c.data, events.c.recorded_at)
-             .where((events.c.execution_id == execution_id) & (events.c.seq >= since))
-             .order_by(events.c.seq))
+        q = (
+            sa.select(events.c.seq, events.c.data, events.c.recorded_at)
+            .where((events.c.execution_id == execution_id) & (events.c.seq >= since))
+            .order_by(events.c.seq)
+        )
         return [(r.seq, r.data, aware(r.recorded_at)) for r in self.conn.execute(q)]  # type: ignore[misc]
 
     def history(self, execution_id: str, since: int = 0) -> list[ev.HistoryEvent]:
         """Decoded history for a decision, from position ``since`` (strict: replay cannot run on
         opaque payloads)."""
-        return [ev.HistoryEvent(seq, ev.event_from_data(self.payloads.decode_event(data)), at)
-                for seq, data, at in self.raw_history(execution_id, since)]
+        return [
+            ev.HistoryEvent(seq, ev.event_from_data(self.payloads.decode_event(data)), at)
+            for seq, data, at in self.raw_history(execution_id, since)
+        ]
 
-    def append(self, row: RunRow, new_events: Sequence[ev.Event], now: datetime, *,
-               decide_on: str | None = None, **values: Any) -> int:
+    def append(
+        self,
+        row: RunRow,
+        new_events: Sequence[ev.Event],
+        now: datetime,
+        *,
+        decide_on: str | None = None,
+        **values: Any,
+    ) -> int:
         """Append events at the run's next positions (the row must be locked) and update the row
         with ``values`` — one statement on Postgres. ``decide_on``: also request a decision on
         that queue unless one is pending. Returns the seq of the first event."""
@@ -159,9 +174,13 @@ class Tx:
             try:
                 self.payloads.store.delete(key)
             except Exception as exc:  # noqa: BLE001 - logged; erasure by prefix finds it
-                log.warning("blob %s of a write that did not happen could not be deleted (%s: %s); "
-                            "it is deleted when its run is erased or purged", key,
-                            type(exc).__name__, exc)
+                log.warning(
+                    "blob %s of a write that did not happen could not be deleted (%s: %s); "
+                    "it is deleted when its run is erased or purged",
+                    key,
+                    type(exc).__name__,
+                    exc,
+                )
 
     def _written_or_undone(self, blobs: Sequence[Blob], statement: Any) -> Any:
         try:
@@ -184,29 +203,34 @@ class Tx:
         self.metrics.extend(staged.metrics)
 
     def _decide(self, execution_id: str, queue: str, now: datetime) -> None:
-        self.dispatches.append(Dispatch(Dispatch.DECIDE, execution_id, queue,
-                                        requested_at=now.timestamp()))
+        self.dispatches.append(Dispatch(Dispatch.DECIDE, execution_id, queue, requested_at=now.timestamp()))
 
-    def request_decision(self, execution_id: str, now: datetime, queue: str, *,
-                         force: bool = False) -> None:
+    def request_decision(self, execution_id: str, now: datetime, queue: str, *, force: bool = False) -> None:
         """Ask for a decision unless one is already requested and not yet taken. The run row's
         ``decision_requested_at`` is the durable record: the sweeper re-sends a lost request."""
         cond = executions.c.id == execution_id
         if not force:
             cond = cond & executions.c.decision_requested_at.is_(None)
-        found = self.conn.execute(executions.update().where(cond).values(decision_requested_at=now)
-                                  .returning(executions.c.sticky_queue)).first()
+        found = self.conn.execute(
+            executions.update()
+            .where(cond)
+            .values(decision_requested_at=now)
+            .returning(executions.c.sticky_queue)
+        ).first()
         if found is not None:
             self._decide(execution_id, found.sticky_queue or queue, now)
 
     def abandon_open_tasks(self, execution_id: str, now: datetime, why: str) -> None:
         """Rows that have not started never will (no event: their body never ran); timers stop."""
-        self.conn.execute(activity_tasks.update().where(
-            (activity_tasks.c.execution_id == execution_id)
-            & activity_tasks.c.status.in_((TaskStatus.SCHEDULED.value, TaskStatus.RETRY_WAIT.value)))
-            .values(status=TaskStatus.CANCELLED.value, finished_at=now, last_error=why))
-        self.conn.execute(timers.update().where(timers.c.execution_id == execution_id)
-                          .values(fired=True))
+        self.conn.execute(
+            activity_tasks.update()
+            .where(
+                (activity_tasks.c.execution_id == execution_id)
+                & activity_tasks.c.status.in_((TaskStatus.SCHEDULED.value, TaskStatus.RETRY_WAIT.value))
+            )
+            .values(status=TaskStatus.CANCELLED.value, finished_at=now, last_error=why)
+        )
+        self.conn.execute(timers.update().where(timers.c.execution_id == execution_id).values(fired=True))
 
     # ── the decision cycle ───────────────────────────────────────────────────────────────────
     def take_decision_request(self, execution_id: str) -> RunRow | None:
@@ -222,26 +246,56 @@ class Tx:
             return None
         return row  # apply_decision clears the request flag in its own update
 
-    def apply_decision(self, row: RunRow, history: Sequence[ev.Event], decision: Decision,
-                       registry: Registry, now: datetime, timings: Timings, workflow_label: str, *,
-                       leading: Sequence[ev.Event] = (),
-                       sticky: str | None = None,
-                       eager: EagerClaim | None = None) -> list[ev.HistoryEvent]:
+    def apply_decision(
+        self,
+        row: RunRow,
+        history: Sequence[ev.Event],
+        decision: Decision,
+        registry: Registry,
+        now: datetime,
+        timings: Timings,
+        workflow_label: str,
+        *,
+        leading: Sequence[ev.Event] = (),
+        sticky: str | None = None,
+        eager: EagerClaim | None = None,
+    ) -> list[ev.HistoryEvent]:
         """Write one decision (``staging.stage_decision``). ``leading``: events recorded just
         before it in the same write (the completion a worker decides on), so completion and
         decision are one statement. ``eager``: claim one of its new activities for the deciding
         thread in the same write. Returns the events its commands wrote (a warm replay absorbs
         them once committed; an eager claim's ``ActivityStarted`` reaches it with that claim)."""
-        staged = stage_decision(row, history, decision, registry, now, timings, workflow_label,
-                                self.payloads, leading=leading, sticky=sticky, eager=eager)
+        staged = stage_decision(
+            row,
+            history,
+            decision,
+            registry,
+            now,
+            timings,
+            workflow_label,
+            self.payloads,
+            leading=leading,
+            sticky=sticky,
+            eager=eager,
+        )
         self.write_staged(staged)
         return [] if staged.nd else staged.written()
 
-    def apply_guarded_decision(self, row: RunRow, history: Sequence[ev.Event], decision: Decision,
-                               registry: Registry, now: datetime, timings: Timings,
-                               workflow_label: str, guard: CompletionGuard, *,
-                               leading: Sequence[ev.Event], sticky: str | None,
-                               eager: EagerClaim | None) -> tuple[list[ev.HistoryEvent] | None, str]:
+    def apply_guarded_decision(
+        self,
+        row: RunRow,
+        history: Sequence[ev.Event],
+        decision: Decision,
+        registry: Registry,
+        now: datetime,
+        timings: Timings,
+        workflow_label: str,
+        guard: CompletionGuard,
+        *,
+        leading: Sequence[ev.Event],
+        sticky: str | None,
+        eager: EagerClaim | None,
+    ) -> tuple[list[ev.HistoryEvent] | None, str]:
         """A completion and the decision taken on it in ONE statement, written only if the run
         and the task row are still exactly what ``row`` and ``guard`` say (``pgwrite.guarded``).
         Returns the events written and ``""``, or None and why nothing was written: ``nd`` (an
@@ -250,13 +304,25 @@ class Tx:
         (no plain-SQL text for it) or ``guard`` (the run or the task row moved on)."""
         if decision.nd is not None:
             return None, "nd"
-        staged = stage_decision(row, history, decision, registry, now, timings, workflow_label,
-                                self.payloads, leading=leading, sticky=sticky, eager=eager)
+        staged = stage_decision(
+            row,
+            history,
+            decision,
+            registry,
+            now,
+            timings,
+            workflow_label,
+            self.payloads,
+            leading=leading,
+            sticky=sticky,
+            eager=eager,
+        )
         w = staged.write
         if w.abandon is not None and (w.tasks or w.timers):
             return None, "closing_with_work"
-        sql = pgwrite.guarded(row, w.inserts(), w.values, guard, now, closing=w.abandon,
-                              notify=_closes(w.values))
+        sql = pgwrite.guarded(
+            row, w.inserts(), w.values, guard, now, closing=w.abandon, notify=_closes(w.values)
+        )
         if sql is None:
             return None, "unsupported_shape"
         self._put_blobs(staged.blobs)
@@ -275,32 +341,71 @@ class Tx:
     def insert_timer(self, execution_id: str, timer_id: str, fire_at: str) -> None:
         self.conn.execute(timers.insert().values(**timer_row(execution_id, timer_id, fire_at)))
 
-    def insert_task(self, execution_id: str, command: ScheduleActivity, event_seq: int,
-                    registry: Registry, now: datetime) -> None:
+    def insert_task(
+        self, execution_id: str, command: ScheduleActivity, event_seq: int, registry: Registry, now: datetime
+    ) -> None:
         """A new task row, and its first message (sent after commit)."""
-        self.conn.execute(activity_tasks.insert().values(
-            **task_row(execution_id, command, event_seq, registry, now)))
+        self.conn.execute(
+            activity_tasks.insert().values(**task_row(execution_id, command, event_seq, registry, now))
+        )
         self.dispatches.append(activity_dispatch(execution_id, command, registry))
 
-    def dispatch_activity(self, execution_id: str, activity_id: str, name: str, queue: str,
-                          attempt: int, adopted: bool, deadline: float | None,
-                          input: Any = UNKNOWN) -> None:
+    def dispatch_activity(
+        self,
+        execution_id: str,
+        activity_id: str,
+        name: str,
+        queue: str,
+        attempt: int,
+        adopted: bool,
+        deadline: float | None,
+        input: Any = UNKNOWN,
+    ) -> None:
         if adopted and input is UNKNOWN:
             # an existing task keeps its signature: its input is its argument
             input = self.scheduled_input(execution_id, activity_id)
-        self.dispatches.append(Dispatch(Dispatch.ACTIVITY, execution_id, queue, activity_id, name,
-                                        attempt, adopted, input if adopted else None, deadline))
+        self.dispatches.append(
+            Dispatch(
+                Dispatch.ACTIVITY,
+                execution_id,
+                queue,
+                activity_id,
+                name,
+                attempt,
+                adopted,
+                input if adopted else None,
+                deadline,
+            )
+        )
 
-    def record_error(self, execution_id: str, activity_id: str, attempt: int, error_type: str,
-                     message: str, traceback: str, now: datetime) -> None:
-        row = error_row(self.payloads, execution_id, activity_id, attempt, error_type, message,
-                        traceback, now)
+    def record_error(
+        self,
+        execution_id: str,
+        activity_id: str,
+        attempt: int,
+        error_type: str,
+        message: str,
+        traceback: str,
+        now: datetime,
+    ) -> None:
+        row = error_row(
+            self.payloads, execution_id, activity_id, attempt, error_type, message, traceback, now
+        )
         self.conn.execute(self.dialect.insert_ignore(attempt_errors).values(**row))
 
     def scheduled_input(self, execution_id: str, activity_id: str) -> Any:
-        data = self.conn.execute(sa.select(events.c.data).select_from(
-            activity_tasks.join(events, (events.c.execution_id == activity_tasks.c.execution_id)
-                                & (events.c.seq == activity_tasks.c.event_seq))).where(
-            (activity_tasks.c.execution_id == execution_id)
-            & (activity_tasks.c.activity_id == activity_id))).scalar_one()
+        data = self.conn.execute(
+            sa.select(events.c.data)
+            .select_from(
+                activity_tasks.join(
+                    events,
+                    (events.c.execution_id == activity_tasks.c.execution_id)
+                    & (events.c.seq == activity_tasks.c.event_seq),
+                )
+            )
+            .where(
+                (activity_tasks.c.execution_id == execution_id)
+                & (activity_tasks.c.activity_id == activity_id)
+            )
+        ).scalar_one()
         return self.payloads.decode_event(data).get("input")

@@ -38,8 +38,7 @@ def _guard(auth: Auth) -> Guard:
     return Guard(dependencies=[], errors=errors)
 
 
-def create_app(harvest: Harvest, *, token: str | None = None,
-               max_body_bytes: int | None = None) -> FastAPI:
+def create_app(harvest: Harvest, *, token: str | None = None, max_body_bytes: int | None = None) -> FastAPI:
     """The operator API and console over ``harvest``.
 
     With a token (``token``, else ``HARVEST_API_TOKEN``) every endpoint but ``/healthz`` needs
@@ -51,9 +50,14 @@ def create_app(harvest: Harvest, *, token: str | None = None,
     auth = Auth(token)
     if not auth.enabled:
         log.warning("the operator API has no token: every caller may read and change runs")
-    app = FastAPI(title="harvest-celery operator API", version="1.0.0",
-                  description="Start, signal, cancel and inspect durable workflows and DAG runs.",
-                  docs_url=None, redoc_url=None, openapi_url=None)  # served by the console, with auth
+    app = FastAPI(
+        title="harvest-celery operator API",
+        version="1.0.0",
+        description="Start, signal, cancel and inspect durable workflows and DAG runs.",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )  # served by the console, with auth
     app.state.harvest = harvest  # the routers' HarvestDep reads it
     app.state.auth = auth
     install_error_handlers(app)
@@ -63,8 +67,13 @@ def create_app(harvest: Harvest, *, token: str | None = None,
     access = [auth.api_dependency()]
     denied = error_responses(401, 403) if auth.enabled else error_responses(403)
     # this order is the order of the published OpenAPI paths
-    for router in (runs.router(guard), signals.router(guard), operator.router(guard),
-                   dags.router(guard), operator.admin_router(guard)):
+    for router in (
+        runs.router(guard),
+        signals.router(guard),
+        operator.router(guard),
+        dags.router(guard),
+        operator.admin_router(guard),
+    ):
         app.include_router(router, dependencies=access, responses=denied)
     app.include_router(meta.router(access))  # /metrics behind the auth; /healthz open
     register_pages(app, harvest, [auth.page_dependency()])  # the DAG run page
@@ -79,16 +88,20 @@ def serving_token(token: str | None, host: str, *, insecure: bool = False) -> st
     if token:
         return token
     if not insecure:
-        raise ValueError("HARVEST_API_TOKEN is not set: the API would let anyone read and change "
-                         "runs. Set it (python -c 'import secrets; print(secrets.token_urlsafe(32))'), "
-                         "or pass --insecure-no-auth to serve without auth on 127.0.0.1 only")
+        raise ValueError(
+            "HARVEST_API_TOKEN is not set: the API would let anyone read and change "
+            "runs. Set it (python -c 'import secrets; print(secrets.token_urlsafe(32))'), "
+            "or pass --insecure-no-auth to serve without auth on 127.0.0.1 only"
+        )
     try:
         loopback = host.lower() == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         loopback = False
     if not loopback:
-        raise ValueError(f"--insecure-no-auth binds to loopback only (127.0.0.1, ::1, localhost), "
-                         f"not {host!r}: set HARVEST_API_TOKEN to serve on another address")
+        raise ValueError(
+            f"--insecure-no-auth binds to loopback only (127.0.0.1, ::1, localhost), "
+            f"not {host!r}: set HARVEST_API_TOKEN to serve on another address"
+        )
     log.warning("--insecure-no-auth: the API and its console accept any caller on %s", host)
     return ""
 

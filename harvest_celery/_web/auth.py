@@ -144,25 +144,41 @@ class Auth:
         return hmac.compare_digest(_text(candidate), _text(self.csrf_token(session)))
 
     def set_cookie(self, response: Response, request: Request, session: Session) -> None:
-        response.set_cookie(SESSION_COOKIE, session.value, max_age=self.session_seconds, path="/",
-                            httponly=True, samesite="strict", secure=request.url.scheme == "https")
+        response.set_cookie(
+            SESSION_COOKIE,
+            session.value,
+            max_age=self.session_seconds,
+            path="/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
 
     def clear_cookie(self, response: Response, request: Request) -> None:
-        response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict",
-                               secure=request.url.scheme == "https")
+        response.delete_cookie(
+            SESSION_COOKIE, path="/", httponly=True, samesite="strict", secure=request.url.scheme == "https"
+        )
 
     # ── dependencies ─────────────────────────────────────────────────────────────────────────
     def _unauthorized(self) -> ApiError:
-        return ApiError(401, "Unauthorized", "a valid 'Authorization: Bearer <token>' header (or a "
-                        "console session) is required", headers={"WWW-Authenticate": "Bearer"})
+        return ApiError(
+            401,
+            "Unauthorized",
+            "a valid 'Authorization: Bearer <token>' header (or a console session) is required",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
 
     def check_api(self, request: Request) -> None:
         """The rule of every API endpoint (see the module docstring); raises ``ApiError``."""
         mutation = request.method not in SAFE_METHODS
         if self.token is None:
             if mutation and is_form_post(request):
-                raise ApiError(403, "CsrfRefused", "a mutation sent as an HTML form could be a "
-                               "cross-site request: send JSON (application/json) or no body")
+                raise ApiError(
+                    403,
+                    "CsrfRefused",
+                    "a mutation sent as an HTML form could be a "
+                    "cross-site request: send JSON (application/json) or no body",
+                )
             return
         if self.bearer_ok(request):
             return
@@ -170,13 +186,17 @@ class Auth:
         if session is None:
             raise self._unauthorized()
         if mutation and not self.csrf_ok(session, request.headers.get(CSRF_HEADER)):
-            raise ApiError(403, "CsrfRefused", f"a mutation made with the console session needs "
-                                               f"the {CSRF_HEADER} header of that session")
+            raise ApiError(
+                403,
+                "CsrfRefused",
+                f"a mutation made with the console session needs the {CSRF_HEADER} header of that session",
+            )
 
     def api_dependency(self) -> Any:
         """``Depends(...)`` for the API routers: with a token it declares the bearer scheme in
         OpenAPI; without one it declares nothing."""
         if self.token is None:
+
             def open_access(request: Request) -> None:
                 self.check_api(request)
 
@@ -212,8 +232,18 @@ class Auth:
 
 def login_redirect(request: Request, exc: LoginRequired) -> Response:
     """303 to the sign-in page, coming back to the page asked for."""
-    return Response(status_code=303, headers={"Location": f"{LOGIN_PATH}?next={quote(exc.next_path, safe='')}"})
+    return Response(
+        status_code=303, headers={"Location": f"{LOGIN_PATH}?next={quote(exc.next_path, safe='')}"}
+    )
 
 
-__all__ = ["CSRF_FIELD", "CSRF_HEADER", "SESSION_COOKIE", "Auth", "LoginRequired", "Session",
-           "login_redirect", "safe_next"]
+__all__ = [
+    "CSRF_FIELD",
+    "CSRF_HEADER",
+    "SESSION_COOKIE",
+    "Auth",
+    "LoginRequired",
+    "Session",
+    "login_redirect",
+    "safe_next",
+]

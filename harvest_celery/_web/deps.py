@@ -47,13 +47,15 @@ class Guard:
 def check_id(value: str, what: str = "an execution id") -> str:
     """Non-empty, at most 200 characters, storable; ``ValueError`` (→ 400) otherwise."""
     if not value.strip() or len(value) > MAX_ID_LENGTH or not _storable_text(value):
-        raise ValueError(f"{what} is a non-empty string of at most {MAX_ID_LENGTH} characters "
-                         "with no NUL character")
+        raise ValueError(
+            f"{what} is a non-empty string of at most {MAX_ID_LENGTH} characters with no NUL character"
+        )
     return value
 
 
 def check_name(value: str, what: str) -> str:
     if not value.strip() or len(value) > MAX_NAME_LENGTH or not _storable_text(value):
-        raise ValueError(f"{what} is a non-empty string of at most {MAX_NAME_LENGTH} characters "
-                         "with no NUL character")
+        raise ValueError(
+            f"{what} is a non-empty string of at most {MAX_NAME_LENGTH} characters with no NUL character"
+        )
     return value

@@ -28,8 +28,9 @@ from harvest_celery._web.models import ErrorBody
 class ApiError(Exception):
     """An API-level refusal that has no ``HarvestError`` of its own (401, a run of another DAG)."""
 
-    def __init__(self, status_code: int, error: str, detail: str,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, status_code: int, error: str, detail: str, headers: dict[str, str] | None = None
+    ) -> None:
         super().__init__(detail)
         self.status_code, self.error, self.detail, self.headers = status_code, error, detail, headers
 
@@ -41,8 +42,9 @@ def status_for(exc: BaseException) -> int:
     return http_status(exc)
 
 
-def error_response(status_code: int, error: str, detail: Any,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+def error_response(
+    status_code: int, error: str, detail: Any, headers: dict[str, str] | None = None
+) -> JSONResponse:
     return JSONResponse({"error": error, "detail": detail}, status_code=status_code, headers=headers)
 
 
@@ -60,12 +62,16 @@ def _json_safe(value: Any) -> Any:
 
 def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
     """The OpenAPI ``responses`` entries of these error statuses, each an ``ErrorBody``."""
-    text = {400: "a malformed id or payload", 401: "a missing or wrong bearer token",
-            403: "a cross-site request, or a session mutation without its CSRF token",
-            404: "unknown workflow, DAG or execution", 409: "the run's state forbids it",
-            413: "the request body is over the size limit",
-            422: "the request does not match the schema, or its JSON nests over 100 deep",
-            503: "a stored payload cannot be decoded here (e.g. its payload store is not configured)"}
+    text = {
+        400: "a malformed id or payload",
+        401: "a missing or wrong bearer token",
+        403: "a cross-site request, or a session mutation without its CSRF token",
+        404: "unknown workflow, DAG or execution",
+        409: "the run's state forbids it",
+        413: "the request body is over the size limit",
+        422: "the request does not match the schema, or its JSON nests over 100 deep",
+        503: "a stored payload cannot be decoded here (e.g. its payload store is not configured)",
+    }
     return {code: {"model": ErrorBody, "description": text[code]} for code in codes}
 
 
@@ -88,8 +94,9 @@ def _validation_error(_request: Request, exc: RequestValidationError) -> JSONRes
 
 def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
     names = {404: "NotFound", 405: "MethodNotAllowed"}
-    return error_response(exc.status_code, names.get(exc.status_code, "HTTPError"), exc.detail,
-                          getattr(exc, "headers", None))
+    return error_response(
+        exc.status_code, names.get(exc.status_code, "HTTPError"), exc.detail, getattr(exc, "headers", None)
+    )
 
 
 def install_error_handlers(app: FastAPI) -> None:

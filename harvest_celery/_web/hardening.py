@@ -60,8 +60,9 @@ def max_body_from_env(default: int = DEFAULT_MAX_BODY) -> int:
     return value
 
 
-async def _answer(send: Send, status: int, error: str, detail: Any,
-                  headers: dict[str, str] | None = None) -> None:
+async def _answer(
+    send: Send, status: int, error: str, detail: Any, headers: dict[str, str] | None = None
+) -> None:
     body = json.dumps({"error": error, "detail": detail}).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
@@ -86,10 +87,12 @@ class CrossSiteGuard:
             headers = Headers(scope=scope)
             site = headers.get("sec-fetch-site")
             origin = headers.get("origin")
-            if site in ("cross-site", "same-site") or (origin is not None and
-                                                      not _same_origin(origin, headers.get("host"))):
-                await _answer(send, 403, "CrossSiteRequest",
-                              "a state-changing request from another site is refused")
+            if site in ("cross-site", "same-site") or (
+                origin is not None and not _same_origin(origin, headers.get("host"))
+            ):
+                await _answer(
+                    send, 403, "CrossSiteRequest", "a state-changing request from another site is refused"
+                )
                 return
         await self.app(scope, receive, send)
 
@@ -152,9 +155,18 @@ class BodyGuard:
             more = message.get("more_body", False)
         body = b"".join(chunks)
         if body and _json_body(headers) and json_too_deep(body):
-            await _answer(send, 422, "ValidationError", [{
-                "type": "json_too_deep", "loc": ["body"],
-                "msg": f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep"}])
+            await _answer(
+                send,
+                422,
+                "ValidationError",
+                [
+                    {
+                        "type": "json_too_deep",
+                        "loc": ["body"],
+                        "msg": f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep",
+                    }
+                ],
+            )
             return
         await self.app(scope, _replay(body, None, receive), send)
 
@@ -162,8 +174,9 @@ class BodyGuard:
 def _replay(body: bytes, first: Message | None, receive: Receive) -> Receive:
     """A ``receive`` that hands the buffered body (or the message already read) once, then
     defers to the server's (a disconnect)."""
-    pending: list[Message] = [first if first is not None else
-                              {"type": "http.request", "body": body, "more_body": False}]
+    pending: list[Message] = [
+        first if first is not None else {"type": "http.request", "body": body, "more_body": False}
+    ]
 
     async def replay() -> Message:
         if pending:
@@ -176,8 +189,11 @@ def _replay(body: bytes, first: Message | None, receive: Receive) -> Receive:
 # ── errors no endpoint names ─────────────────────────────────────────────────────────────────
 def _wants_html(request: Request) -> bool:
     path = request.url.path
-    return request.method == "GET" and (path.startswith("/console") or path.startswith("/ui/")) \
+    return (
+        request.method == "GET"
+        and (path.startswith("/console") or path.startswith("/ui/"))
         and not path.endswith(".json")
+    )
 
 
 def failure_response(request: Request, status: int, error: str, detail: str) -> Response:
@@ -189,17 +205,23 @@ def failure_response(request: Request, status: int, error: str, detail: str) -> 
 
 def _database_error(request: Request, exc: Exception) -> Response:
     if is_transient(exc):
-        log.warning("%s %s: the database does not answer: %s", request.method, request.url.path,
-                    type(exc).__name__)
-        return failure_response(request, 503, "DatabaseUnavailable",
-                                "the database does not answer; retry later")
+        log.warning(
+            "%s %s: the database does not answer: %s", request.method, request.url.path, type(exc).__name__
+        )
+        return failure_response(
+            request, 503, "DatabaseUnavailable", "the database does not answer; retry later"
+        )
     return _unexpected(request, exc)
 
 
 def _unexpected(request: Request, exc: Exception) -> Response:
     log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
-    return failure_response(request, 500, "InternalServerError",
-                            "the server failed to answer this request; its log has the details")
+    return failure_response(
+        request,
+        500,
+        "InternalServerError",
+        "the server failed to answer this request; its log has the details",
+    )
 
 
 def install_failure_handlers(app: FastAPI) -> None:

@@ -37,7 +37,8 @@ class ErrorBody(BaseModel):
 
 class RetryRefusedBody(ErrorBody):
     reason: RetryRefusalReason | None = Field(
-        default=None, description="why a DAG retry was refused (RetryRefused only)")
+        default=None, description="why a DAG retry was refused (RetryRefused only)"
+    )
 
 
 class StartWorkflowRequest(_Model):
@@ -47,9 +48,10 @@ class StartWorkflowRequest(_Model):
     id_reuse: IdReuse = Field(
         default="idempotent",
         description="when execution_id names an existing run of this workflow: idempotent (the "
-                    "same input answers that run, another input is a 409), use_existing (that "
-                    "run, whatever its input) or reject (always a 409); another workflow's id is "
-                    "always a 409")
+        "same input answers that run, another input is a 409), use_existing (that "
+        "run, whatever its input) or reject (always a 409); another workflow's id is "
+        "always a 409",
+    )
 
 
 class StartWorkflowResponse(BaseModel):
@@ -71,10 +73,13 @@ class CancelResponse(BaseModel):
 
 class RequestCancelResponse(BaseModel):
     execution_id: str
-    requested: bool = Field(description="false if a cancellation request was already open "
-                                        "(idempotent: nothing recorded)")
-    display_status: str = Field(description="the run's status as shown: CANCELLING while the "
-                                            "request is open and the run has not finished")
+    requested: bool = Field(
+        description="false if a cancellation request was already open (idempotent: nothing recorded)"
+    )
+    display_status: str = Field(
+        description="the run's status as shown: CANCELLING while the "
+        "request is open and the run has not finished"
+    )
 
 
 class TerminateRequest(_Model):
@@ -103,7 +108,9 @@ class ForkResponse(BaseModel):
 
 
 class RetryRequest(_Model):
-    from_node: str | None = Field(default=None, description="the node to re-run from; default: the first failed node")
+    from_node: str | None = Field(
+        default=None, description="the node to re-run from; default: the first failed node"
+    )
     new_execution_id: str | None = Field(default=None, description="the new run's id; a fresh id if omitted")
 
 
@@ -117,9 +124,13 @@ class RetryResponse(BaseModel):
 
 
 class EraseRequest(_Model):
-    with_forks: bool = Field(default=False, description=(
-        "also erase the run's fork family (the runs reset or retry forked from it or it from), "
-        "which hold copies of its payloads; without it such an erasure is refused (409)"))
+    with_forks: bool = Field(
+        default=False,
+        description=(
+            "also erase the run's fork family (the runs reset or retry forked from it or it from), "
+            "which hold copies of its payloads; without it such an erasure is refused (409)"
+        ),
+    )
 
 
 class EraseResponse(BaseModel):
@@ -127,13 +138,18 @@ class EraseResponse(BaseModel):
     events: int = Field(description="events whose payload fields were tombstoned by this call")
     fields: int = Field(description="payload fields tombstoned by this call")
     blobs: int = Field(description="offloaded blobs deleted")
-    forks: list[str] = Field(default_factory=list,
-                             description="the other runs of the fork family erased with it")
+    forks: list[str] = Field(
+        default_factory=list, description="the other runs of the fork family erased with it"
+    )
 
 
 class PurgeRequest(_Model):
-    older_than_days: float = Field(ge=0, le=36500, allow_inf_nan=False,
-                                   description="delete terminal runs closed more than this many days ago")
+    older_than_days: float = Field(
+        ge=0,
+        le=36500,
+        allow_inf_nan=False,
+        description="delete terminal runs closed more than this many days ago",
+    )
     batch: int = Field(default=500, ge=1, le=10000, description="runs deleted per transaction")
 
 
@@ -161,12 +177,15 @@ class WorkflowSummary(BaseModel):
     status: Status = Field(description="the stored status (a CANCELLING run is stored RUNNING)")
     display_status: str = Field(
         description="the status as operators read it: CANCELLING while a cooperative cancellation "
-                    "request is open; 'CANCELLED (cancel branch failed: <error>)' (or FAILED …) when "
-                    "a cancelled run's cancel branch failed, leaving dangling state; else status")
+        "request is open; 'CANCELLED (cancel branch failed: <error>)' (or FAILED …) when "
+        "a cancelled run's cancel branch failed, leaving dangling state; else status"
+    )
     cancel_requested_at: datetime | None = Field(
-        default=None, description="when a cooperative cancellation was requested")
+        default=None, description="when a cooperative cancellation was requested"
+    )
     cancel_branch_error: str | None = Field(
-        default=None, description="'<type>: <message>' when a cancelled run's cancel branch failed")
+        default=None, description="'<type>: <message>' when a cancelled run's cancel branch failed"
+    )
     created_at: datetime
     updated_at: datetime
     closed_at: datetime | None
@@ -183,7 +202,9 @@ class WorkflowSummary(BaseModel):
 
 
 class WaitingHint(BaseModel):
-    kind: Literal["activity", "decision"] = Field(description="an open activity, or a pending decision request")
+    kind: Literal["activity", "decision"] = Field(
+        description="an open activity, or a pending decision request"
+    )
     activity: str | None = Field(default=None, description="the activity's name (null for a decision)")
     queue: str = Field(description="the queue it was sent to, which no live worker consumes")
     waiting_seconds: float = Field(description="how long it has waited")
@@ -198,13 +219,16 @@ class CancelBranchBody(BaseModel):
 class WorkflowDescription(WorkflowSummary):
     cancel_reason: str | None
     cancel_branch: CancelBranchBody | None = Field(
-        default=None, description="the cancel branch of a run sealed by a cancel (null otherwise)")
+        default=None, description="the cancel branch of a run sealed by a cancel (null otherwise)"
+    )
     nd_details: NdDetails | None
     result: Any = None
     error: Any = None
     waiting: list[WaitingHint] | None = Field(
-        default=None, description="what a running run waits on that no live worker consumes "
-                                  "([] nothing; null when the workers cannot be asked, e.g. embedded mode)")
+        default=None,
+        description="what a running run waits on that no live worker consumes "
+        "([] nothing; null when the workers cannot be asked, e.g. embedded mode)",
+    )
 
 
 class WorkflowList(BaseModel):

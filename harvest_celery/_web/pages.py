@@ -56,8 +56,13 @@ COMPENSATION_STYLE: dict[str, tuple[str, str]] = {  # badge fill, text
     COMPENSATING: ("#b7791f", "#ffffff"),
     COMPENSATION_FAILED: ("#b3261e", "#ffffff"),
 }
-RUN_STATE_COLOUR = {"RUNNING": "#1d6fd6", "COMPLETED": "#1f8a3d", "FAILED": "#c62828",
-                    "CANCELLED": "#6b6f76", "TERMINATED": "#6b6f76"}
+RUN_STATE_COLOUR = {
+    "RUNNING": "#1d6fd6",
+    "COMPLETED": "#1f8a3d",
+    "FAILED": "#c62828",
+    "CANCELLED": "#6b6f76",
+    "TERMINATED": "#6b6f76",
+}
 
 # geometry of the SVG (px)
 NODE_W, NODE_H = 228, 58
@@ -77,8 +82,11 @@ def compensation_states(history: Sequence[ev.HistoryEvent]) -> dict[str, str]:
     completion wins, else a failure (the last attempt failed or timed out), else it is still open.
     """
     badge = {SUCCEEDED: COMPENSATED, OPEN: COMPENSATING}  # failed or timed out: COMPENSATION_FAILED
-    return {d.compensates: badge.get(d.outcome, COMPENSATION_FAILED)
-            for d in fold_dispatches(history).compensations() if d.compensates is not None}
+    return {
+        d.compensates: badge.get(d.outcome, COMPENSATION_FAILED)
+        for d in fold_dispatches(history).compensations()
+        if d.compensates is not None
+    }
 
 
 def compensated_nodes(history: Sequence[ev.HistoryEvent]) -> set[str]:
@@ -145,8 +153,13 @@ def _label(name: str) -> str:
 
 
 def _node_title(node: dict[str, Any], compensation: str) -> str:
-    lines = [node["node_name"], f"status: {node['status']}", f"attempts: {node['attempts']}",
-             f"started: {_when(node['started_at'])}", f"finished: {_when(node['finished_at'])}"]
+    lines = [
+        node["node_name"],
+        f"status: {node['status']}",
+        f"attempts: {node['attempts']}",
+        f"started: {_when(node['started_at'])}",
+        f"finished: {_when(node['finished_at'])}",
+    ]
     took = _duration(node["started_at"], node["finished_at"])
     if took:
         lines.append(f"duration: {took}")
@@ -168,22 +181,28 @@ def _edges(nodes: list[dict[str, Any]], positions: dict[str, tuple[int, int]]) -
             x1, y1 = positions[up]
             sx, sy, tx, ty = x1 + NODE_W, y1 + NODE_H // 2, x2 - 2, y2 + NODE_H // 2
             mid = (sx + tx) // 2
-            out.append(f'<path class="edge" data-from="{_e(up)}" data-to="{_e(node["node_name"])}" '
-                       f'd="M{sx},{sy} C{mid},{sy} {mid},{ty} {tx},{ty}" fill="none" '
-                       f'stroke="#7d8590" stroke-width="1.6" marker-end="url(#arrow)">'
-                       f'<title>{_e(up)} → {_e(node["node_name"])}</title></path>')
+            out.append(
+                f'<path class="edge" data-from="{_e(up)}" data-to="{_e(node["node_name"])}" '
+                f'd="M{sx},{sy} C{mid},{sy} {mid},{ty} {tx},{ty}" fill="none" '
+                f'stroke="#7d8590" stroke-width="1.6" marker-end="url(#arrow)">'
+                f"<title>{_e(up)} → {_e(node['node_name'])}</title></path>"
+            )
     return out
 
 
 def _svg(graph: dict[str, Any], compensation: dict[str, str]) -> str:
     nodes = graph["nodes"]
     positions, width, height = layout(nodes)
-    out = [f'<svg id="dag" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           f'viewBox="0 0 {width} {height}" role="img" aria-label="DAG run graph">',
-           '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="8" '
-           'markerHeight="8" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
-           'fill="#7d8590"/></marker></defs>',
-           '<g class="edges">', *_edges(nodes, positions), '</g><g class="nodes">']
+    out = [
+        f'<svg id="dag" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="DAG run graph">',
+        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="8" '
+        'markerHeight="8" orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" '
+        'fill="#7d8590"/></marker></defs>',
+        '<g class="edges">',
+        *_edges(nodes, positions),
+        '</g><g class="nodes">',
+    ]
     for node in nodes:
         name, status = node["node_name"], node["status"]
         comp = compensation.get(name, NO_COMPENSATION)
@@ -200,20 +219,23 @@ def _svg(graph: dict[str, Any], compensation: dict[str, str]) -> str:
         out.append(
             f'<g class="node status-{_e(status)}" data-node="{_e(name)}" data-status="{_e(status)}" '
             f'data-compensation="{_e(comp)}" transform="translate({x},{y})" tabindex="0">'
-            f'<title>{_e(_node_title(node, comp))}</title>'
+            f"<title>{_e(_node_title(node, comp))}</title>"
             f'<rect class="box" width="{NODE_W}" height="{NODE_H}" rx="10" ry="10" fill="{fill}" '
             f'stroke="{stroke}" stroke-width="2"{dash}/>'
             f'<rect width="6" height="{NODE_H - 16}" x="8" y="8" rx="3" fill="{stroke}"/>'
             f'<text x="24" y="25" class="name" fill="{ink}">{_e(_label(name))}</text>'
-            f'<text x="24" y="44" class="sub" fill="{ink}">{_e(sub)}</text>')
+            f'<text x="24" y="44" class="sub" fill="{ink}">{_e(sub)}</text>'
+        )
         if comp != NO_COMPENSATION:
             badge_fill, badge_ink = COMPENSATION_STYLE.get(comp, ("#444444", "#ffffff"))
             text = f"↺ {comp}"
             bw = 16 + 7 * len(text)
-            out.append(f'<g class="badge" data-badge="{_e(comp)}" transform="translate(10,{NODE_H + 6})">'
-                       f'<rect width="{bw}" height="20" rx="10" ry="10" fill="{badge_fill}"/>'
-                       f'<text x="{bw // 2}" y="14" text-anchor="middle" class="badge-text" '
-                       f'fill="{badge_ink}">{_e(text)}</text></g>')
+            out.append(
+                f'<g class="badge" data-badge="{_e(comp)}" transform="translate(10,{NODE_H + 6})">'
+                f'<rect width="{bw}" height="20" rx="10" ry="10" fill="{badge_fill}"/>'
+                f'<text x="{bw // 2}" y="14" text-anchor="middle" class="badge-text" '
+                f'fill="{badge_ink}">{_e(text)}</text></g>'
+            )
         out.append("</g>")
     out.append("</g></svg>")
     return "".join(out)
@@ -223,12 +245,16 @@ def _legend() -> str:
     items = []
     for status, (fill, stroke, _ink) in STATUS_STYLE.items():
         dash = ' stroke-dasharray="4 3"' if status == "skipped" else ""
-        items.append(f'<li data-legend="{_e(status)}"><svg width="26" height="16" aria-hidden="true">'
-                     f'<rect x="1" y="1" width="24" height="14" rx="4" fill="{fill}" stroke="{stroke}" '
-                     f'stroke-width="2"{dash}/></svg>{_e(status.replace("_", " "))}</li>')
+        items.append(
+            f'<li data-legend="{_e(status)}"><svg width="26" height="16" aria-hidden="true">'
+            f'<rect x="1" y="1" width="24" height="14" rx="4" fill="{fill}" stroke="{stroke}" '
+            f'stroke-width="2"{dash}/></svg>{_e(status.replace("_", " "))}</li>'
+        )
     for comp, (fill, ink) in COMPENSATION_STYLE.items():
-        items.append(f'<li data-legend="{_e(comp)}"><span class="pill" style="background:{fill};'
-                     f'color:{ink}">↺</span>{_e(comp)}</li>')
+        items.append(
+            f'<li data-legend="{_e(comp)}"><span class="pill" style="background:{fill};'
+            f'color:{ink}">↺</span>{_e(comp)}</li>'
+        )
     return '<ul class="legend">' + "".join(items) + "</ul>"
 
 
@@ -236,17 +262,23 @@ def _table(graph: dict[str, Any], compensation: dict[str, str]) -> str:
     rows = []
     for n in graph["nodes"]:
         comp = compensation.get(n["node_name"], NO_COMPENSATION)
-        error = f"{n.get('error_type') or 'Error'}: {n.get('error') or ''}" if (
-            n.get("error_type") or n.get("error")) else ""
+        error = (
+            f"{n.get('error_type') or 'Error'}: {n.get('error') or ''}"
+            if (n.get("error_type") or n.get("error"))
+            else ""
+        )
         rows.append(
             f'<tr data-row="{_e(n["node_name"])}"><td class="mono">{_e(n["node_name"])}</td>'
             f'<td><span class="dot status-{_e(n["status"])}"></span>{_e(n["status"])}</td>'
-            f'<td>{_e(n["attempts"])}</td><td>{_e(_when(n["started_at"]))}</td>'
-            f'<td>{_e(_duration(n["started_at"], n["finished_at"]) or "-")}</td>'
-            f'<td>{_e("" if comp == NO_COMPENSATION else comp)}</td><td class="err">{_e(error)}</td></tr>')
-    return ('<table class="nodes"><thead><tr><th>node</th><th>status</th><th>attempts</th>'
-            '<th>started</th><th>duration</th><th>compensation</th><th>error</th></tr></thead>'
-            '<tbody>' + "".join(rows) + "</tbody></table>")
+            f"<td>{_e(n['attempts'])}</td><td>{_e(_when(n['started_at']))}</td>"
+            f"<td>{_e(_duration(n['started_at'], n['finished_at']) or '-')}</td>"
+            f'<td>{_e("" if comp == NO_COMPENSATION else comp)}</td><td class="err">{_e(error)}</td></tr>'
+        )
+    return (
+        '<table class="nodes"><thead><tr><th>node</th><th>status</th><th>attempts</th>'
+        "<th>started</th><th>duration</th><th>compensation</th><th>error</th></tr></thead>"
+        "<tbody>" + "".join(rows) + "</tbody></table>"
+    )
 
 
 CSS = """
@@ -286,8 +318,10 @@ table.nodes td{border-bottom:1px solid #eaeef2;padding:4px 8px;vertical-align:to
 .dot{display:inline-block;width:9px;height:9px;border-radius:50%;margin-right:6px;background:#999}
 """
 DOT_CSS = "".join(f".dot.status-{s}{{background:{stroke}}}" for s, (_f, stroke, _i) in STATUS_STYLE.items())
-PRE_CSS = ("pre#timeline{margin:0;padding:12px;background:#0d1117;color:#c9d1d9;border-radius:8px;"
-           "overflow-x:auto;font:12px/1.5 ui-monospace,\"DejaVu Sans Mono\",monospace}")
+PRE_CSS = (
+    "pre#timeline{margin:0;padding:12px;background:#0d1117;color:#c9d1d9;border-radius:8px;"
+    'overflow-x:auto;font:12px/1.5 ui-monospace,"DejaVu Sans Mono",monospace}'
+)
 
 SCRIPT = """
 (function(){
@@ -301,15 +335,19 @@ SCRIPT = """
 })();
 """
 
-CSP = ("default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
-       "img-src data:; base-uri 'none'; form-action 'none'")
+CSP = (
+    "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; "
+    "img-src data:; base-uri 'none'; form-action 'none'"
+)
 
 
 def _document(title: str, body: str, *, refresh: bool = False) -> str:
-    head = ['<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
-            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
-            '<meta name="viewport" content="width=device-width, initial-scale=1">',
-            '<link rel="icon" href="data:,">']
+    head = [
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        '<link rel="icon" href="data:,">',
+    ]
     if refresh:
         head.append('<meta http-equiv="refresh" content="5">')
     head.append(f"<title>{_e(title)}</title><style>{CSS}{DOT_CSS}{PRE_CSS}</style></head>")
@@ -323,25 +361,28 @@ def render_dag_page(graph: dict[str, Any], timeline: list[str], compensation: di
     colour = RUN_STATE_COLOUR.get(state, "#57606a")
     took = _duration(graph["started_at"], graph["finished_at"])
     unwound = sum(1 for v in compensation.values() if v == COMPENSATED)
-    meta = [f'<span>state <span class="state" id="run-state" data-state="{_e(state)}" '
-            f'style="background:{colour}">{_e(state)}</span></span>',
-            f'<span>started <b id="run-started">{_e(_when(graph["started_at"]))}</b></span>',
-            f'<span>finished <b id="run-finished">{_e(_when(graph["finished_at"]))}</b></span>']
+    meta = [
+        f'<span>state <span class="state" id="run-state" data-state="{_e(state)}" '
+        f'style="background:{colour}">{_e(state)}</span></span>',
+        f'<span>started <b id="run-started">{_e(_when(graph["started_at"]))}</b></span>',
+        f'<span>finished <b id="run-finished">{_e(_when(graph["finished_at"]))}</b></span>',
+    ]
     if took:
         meta.append(f"<span>took <b>{_e(took)}</b></span>")
-    meta.append(f'<span>nodes <b>{len(graph["nodes"])}</b></span>')
+    meta.append(f"<span>nodes <b>{len(graph['nodes'])}</b></span>")
     if compensation:
-        meta.append(f'<span>compensated <b>{unwound}/{len(compensation)}</b></span>')
+        meta.append(f"<span>compensated <b>{unwound}/{len(compensation)}</b></span>")
     body = (
         f'<header><h1>{_e(graph["dag_name"])}<span class="run" id="run-id">{_e(graph["run_id"])}</span>'
         f'</h1><div class="meta">{"".join(meta)}</div></header><main>'
         f'<section><h2>Graph</h2><div class="graph">{_svg(graph, compensation)}</div>'
         f'<div id="details" aria-live="polite">Hover a node for its timings, attempts and error.</div>'
-        f'</section>'
-        f'<section><h2>Legend</h2>{_legend()}</section>'
-        f'<section><h2>Nodes</h2>{_table(graph, compensation)}</section>'
+        f"</section>"
+        f"<section><h2>Legend</h2>{_legend()}</section>"
+        f"<section><h2>Nodes</h2>{_table(graph, compensation)}</section>"
         f'<section><h2>Timeline</h2><pre id="timeline">{_e(chr(10).join(timeline))}</pre></section>'
-        f'</main><script>{SCRIPT}</script>')
+        f"</main><script>{SCRIPT}</script>"
+    )
     title = f"{graph['dag_name']} · {graph['run_id']} · {state}"
     return _document(title, body, refresh=state == "RUNNING")
 
@@ -349,18 +390,22 @@ def render_dag_page(graph: dict[str, Any], timeline: list[str], compensation: di
 def render_graph(graph: dict[str, Any], compensation: dict[str, str]) -> str:
     """The graph as the DAG page draws it (SVG, legend, node table) for embedding in another
     page, e.g. the console's run page, which styles it with ``GRAPH_CSS``."""
-    return (f'<div class="graph">{_svg(graph, compensation)}</div>{_legend()}'
-            f'{_table(graph, compensation)}')
+    return f'<div class="graph">{_svg(graph, compensation)}</div>{_legend()}{_table(graph, compensation)}'
 
 
 # the rules of CSS that the embedded graph needs (served as the console's graph.css)
-GRAPH_CSS = "\n".join(rule + "}" for rule in CSS.replace("\n", "").split("}")
-                      if rule.startswith(("svg", ".legend", ".pill", "table.nodes", ".dot", ".mono",
-                                          ".graph"))) + DOT_CSS
+GRAPH_CSS = (
+    "\n".join(
+        rule + "}"
+        for rule in CSS.replace("\n", "").split("}")
+        if rule.startswith(("svg", ".legend", ".pill", "table.nodes", ".dot", ".mono", ".graph"))
+    )
+    + DOT_CSS
+)
 
 
 def render_error_page(status_code: int, message: str) -> str:
-    body = (f'<header><h1>{status_code}</h1><div class="meta" id="error">{_e(message)}</div></header>')
+    body = f'<header><h1>{status_code}</h1><div class="meta" id="error">{_e(message)}</div></header>'
     return _document(f"{status_code} · harvest", body)
 
 
@@ -381,11 +426,17 @@ def register_pages(app: FastAPI, harvest: Any, dependencies: Sequence[Any] = ())
     the server cannot read.
     """
 
-    @app.get("/ui/dags/{name}/runs/{run_id}", response_class=HTMLResponse, tags=["ui"],
-             dependencies=list(dependencies),
-             responses={400: {"description": "a malformed name or id", "content": _HTML},
-                        404: {"description": "unknown DAG or run", "content": _HTML},
-                        503: {"description": "the run's history cannot be read", "content": _HTML}})
+    @app.get(
+        "/ui/dags/{name}/runs/{run_id}",
+        response_class=HTMLResponse,
+        tags=["ui"],
+        dependencies=list(dependencies),
+        responses={
+            400: {"description": "a malformed name or id", "content": _HTML},
+            404: {"description": "unknown DAG or run", "content": _HTML},
+            503: {"description": "the run's history cannot be read", "content": _HTML},
+        },
+    )
     def dag_run_page(name: str, run_id: str) -> HTMLResponse:
         """The DAG run drawn as a graph (HTML)."""
 
@@ -393,8 +444,11 @@ def register_pages(app: FastAPI, harvest: Any, dependencies: Sequence[Any] = ())
             return HTMLResponse(render_error_page(code, message), status_code=code)
 
         if not _valid(name) or not _valid(run_id):
-            return error(400, f"a DAG name and a run id are non-empty strings of at most {MAX_PATH_PART} "
-                              "characters with no NUL character")
+            return error(
+                400,
+                f"a DAG name and a run id are non-empty strings of at most {MAX_PATH_PART} "
+                "characters with no NUL character",
+            )
         try:
             definition = harvest.registry.workflow(name)
         except RegistrationError:
@@ -411,5 +465,4 @@ def register_pages(app: FastAPI, harvest: Any, dependencies: Sequence[Any] = ())
         except (HarvestError, ValueError) as exc:
             return error(503, f"the run cannot be read: {type(exc).__name__}")
         graph = build_run_graph(definition.extra, execution, history)
-        return HTMLResponse(render_dag_page(graph, render_timeline(history),
-                                            compensation_states(history)))
+        return HTMLResponse(render_dag_page(graph, render_timeline(history), compensation_states(history)))

@@ -65,8 +65,14 @@ class FlaskHarvest:
     Attribute access (``signal``, ``cancel_workflow_execution``, ``result``, ``describe``…)
     goes to the current app's ``Harvest``."""
 
-    def __init__(self, app: Flask | None = None, *, db: Any = None, celery_app: Any = None,
-                 harvest: Harvest | None = None) -> None:
+    def __init__(
+        self,
+        app: Flask | None = None,
+        *,
+        db: Any = None,
+        celery_app: Any = None,
+        harvest: Harvest | None = None,
+    ) -> None:
         self.db = db
         self.celery_app = celery_app
         self._given = harvest
@@ -79,7 +85,9 @@ class FlaskHarvest:
         for key, default in DEFAULTS.items():
             app.config.setdefault(f"HARVEST_{key}", default)
         harvest = self._given or self._build(app)
-        app.extensions[EXTENSION] = _State(harvest, self.db.session if self._transactional(app, harvest) else None)
+        app.extensions[EXTENSION] = _State(
+            harvest, self.db.session if self._transactional(app, harvest) else None
+        )
         if app.config["HARVEST_ERROR_HANDLERS"]:
             app.register_error_handler(HarvestError, error_response)
         app.cli.add_command(harvest_command)
@@ -90,8 +98,10 @@ class FlaskHarvest:
         if not url and self.db is not None and cfg.get("SQLALCHEMY_DATABASE_URI"):
             url = _engine_url(cfg["SQLALCHEMY_DATABASE_URI"])
         if not url:
-            raise RuntimeError("FlaskHarvest: set HARVEST_DATABASE_URL (or give db= with "
-                               "SQLALCHEMY_DATABASE_URI on the harvest database)")
+            raise RuntimeError(
+                "FlaskHarvest: set HARVEST_DATABASE_URL (or give db= with "
+                "SQLALCHEMY_DATABASE_URI on the harvest database)"
+            )
         celery_app = _resolve(cfg["HARVEST_CELERY_APP"] or self.celery_app)
         if celery_app is None and cfg["HARVEST_BROKER_URL"]:
             from celery import Celery
@@ -124,27 +134,43 @@ class FlaskHarvest:
     def harvest(self) -> Harvest:
         return _state().harvest
 
-    def start_workflow(self, name: str, input: Any = None, execution_id: str | None = None, *,
-                       connection: Any = None, id_reuse: str = "idempotent") -> str:
+    def start_workflow(
+        self,
+        name: str,
+        input: Any = None,
+        execution_id: str | None = None,
+        *,
+        connection: Any = None,
+        id_reuse: str = "idempotent",
+    ) -> str:
         """``Harvest.start_workflow``, inside ``db.session``'s transaction when the app's database
         is the harvest database (``HARVEST_TRANSACTIONAL_START``): commit the session and the run
         is started; roll it back and it never existed."""
         state = _state()
         if connection is None:
             connection = state.session
-        return state.harvest.start_workflow(name, input, execution_id, connection=connection,
-                                            id_reuse=id_reuse)
+        return state.harvest.start_workflow(
+            name, input, execution_id, connection=connection, id_reuse=id_reuse
+        )
 
-    def start_workflow_on_commit(self, name: str, input: Any = None, execution_id: str | None = None,
-                                 *, session: Any = None, id_reuse: str = "idempotent") -> str:
+    def start_workflow_on_commit(
+        self,
+        name: str,
+        input: Any = None,
+        execution_id: str | None = None,
+        *,
+        session: Any = None,
+        id_reuse: str = "idempotent",
+    ) -> str:
         """Start once ``db.session`` (or ``session``) commits — for an app whose database is not
         the harvest database; the weaker guarantee of ``Harvest.start_workflow_on_commit``."""
         if session is None and self.db is not None:
             session = self.db.session
         if session is None:
             raise RuntimeError("start_workflow_on_commit needs a session: give FlaskHarvest db=")
-        return _state().harvest.start_workflow_on_commit(name, input, execution_id,
-                                                         session=session, id_reuse=id_reuse)
+        return _state().harvest.start_workflow_on_commit(
+            name, input, execution_id, session=session, id_reuse=id_reuse
+        )
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -158,7 +184,9 @@ def _keywords(keys: dict[str, Any], options: Any) -> dict[str, Any]:
     more = dict(options)
     twice = sorted(set(keys) & set(more))
     if twice:
-        raise RuntimeError(f"FlaskHarvest: {', '.join(twice)} set both as HARVEST_<KEY> and in HARVEST_OPTIONS")
+        raise RuntimeError(
+            f"FlaskHarvest: {', '.join(twice)} set both as HARVEST_<KEY> and in HARVEST_OPTIONS"
+        )
     return {**keys, **more}
 
 
@@ -185,8 +213,11 @@ def error_response(exc: HarvestError) -> Any:
     return jsonify(error_body(exc)), http_status(exc)
 
 
-@click.command("harvest", add_help_option=False,
-               context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.command(
+    "harvest",
+    add_help_option=False,
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @with_appcontext
 def harvest_command(args: tuple[str, ...]) -> None:

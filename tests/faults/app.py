@@ -40,15 +40,25 @@ from harvest_celery import RetryPolicy, Saga, WorkflowContext, activity, workflo
 from harvest_celery._client import Harvest, configure_dedicated_celery_app
 from harvest_celery._store.records import Timings
 
-DATABASE_URL = os.environ.get("HARVEST_FAULTS_DATABASE_URL",
-                              "postgresql+psycopg2://postgres@127.0.0.1:25432/harvest_faults")
+DATABASE_URL = os.environ.get(
+    "HARVEST_FAULTS_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:25432/harvest_faults"
+)
 BROKER_URL = os.environ.get("HARVEST_FAULTS_BROKER_URL", "redis://127.0.0.1:26379/0")
 FULL = os.environ.get("HARVEST_FAULTS_FULL") == "1"
 QUEUE = "faults"
 
 # CI: short timings so the suite fits its budget; FULL: the library's defaults.
-TIMINGS = Timings() if FULL else Timings(default_lease=3.0, redispatch_after=2.0, nd_retry_initial=0.5,
-                                         nd_retry_max=2.0, outcome_retry_for=60.0)
+TIMINGS = (
+    Timings()
+    if FULL
+    else Timings(
+        default_lease=3.0,
+        redispatch_after=2.0,
+        nd_retry_initial=0.5,
+        nd_retry_max=2.0,
+        outcome_retry_for=60.0,
+    )
+)
 SWEEP_INTERVAL = 1.0 if FULL else 0.3
 VISIBILITY_TIMEOUT = 3600 if FULL else 30
 
@@ -104,10 +114,20 @@ def _ids() -> tuple[str, str, int]:
 def record_effect(step: int, kind: str) -> None:
     run, activity_id, attempt = _ids()
     with effects_engine().begin() as conn:
-        conn.execute(sa.text("INSERT INTO fault_effects (run, step, kind, activity_id, attempt, pid) "
-                             "VALUES (:run, :step, :kind, :aid, :attempt, :pid)"),
-                     {"run": run, "step": step, "kind": kind, "aid": activity_id, "attempt": attempt,
-                      "pid": os.getpid()})
+        conn.execute(
+            sa.text(
+                "INSERT INTO fault_effects (run, step, kind, activity_id, attempt, pid) "
+                "VALUES (:run, :step, :kind, :aid, :attempt, :pid)"
+            ),
+            {
+                "run": run,
+                "step": step,
+                "kind": kind,
+                "aid": activity_id,
+                "attempt": attempt,
+                "pid": os.getpid(),
+            },
+        )
 
 
 class PlannedFailure(Exception):
@@ -119,8 +139,11 @@ class CustomStop(BaseException):
 
 
 BASE_EXCEPTIONS: dict[str, type[BaseException]] = {
-    "SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt, "GeneratorExit": GeneratorExit,
-    "CancelledError": asyncio.CancelledError, "CustomStop": CustomStop,
+    "SystemExit": SystemExit,
+    "KeyboardInterrupt": KeyboardInterrupt,
+    "GeneratorExit": GeneratorExit,
+    "CancelledError": asyncio.CancelledError,
+    "CustomStop": CustomStop,
 }
 
 
@@ -138,8 +161,9 @@ def _forward(data: dict) -> str:
     return f"done-{data['step']}"
 
 
-STEP_RETRY = RetryPolicy(max_attempts=6, initial_interval=0.2, maximum_interval=2.0,
-                         non_retryable_error_types=("PlannedFailure",))
+STEP_RETRY = RetryPolicy(
+    max_attempts=6, initial_interval=0.2, maximum_interval=2.0, non_retryable_error_types=("PlannedFailure",)
+)
 
 
 @activity(queue=QUEUE, retry=STEP_RETRY)
@@ -174,8 +198,10 @@ async def fault_saga(ctx: WorkflowContext, data: dict) -> str:
         step_input = {"step": step, "fail": bool(data.get("fail")) and step == 4}
         if data.get("boom_step") == step:
             step_input["boom"] = data["boom"]
-        await saga.step(lambda step_input=step_input: ctx.execute_activity(forward, step_input),
-                        lambda _out, step=step: compensate(step))
+        await saga.step(
+            lambda step_input=step_input: ctx.execute_activity(forward, step_input),
+            lambda _out, step=step: compensate(step),
+        )
         if data.get("wf_boom") and step == 2:
             raise BASE_EXCEPTIONS[data["wf_boom"]](f"{data['wf_boom']} from workflow code")
     return "ok"

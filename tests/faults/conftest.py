@@ -109,8 +109,9 @@ def _results_file() -> None:
 
 
 @pytest.fixture
-def faults(request: Any, fa: Any, workers: dict[str, Worker], servers: Servers,
-           engine: sa.Engine) -> Iterator[Faults]:
+def faults(
+    request: Any, fa: Any, workers: dict[str, Worker], servers: Servers, engine: sa.Engine
+) -> Iterator[Faults]:
     client = redis.Redis.from_url(servers.redis.url)
     client.delete("faults:dup")
     for w in workers.values():  # a test that failed half-way may have left one dead

@@ -51,15 +51,32 @@ class Worker:
     def start(self) -> None:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONPATH=str(ROOT), **self.env)
-        cmd = [sys.executable, "-m", "celery", "-A", "tests.faults.app", "worker", "-Q", self.queues,
-               "-n", f"{self.name}-{uuid.uuid4().hex[:6]}@%h", "-P", POOL, "-c", "4",
-               "--without-mingle", "-l", "INFO"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.faults.app",
+            "worker",
+            "-Q",
+            self.queues,
+            "-n",
+            f"{self.name}-{uuid.uuid4().hex[:6]}@%h",
+            "-P",
+            POOL,
+            "-c",
+            "4",
+            "--without-mingle",
+            "-l",
+            "INFO",
+        ]
         with open(self.log, "ab") as out:
             out.write(f"\n===== start {time.time()} =====\n".encode())
             out.flush()
             since = self.log.stat().st_size
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.starts += 1
         self._wait_ready(since)
 
@@ -107,8 +124,15 @@ class Row:
 class Faults:
     """A fault test's toolbox (the ``faults`` fixture)."""
 
-    def __init__(self, fa: Any, workers: dict[str, Worker], client: redis.Redis, engine: sa.Engine,
-                 servers: Any, known_bug: str = "") -> None:
+    def __init__(
+        self,
+        fa: Any,
+        workers: dict[str, Worker],
+        client: redis.Redis,
+        engine: sa.Engine,
+        servers: Any,
+        known_bug: str = "",
+    ) -> None:
         self.known_bug = known_bug
         self.fa = fa
         self.harvest = fa.harvest
@@ -119,8 +143,9 @@ class Faults:
         self.expected: dict[str, Expect] = {}
 
     # ── runs ─────────────────────────────────────────────────────────────────────────────────
-    def start(self, n: int = RUNS, plan: str | None = None, plan_on: str | int = "all",
-              **data: Any) -> list[str]:
+    def start(
+        self, n: int = RUNS, plan: str | None = None, plan_on: str | int = "all", **data: Any
+    ) -> list[str]:
         """Start ``n`` sagas; every second one (odd index) fails at its last step and unwinds.
         ``plan``: the fault point each run hangs at (``plan_on``: "all", "failing" — each
         failing run —, or a number: the first that many runs)."""
@@ -128,8 +153,11 @@ class Faults:
         for i in range(n):
             fail = i % 2 == 1
             run = f"f-{uuid.uuid4().hex[:10]}-{i}"
-            planned = plan_on == "all" or (plan_on == "failing" and fail) or (
-                isinstance(plan_on, int) and i < plan_on)
+            planned = (
+                plan_on == "all"
+                or (plan_on == "failing" and fail)
+                or (isinstance(plan_on, int) and i < plan_on)
+            )
             if plan and planned:
                 self.redis.set(f"hang:{run}", plan)
             self._start_one(run, {**data, "fail": fail})
@@ -186,15 +214,18 @@ class Faults:
             w.start()
         return t0
 
-    def wait_finished(self, runs: list[str] | None = None, since: float | None = None,
-                      timeout: float = RECOVERY_TIMEOUT) -> float | None:
+    def wait_finished(
+        self, runs: list[str] | None = None, since: float | None = None, timeout: float = RECOVERY_TIMEOUT
+    ) -> float | None:
         """Seconds from ``since`` until every run is terminal (nd-blocked runs count as
         settled); None if they are not within ``timeout``."""
         runs = list(self.expected) if runs is None else runs
         since = time.monotonic() if since is None else since
         deadline = time.monotonic() + timeout
-        q = sa.text("SELECT count(*) FROM harvest_executions WHERE id = ANY(:ids) "
-                    "AND status = 'RUNNING' AND nd_blocked_at IS NULL")
+        q = sa.text(
+            "SELECT count(*) FROM harvest_executions WHERE id = ANY(:ids) "
+            "AND status = 'RUNNING' AND nd_blocked_at IS NULL"
+        )
         while time.monotonic() < deadline:
             try:
                 with self.engine.connect() as conn:
@@ -213,8 +244,17 @@ class Faults:
         for w in self.workers.values():
             if not w.alive():
                 verdict.note(w.name, f"worker process lost (exit code {w.proc.poll() if w.proc else None})")
-        row = Row(fault, verdict.runs, verdict.lost, verdict.duplicated, verdict.uncompensated, recovery,
-                  "full" if FULL else "ci", verdict.problems, self.known_bug)
+        row = Row(
+            fault,
+            verdict.runs,
+            verdict.lost,
+            verdict.duplicated,
+            verdict.uncompensated,
+            recovery,
+            "full" if FULL else "ci",
+            verdict.problems,
+            self.known_bug,
+        )
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         with open(RESULTS, "a") as out:
             out.write(json.dumps(asdict(row)) + "\n")
@@ -229,11 +269,23 @@ class Faults:
     def attempt_errors(self, run: str, activity_id: str) -> list[tuple[int, str]]:
         """(attempt, error type) of every failed attempt of an activity, retried ones included."""
         with self.engine.connect() as conn:
-            return [(int(a), str(t)) for a, t in conn.execute(sa.text(
-                "SELECT attempt, error_type FROM harvest_attempt_errors WHERE execution_id = :id "
-                "AND activity_id = :aid ORDER BY attempt"), {"id": run, "aid": activity_id})]
+            return [
+                (int(a), str(t))
+                for a, t in conn.execute(
+                    sa.text(
+                        "SELECT attempt, error_type FROM harvest_attempt_errors WHERE execution_id = :id "
+                        "AND activity_id = :aid ORDER BY attempt"
+                    ),
+                    {"id": run, "aid": activity_id},
+                )
+            ]
 
     def history(self, run: str) -> list[tuple[str, dict]]:
         with self.engine.connect() as conn:
-            return [(t, d if isinstance(d, dict) else json.loads(d)) for t, d in conn.execute(sa.text(
-                "SELECT type, data FROM harvest_events WHERE execution_id = :id ORDER BY seq"), {"id": run})]
+            return [
+                (t, d if isinstance(d, dict) else json.loads(d))
+                for t, d in conn.execute(
+                    sa.text("SELECT type, data FROM harvest_events WHERE execution_id = :id ORDER BY seq"),
+                    {"id": run},
+                )
+            ]

@@ -64,12 +64,21 @@ def _data(value: Any) -> dict[str, Any]:
 
 
 def _load(conn: sa.Connection, run: str) -> tuple[Any, list[tuple[int, str, dict]], list[Any]]:
-    row = conn.execute(sa.text("SELECT status, next_seq, error, nd_blocked_at FROM harvest_executions "
-                               "WHERE id = :id"), {"id": run}).first()
-    events = [(int(seq), str(typ), _data(data)) for seq, typ, data in conn.execute(sa.text(
-        "SELECT seq, type, data FROM harvest_events WHERE execution_id = :id ORDER BY seq"), {"id": run})]
-    effects = conn.execute(sa.text("SELECT step, kind, activity_id, attempt FROM fault_effects "
-                                   "WHERE run = :id ORDER BY id"), {"id": run}).fetchall()
+    row = conn.execute(
+        sa.text("SELECT status, next_seq, error, nd_blocked_at FROM harvest_executions WHERE id = :id"),
+        {"id": run},
+    ).first()
+    events = [
+        (int(seq), str(typ), _data(data))
+        for seq, typ, data in conn.execute(
+            sa.text("SELECT seq, type, data FROM harvest_events WHERE execution_id = :id ORDER BY seq"),
+            {"id": run},
+        )
+    ]
+    effects = conn.execute(
+        sa.text("SELECT step, kind, activity_id, attempt FROM fault_effects WHERE run = :id ORDER BY id"),
+        {"id": run},
+    ).fetchall()
     return row, events, effects
 
 
@@ -104,16 +113,20 @@ def _check_status(verdict: Verdict, run: str, row: Any, expect: Expect) -> bool:
     return True
 
 
-def _check_history(verdict: Verdict, run: str, row: Any, events: list[tuple[int, str, dict]],
-                   expect: Expect) -> None:
+def _check_history(
+    verdict: Verdict, run: str, row: Any, events: list[tuple[int, str, dict]], expect: Expect
+) -> None:
     seqs = [seq for seq, _t, _d in events]
     if seqs != list(range(len(seqs))) or len(seqs) != int(row[1]):
         verdict.add("duplicated", run, f"seq not contiguous from 0 to next_seq={row[1]}: {seqs}")
     terminal = [i for i, (_s, typ, _d) in enumerate(events) if typ in TERMINAL_EVENTS]
     if len(terminal) != 1 or terminal[0] != len(events) - 1:
         verdict.add("duplicated", run, f"{len(terminal)} terminal events (must be exactly one, last)")
-    per_attempt = Counter((typ, d.get("activity_id"), d.get("attempt")) for _s, typ, d in events
-                          if typ in (*RESULT_EVENTS, "ActivityStarted"))
+    per_attempt = Counter(
+        (typ, d.get("activity_id"), d.get("attempt"))
+        for _s, typ, d in events
+        if typ in (*RESULT_EVENTS, "ActivityStarted")
+    )
     for (typ, aid, attempt), n in per_attempt.items():
         if n > 1:
             verdict.add("duplicated", run, f"{n}x {typ} for activity {aid} attempt {attempt}")
@@ -130,25 +143,33 @@ def _check_history(verdict: Verdict, run: str, row: Any, events: list[tuple[int,
         verdict.note(run, f"saga unwound={unwound}, expected {expect.unwinds}")
 
 
-def _check_effects(verdict: Verdict, run: str, events: list[tuple[int, str, dict]], effects: list[Any],
-                   expect: Expect) -> None:
-    completed = {(d.get("activity_id"), d.get("attempt")) for _s, typ, d in events
-                 if typ == "ActivityCompleted"}
+def _check_effects(
+    verdict: Verdict, run: str, events: list[tuple[int, str, dict]], effects: list[Any], expect: Expect
+) -> None:
+    completed = {
+        (d.get("activity_id"), d.get("attempt")) for _s, typ, d in events if typ == "ActivityCompleted"
+    }
     completed_ids = {aid for aid, _attempt in completed}
     ran = Counter((e.activity_id, e.attempt) for e in effects)
     for (aid, attempt), n in ran.items():
         if n > 1:
             verdict.add("duplicated", run, f"body of activity {aid} attempt {attempt} ran {n} times")
         if aid not in completed_ids:
-            verdict.add("lost", run, f"activity {aid} did its effect (attempt {attempt}) but the "
-                                     "history records no completion for it")
+            verdict.add(
+                "lost",
+                run,
+                f"activity {aid} did its effect (attempt {attempt}) but the "
+                "history records no completion for it",
+            )
     for aid, attempt in completed:
         if (aid, attempt) not in ran:
             verdict.add("duplicated", run, f"activity {aid} attempt {attempt} completed without its body")
     done = {e.step for e in effects if e.kind == "do"}
     undone = {e.step for e in effects if e.kind == "undo"}
-    unwound = any(typ == "MarkerRecorded" and str(d.get("name", "")).startswith("saga_compensated:")
-                  for _s, typ, d in events)
+    unwound = any(
+        typ == "MarkerRecorded" and str(d.get("name", "")).startswith("saga_compensated:")
+        for _s, typ, d in events
+    )
     if unwound:
         for step in sorted(done - undone):
             verdict.add("uncompensated", run, f"step {step}'s effect was never compensated")

@@ -25,25 +25,40 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "reliability.md"
 
-CI_TIMINGS = ("`Timings(default_lease=3, redispatch_after=2, nd_retry_initial=0.5, nd_retry_max=2, "
-              "outcome_retry_for=60)`, `sweep_interval=0.3`, Redis `visibility_timeout=30`, "
-              "Postgres outage 10 s")
-FULL_TIMINGS = ("the library's defaults: `Timings()` (`default_lease=60`, `redispatch_after=30`, "
-                "`nd_retry_initial=1`, `nd_retry_max=300`, `outcome_retry_for=300`), "
-                "`sweep_interval=1.0`, Redis `visibility_timeout=3600`, Postgres outage 20 s")
+CI_TIMINGS = (
+    "`Timings(default_lease=3, redispatch_after=2, nd_retry_initial=0.5, nd_retry_max=2, "
+    "outcome_retry_for=60)`, `sweep_interval=0.3`, Redis `visibility_timeout=30`, "
+    "Postgres outage 10 s"
+)
+FULL_TIMINGS = (
+    "the library's defaults: `Timings()` (`default_lease=60`, `redispatch_after=30`, "
+    "`nd_retry_initial=1`, `nd_retry_max=300`, `outcome_retry_for=300`), "
+    "`sweep_interval=1.0`, Redis `visibility_timeout=3600`, Postgres outage 20 s"
+)
 
 
 def run_suite(full: bool, results: Path, extra: list[str]) -> tuple[int, str, float]:
     env = dict(os.environ, HARVEST_FAULTS_RESULTS=str(results))
     env["HARVEST_FAULTS_FULL"] = "1" if full else "0"
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/faults", "-q", "-p", "no:cacheprovider",
-                           "-rxX", *extra], cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/faults", "-q", "-p", "no:cacheprovider", "-rxX", *extra],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall = time.monotonic() - t0
     sys.stdout.write(proc.stdout[-6000:])
     sys.stderr.write(proc.stderr[-3000:])
-    summary = next((line.strip("= ") for line in reversed(proc.stdout.splitlines())
-                    if " in " in line and ("passed" in line or "failed" in line)), "(no summary)")
+    summary = next(
+        (
+            line.strip("= ")
+            for line in reversed(proc.stdout.splitlines())
+            if " in " in line and ("passed" in line or "failed" in line)
+        ),
+        "(no summary)",
+    )
     return proc.returncode, summary, wall
 
 
@@ -63,6 +78,7 @@ def _server_versions() -> str:
         except OSError:
             out.append("?")
     from tests.faults.servers import pg_bin
+
     try:
         pg = subprocess.run([str(pg_bin() / "postgres"), "--version"], capture_output=True, text=True).stdout
     except (OSError, RuntimeError):
@@ -109,8 +125,10 @@ def render_section(rows: list[dict], full: bool, summary: str, wall: float) -> s
     for row in rows:
         note = row.get("known_bug") or ("; ".join(row["problems"][:2]) if row["problems"] else "")
         note = note if len(note) <= 300 else note[:297] + "..."
-        lines.append(f"| {row['fault']} | {row['runs']} | {row['lost']} | {row['duplicated']} | "
-                     f"{row['uncompensated']} | {_cell(row['recovery_s'])} | {note} |")
+        lines.append(
+            f"| {row['fault']} | {row['runs']} | {row['lost']} | {row['duplicated']} | "
+            f"{row['uncompensated']} | {_cell(row['recovery_s'])} | {note} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -121,10 +139,13 @@ def merge(existing: str, section: str, full: bool) -> str:
     for mode in SECTIONS:
         start, end = f"<!-- section:{mode} -->", f"<!-- /section:{mode} -->"
         if start in existing and end in existing:
-            sections[mode] = existing[existing.index(start) + len(start):existing.index(end)].strip("\n")
+            sections[mode] = existing[existing.index(start) + len(start) : existing.index(end)].strip("\n")
     sections["full" if full else "ci"] = section.strip("\n")
-    body = [f"<!-- section:{mode} -->\n{sections[mode]}\n<!-- /section:{mode} -->\n"
-            for mode in SECTIONS if mode in sections]
+    body = [
+        f"<!-- section:{mode} -->\n{sections[mode]}\n<!-- /section:{mode} -->\n"
+        for mode in SECTIONS
+        if mode in sections
+    ]
     return "\n".join(HEADER) + "\n" + "\n".join(body) + "\n" + "\n".join(COLUMNS) + "\n"
 
 
@@ -155,8 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="harvest-faults-report-") as tmp:
         results = Path(tmp) / "results.jsonl"
         code, summary, wall = run_suite(not args.ci, results, extra)
-        rows = [json.loads(line) for line in results.read_text().splitlines() if line.strip()] \
-            if results.exists() else []
+        rows = (
+            [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+            if results.exists()
+            else []
+        )
     if not rows:
         print("no fault rows were written: docs not updated", file=sys.stderr)
         return code or 1

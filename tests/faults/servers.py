@@ -39,8 +39,10 @@ def pg_bin() -> Path:
     explicit = os.environ.get("HARVEST_FAULTS_PG_BIN")
     if explicit:
         return Path(explicit)
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"),
-                   key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0)
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/initdb"),
+        key=lambda p: int(Path(p).parts[-3]) if Path(p).parts[-3].isdigit() else 0,
+    )
     if not found:
         found = [p for p in (shutil.which("initdb"),) if p]
     if not found:
@@ -76,17 +78,19 @@ class Postgres:
         if self._as_postgres:
             pw = pwd.getpwnam("postgres")
             os.chown(self.root, pw.pw_uid, pw.pw_gid)
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync",
-                  "-E", "UTF8")
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8")
         with open(self.data / "postgresql.conf", "a") as conf:
-            conf.write(f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
-                       f"unix_socket_directories = '{self.root}'\nfsync = off\n"
-                       "max_connections = 200\nshared_buffers = 64MB\n")
+            conf.write(
+                f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
+                f"unix_socket_directories = '{self.root}'\nfsync = off\n"
+                "max_connections = 200\nshared_buffers = 64MB\n"
+            )
         self.start()
 
     def start(self) -> None:
-        out = self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start",
-                        check=False)
+        out = self._run(
+            "pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "start", check=False
+        )
         if out.returncode != 0:
             log = self.log.read_text(errors="replace")[-2000:] if self.log.exists() else ""
             raise RuntimeError(f"pg_ctl start failed ({out.returncode}): {out.stderr.decode()}\n{log}")
@@ -125,9 +129,23 @@ class Redis:
             raise RuntimeError(f"port {self.port} is taken: set HARVEST_FAULTS_REDIS_PORT")
         with open(self.root / "redis.log", "ab") as log:
             self.proc = subprocess.Popen(
-                ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", str(self.root)],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    "redis-server",
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(self.root),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         _wait(self.ping, 30, "Redis did not answer")
 
     def ping(self) -> bool:

@@ -28,7 +28,9 @@ def test_forced_redelivery(faults):
     for run in runs:
         for row in faults.harvest.store.activity_rows(run):
             for attempt in range(1, row["attempt"] + 1):
-                app.send_task(row["activity_name"], args=[run, row["activity_id"], attempt], queue=row["queue"])
+                app.send_task(
+                    row["activity_name"], args=[run, row["activity_id"], attempt], queue=row["queue"]
+                )
         app.send_task("harvest.decide", args=[run], queue="harvest")
     time.sleep(3)  # time enough for the workers to (wrongly) run anything again
     assert {run: len(faults.history(run)) for run in runs} == lengths

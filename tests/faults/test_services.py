@@ -79,6 +79,9 @@ def test_a_completion_whose_commit_is_lost(faults):
     t0 = time.monotonic()
     faults.assert_clean("completion commit lost to a Postgres outage", faults.wait_finished(since=t0))
     for run in runs:
-        results = [(t, d.get("attempt")) for t, d in faults.history(run)
-                   if t in ("ActivityCompleted", "ActivityFailed") and d.get("activity_id") == "3"]
+        results = [
+            (t, d.get("attempt"))
+            for t, d in faults.history(run)
+            if t in ("ActivityCompleted", "ActivityFailed") and d.get("activity_id") == "3"
+        ]
         assert results == [("ActivityCompleted", 1)], (run, results)

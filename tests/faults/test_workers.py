@@ -36,8 +36,9 @@ def test_kill_9_of_an_activity_worker(faults, point, fault):
     faults.assert_clean(fault, faults.wait_finished(since=t0))
     # the killed attempt is in the history: claimed (or not) and timed out, then a retry
     for run in runs:
-        started = [d["attempt"] for t, d in faults.history(run)
-                   if t == "ActivityStarted" and d["activity_id"] == "2"]
+        started = [
+            d["attempt"] for t, d in faults.history(run) if t == "ActivityStarted" and d["activity_id"] == "2"
+        ]
         assert started == ([1] if point == "claim@2" else [1, 2]), (run, started)
 
 

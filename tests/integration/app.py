@@ -20,7 +20,9 @@ from harvest_celery._client import Harvest, configure_dedicated_celery_app
 from harvest_celery._store.store import Timings
 from harvest_celery.examples import checkout, orders
 
-DATABASE_URL = os.environ.get("HARVEST_TEST_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/harvest_it")
+DATABASE_URL = os.environ.get(
+    "HARVEST_TEST_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/harvest_it"
+)
 BROKER_URL = os.environ.get("HARVEST_TEST_BROKER_URL", "redis://127.0.0.1:6379/5")
 
 app = Celery("harvest_it", broker=BROKER_URL)
@@ -55,15 +57,20 @@ r = redis.Redis.from_url(BROKER_URL)
 def record(tag: str, name: str, value: Any = None) -> None:
     request = current_task.request if current_task else None
     delivery = (getattr(request, "delivery_info", None) or {}) if request else {}
-    r.rpush(f"effects:{tag}", json.dumps({
-        "name": name,
-        "value": value,
-        "queue": delivery.get("routing_key"),
-        "eager": bool(delivery.get("harvest_eager")),
-        "worker": getattr(request, "hostname", None) if request else None,
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-    }))
+    r.rpush(
+        f"effects:{tag}",
+        json.dumps(
+            {
+                "name": name,
+                "value": value,
+                "queue": delivery.get("routing_key"),
+                "eager": bool(delivery.get("harvest_eager")),
+                "worker": getattr(request, "hostname", None) if request else None,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+            }
+        ),
+    )
 
 
 @activity(queue="alpha")
@@ -212,15 +219,27 @@ async def saga_steps(ctx: WorkflowContext, data: dict) -> str:
         # Test probe (an anti-pattern in real code): counts how often the closure is invoked,
         # which replays do on every decision.
         r.incr(f"closure:{tag}:{step}")
-        return ctx.execute_activity(undo, {
-            "tag": tag, "step": step, "fail": step in data.get("undo_fails", []),
-            "slow": data.get("undo_slow", 0)})
+        return ctx.execute_activity(
+            undo,
+            {
+                "tag": tag,
+                "step": step,
+                "fail": step in data.get("undo_fails", []),
+                "slow": data.get("undo_slow", 0),
+            },
+        )
 
     for step in range(1, data["n"] + 1):
         await saga.step(
-            lambda step=step: ctx.execute_activity(forward, {
-                "tag": tag, "step": step, "fail": step == data.get("fail_at"),
-                "slow": data.get("slow", 0) if step == data.get("slow_at") else 0}),
+            lambda step=step: ctx.execute_activity(
+                forward,
+                {
+                    "tag": tag,
+                    "step": step,
+                    "fail": step == data.get("fail_at"),
+                    "slow": data.get("slow", 0) if step == data.get("slow_at") else 0,
+                },
+            ),
             lambda _out, step=step: compensation(step),
         )
     if data.get("check_cancel", True) and ctx.is_cancelled():
@@ -233,8 +252,9 @@ async def cancel_and_compensate(ctx: WorkflowContext, data: dict) -> str:
     """The recommended pattern with in-memory compensations (they run fine after a cancel)."""
     saga = Saga(ctx)
     undone: list[str] = []
-    await saga.step(lambda: ctx.execute_activity(forward, {"tag": data["tag"], "step": 1}),
-                    lambda out: undone.append(out))
+    await saga.step(
+        lambda: ctx.execute_activity(forward, {"tag": data["tag"], "step": 1}), lambda out: undone.append(out)
+    )
     # the cancel lands while this body runs; it keeps its claim and its result is recorded
     await ctx.execute_activity(forward, {"tag": data["tag"], "step": 2, "slow": data.get("slow", 2)})
     if ctx.is_cancelled():
@@ -243,10 +263,30 @@ async def cancel_and_compensate(ctx: WorkflowContext, data: dict) -> str:
     return "not cancelled"
 
 
-harvest.register(orders, checkout, step_one, step_two, step_three, three_steps, alpha_step,
-                 alpha_deadline, alpha_chain,
-                 slow_until_released, survives_kill, flaky, rejects, retrying, non_retryable,
-                 deployable, fan_out, sleeper, forward, undo, saga_steps, cancel_and_compensate)
+harvest.register(
+    orders,
+    checkout,
+    step_one,
+    step_two,
+    step_three,
+    three_steps,
+    alpha_step,
+    alpha_deadline,
+    alpha_chain,
+    slow_until_released,
+    survives_kill,
+    flaky,
+    rejects,
+    retrying,
+    non_retryable,
+    deployable,
+    fan_out,
+    sleeper,
+    forward,
+    undo,
+    saga_steps,
+    cancel_and_compensate,
+)
 
 
 def _inject_claim_failure(execution_id: str, activity_id: str, attempt: int) -> None:
@@ -323,7 +363,7 @@ harvest.register(*cancels.ALL)
 
 
 # ── the console's browser test (test_console.py): an activity error that holds markup ─────────
-XSS_MESSAGE = "<script>window.__xss = 1</script><img src=x onerror=\"window.__xss = 2\">"
+XSS_MESSAGE = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
 
 
 @activity(queue="alpha", retry=RetryPolicy(max_attempts=2, initial_interval=0.2))

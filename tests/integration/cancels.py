@@ -66,8 +66,10 @@ async def coop_checkout(ctx: WorkflowContext, data: dict) -> str:
     tag = data["tag"]
     charge = await saga.step(
         lambda: ctx.execute_activity(cx_charge, data),
-        lambda charge_id: ctx.execute_activity(cx_refund, {"tag": tag, "charge": charge_id,
-                                                           "hold": data.get("hold_refund", False)}))
+        lambda charge_id: ctx.execute_activity(
+            cx_refund, {"tag": tag, "charge": charge_id, "hold": data.get("hold_refund", False)}
+        ),
+    )
     seen = [ctx.is_cancelled()]
     await ctx.execute_activity(cx_pack, data)
     seen.append(ctx.is_cancelled())
@@ -158,5 +160,19 @@ def cancel_edge(g: DagBuilder) -> None:
     g.activity(ce_e).upstream(c).compensate(ce_undo)
 
 
-ALL = [cx_charge, cx_refund, cx_pack, coop_checkout, seal_checkout, cx_parked, cx_watch, watched,
-       ce_a, ce_b, ce_c, ce_e, ce_undo, cancel_edge]
+ALL = [
+    cx_charge,
+    cx_refund,
+    cx_pack,
+    coop_checkout,
+    seal_checkout,
+    cx_parked,
+    cx_watch,
+    watched,
+    ce_a,
+    ce_b,
+    ce_c,
+    ce_e,
+    ce_undo,
+    cancel_edge,
+]

@@ -40,8 +40,12 @@ os.environ["HARVEST_TEST_BROKER_URL"] = BROKER_URL
 # Small pools for every Harvest the suite makes: in this process, and in every worker, web app
 # and Flower it starts (they inherit the environment; docs/configuration.md). Each process keeps
 # at most 2 + 1 connections idle and opens at most 4 + 3 (plus its one LISTEN connection).
-SUITE_POOLS = {"HARVEST_POOL_SIZE": "2", "HARVEST_MAX_OVERFLOW": "2",
-               "HARVEST_CLAIM_POOL_SIZE": "1", "HARVEST_CLAIM_MAX_OVERFLOW": "2"}
+SUITE_POOLS = {
+    "HARVEST_POOL_SIZE": "2",
+    "HARVEST_MAX_OVERFLOW": "2",
+    "HARVEST_CLAIM_POOL_SIZE": "1",
+    "HARVEST_CLAIM_MAX_OVERFLOW": "2",
+}
 for _name, _value in SUITE_POOLS.items():
     os.environ.setdefault(_name, _value)
 
@@ -61,17 +65,25 @@ METRICS_PORTS = {"w1": _PORT, "w2": _PORT + 1}
 def _fresh_database() -> None:
     admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(sa.text(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"), {"d": DB_NAME})
+        conn.execute(
+            sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"),
+            {"d": DB_NAME},
+        )
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{DB_NAME}"'))
         conn.execute(sa.text(f'CREATE DATABASE "{DB_NAME}"'))
     admin.dispose()
 
 
 class Worker:
-    def __init__(self, name: str, queues: str, extra_env: dict[str, str] | None = None,
-                 app: str = "tests.integration.app", extra_args: list[str] | None = None,
-                 root: Path = ROOT) -> None:
+    def __init__(
+        self,
+        name: str,
+        queues: str,
+        extra_env: dict[str, str] | None = None,
+        app: str = "tests.integration.app",
+        extra_args: list[str] | None = None,
+        root: Path = ROOT,
+    ) -> None:
         self.name = name
         self.root = root  # the checkout it runs from (another build's, in test_upgrade.py)
         self.app = app
@@ -84,16 +96,35 @@ class Worker:
     def start(self) -> None:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONPATH=str(self.root), **self.extra_env)
-        cmd = [sys.executable, "-m", "celery", "-A", self.app, "worker",
-               "-Q", self.queues, "-n", f"{self.name}-{uuid.uuid4().hex[:6]}@%h", "-P", "threads",
-               "-c", "4", "--without-gossip", "--without-mingle", "--without-heartbeat",
-               "-l", "INFO", *self.extra_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            self.app,
+            "worker",
+            "-Q",
+            self.queues,
+            "-n",
+            f"{self.name}-{uuid.uuid4().hex[:6]}@%h",
+            "-P",
+            "threads",
+            "-c",
+            "4",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "-l",
+            "INFO",
+            *self.extra_args,
+        ]
         with open(self.log, "ab") as out:
             out.write(f"\n===== start {time.time()} =====\n".encode())
             out.flush()
             marker_from = self.log.stat().st_size  # only this start's output counts
-            self.proc = subprocess.Popen(cmd, cwd=self.root, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, cwd=self.root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self._wait_ready(marker_from)
 
     def _wait_ready(self, marker_from: int, timeout: float = 60) -> None:
@@ -129,8 +160,10 @@ class ConnectionPeak:
     where only this suite uses that server, so the server-wide count is the number that must
     fit, and the simplest one to get right (the sampler's own connection is included)."""
 
-    QUERY = sa.text("SELECT coalesce(datname, ''), count(*) FROM pg_stat_activity "
-                    "WHERE backend_type = 'client backend' GROUP BY 1")
+    QUERY = sa.text(
+        "SELECT coalesce(datname, ''), count(*) FROM pg_stat_activity "
+        "WHERE backend_type = 'client backend' GROUP BY 1"
+    )
 
     def __init__(self, interval: float = 0.2) -> None:
         self.interval = interval
@@ -166,9 +199,11 @@ class ConnectionPeak:
             engine.dispose()
 
     def report(self) -> str:
-        return (f"connection peak: {self.peak} client connections on the test server "
-                f"(limit {MAX_CONNECTIONS}; {self.samples} samples; at {self.at.get('test')}; "
-                f"by database {self.at.get('by_database')})")
+        return (
+            f"connection peak: {self.peak} client connections on the test server "
+            f"(limit {MAX_CONNECTIONS}; {self.samples} samples; at {self.at.get('test')}; "
+            f"by database {self.at.get('by_database')})"
+        )
 
 
 PEAK: ConnectionPeak | None = None
@@ -260,8 +295,10 @@ def harvest(redis_client: redis.Redis) -> Any:
 
 @pytest.fixture(scope="session")
 def workers(harvest: Any) -> Iterator[dict[str, Worker]]:
-    started = {name: Worker(name, queues, {"HARVEST_METRICS_PORT": str(METRICS_PORTS[name])})
-               for name, queues in WORKER_QUEUES.items()}
+    started = {
+        name: Worker(name, queues, {"HARVEST_METRICS_PORT": str(METRICS_PORTS[name])})
+        for name, queues in WORKER_QUEUES.items()
+    }
     try:
         for w in started.values():
             w.start()
@@ -318,9 +355,12 @@ def scrape(worker: str, metric: str, **labels: str) -> float:
 
     with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORTS[worker]}/metrics", timeout=5) as resp:
         text = resp.read().decode()
-    return sum(float(sample.value) for family in text_string_to_metric_families(text)
-               for sample in family.samples
-               if sample.name == metric and all(sample.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        float(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == metric and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 @pytest.fixture(scope="module")
@@ -333,7 +373,9 @@ def webapps(harvest: Any) -> Iterator[Any]:
     with module.app.app_context():
         module.db.create_all()
         module.db.engine.dispose()
-    worker = Worker("webapps", f"{module.DECISION_QUEUE},{module.QUEUE}", app="tests.integration.webapps:celery")
+    worker = Worker(
+        "webapps", f"{module.DECISION_QUEUE},{module.QUEUE}", app="tests.integration.webapps:celery"
+    )
     worker.start()
     try:
         yield module

@@ -173,9 +173,31 @@ def capped(g: DagBuilder) -> None:
     g.activity(cap_big).input_from_all(left, right)  # ~350 bytes: over a 300-byte cap
 
 
-ACTIVITIES = [undo_node, undo_slowly, dia_a, dia_b, dia_c, dia_d, sh_src, sh_other, sh_items, sh_from,
-              sh_all, sh_alias, sh_cell, sh_last, mp_produce, mp_cell, mp_after, mp_fail, cx_first,
-              cx_slow, cap_left, cap_right, cap_big]
+ACTIVITIES = [
+    undo_node,
+    undo_slowly,
+    dia_a,
+    dia_b,
+    dia_c,
+    dia_d,
+    sh_src,
+    sh_other,
+    sh_items,
+    sh_from,
+    sh_all,
+    sh_alias,
+    sh_cell,
+    sh_last,
+    mp_produce,
+    mp_cell,
+    mp_after,
+    mp_fail,
+    cx_first,
+    cx_slow,
+    cap_left,
+    cap_right,
+    cap_big,
+]
 DAGS = [diamond, shapes, map_collect, map_failfast, cancellable, capped]
 
 

@@ -37,8 +37,9 @@ configure_dedicated_celery_app(app)
 app.conf.task_send_sent_event = True
 
 # a short redispatch_after: a lost message (or a held eager dispatch) is re-sent within seconds
-harvest = Harvest(DATABASE_URL, app, decision_queue=DECIDE, sweep_interval=0.3,
-                  timings=Timings(redispatch_after=5.0))
+harvest = Harvest(
+    DATABASE_URL, app, decision_queue=DECIDE, sweep_interval=0.3, timings=Timings(redispatch_after=5.0)
+)
 _r = redis.Redis.from_url(BROKER_URL)
 
 
@@ -46,9 +47,18 @@ def _record(name: str) -> None:
     request = current_task.request
     delivery = request.delivery_info or {}
     execution_id = str(request.id).rsplit(":", 2)[0]
-    _r.rpush(f"flower:ran:{execution_id}", json.dumps({
-        "task_id": request.id, "name": name, "queue": delivery.get("routing_key"),
-        "eager": bool(delivery.get("harvest_eager")), "worker": request.hostname}))
+    _r.rpush(
+        f"flower:ran:{execution_id}",
+        json.dumps(
+            {
+                "task_id": request.id,
+                "name": name,
+                "queue": delivery.get("routing_key"),
+                "eager": bool(delivery.get("harvest_eager")),
+                "worker": request.hostname,
+            }
+        ),
+    )
 
 
 @activity(queue=QUEUE_A)
@@ -83,10 +93,14 @@ def ship_order(order: dict) -> str:
 @workflow
 async def flower_checkout(ctx: WorkflowContext, order: dict) -> str:
     saga = Saga(ctx)
-    await saga.step(lambda: ctx.execute_activity(reserve_stock, order),
-                    lambda reservation: ctx.execute_activity(release_stock, reservation))
-    await saga.step(lambda: ctx.execute_activity(charge_card, order),
-                    lambda charge: ctx.execute_activity(refund_card, charge))
+    await saga.step(
+        lambda: ctx.execute_activity(reserve_stock, order),
+        lambda reservation: ctx.execute_activity(release_stock, reservation),
+    )
+    await saga.step(
+        lambda: ctx.execute_activity(charge_card, order),
+        lambda charge: ctx.execute_activity(refund_card, charge),
+    )
     await saga.step(lambda: ctx.execute_activity(ship_order, order))
     return "shipped"
 

@@ -26,8 +26,7 @@ def add(x: int, y: int) -> int:
     return x + y
 
 
-@app.task(name="shop.flaky_charge", autoretry_for=(ConnectionError,), max_retries=5,
-          default_retry_delay=0)
+@app.task(name="shop.flaky_charge", autoretry_for=(ConnectionError,), max_retries=5, default_retry_delay=0)
 def flaky_charge(data: dict) -> str:
     """The app's own task, with Celery's autoretry_for: adopted, its retries are the engine's."""
     calls = redis.Redis.from_url(BROKER_URL).incr(f"shop:charge:{data['tag']}")
@@ -67,8 +66,9 @@ async def shop_adopted(ctx: WorkflowContext, data: dict) -> Any:
 
 
 harvest.register(shop_declines, shop_ok, shop_checkout, shop_adopted)
-harvest.adopt_task("shop.flaky_charge", queue="shop_q",
-                   retry=RetryPolicy(max_attempts=3, initial_interval=0.1))
+harvest.adopt_task(
+    "shop.flaky_charge", queue="shop_q", retry=RetryPolicy(max_attempts=3, initial_interval=0.1)
+)
 AFTER_HARVEST = _conf()
 _r = redis.Redis.from_url(BROKER_URL)
 
@@ -77,18 +77,48 @@ _r = redis.Redis.from_url(BROKER_URL)
 def _postrun(sender: Any = None, task_id: str = "", state: str = "", **_kw: Any) -> None:
     request = getattr(sender, "request", None)
     delivery = getattr(request, "delivery_info", None) or {}
-    _r.rpush(SEEN, json.dumps({"signal": "postrun", "task_id": task_id, "name": sender.name,
-                               "state": state, "queue": delivery.get("routing_key")}))
+    _r.rpush(
+        SEEN,
+        json.dumps(
+            {
+                "signal": "postrun",
+                "task_id": task_id,
+                "name": sender.name,
+                "state": state,
+                "queue": delivery.get("routing_key"),
+            }
+        ),
+    )
 
 
 @signals.task_failure.connect
-def _failure(sender: Any = None, task_id: str = "", exception: Any = None, einfo: Any = None,
-             **_kw: Any) -> None:
-    _r.rpush(SEEN, json.dumps({"signal": "failure", "task_id": task_id, "name": sender.name,
-                               "exception": repr(exception), "traceback": str(einfo)}))
+def _failure(
+    sender: Any = None, task_id: str = "", exception: Any = None, einfo: Any = None, **_kw: Any
+) -> None:
+    _r.rpush(
+        SEEN,
+        json.dumps(
+            {
+                "signal": "failure",
+                "task_id": task_id,
+                "name": sender.name,
+                "exception": repr(exception),
+                "traceback": str(einfo),
+            }
+        ),
+    )
 
 
 @signals.task_retry.connect
 def _retry(sender: Any = None, request: Any = None, reason: Any = None, **_kw: Any) -> None:
-    _r.rpush(SEEN, json.dumps({"signal": "retry", "task_id": getattr(request, "id", None),
-                               "name": getattr(sender, "name", None), "reason": repr(reason)}))
+    _r.rpush(
+        SEEN,
+        json.dumps(
+            {
+                "signal": "retry",
+                "task_id": getattr(request, "id", None),
+                "name": getattr(sender, "name", None),
+                "reason": repr(reason),
+            }
+        ),
+    )

@@ -34,8 +34,9 @@ def wait_terminal(client: TestClient, run_id: str, timeout: float = 30) -> dict[
 
 
 def test_start_describe_history(client, tag):
-    resp = client.post("/workflows", json={"workflow": "three_steps", "input": {"tag": tag},
-                                           "execution_id": f"api-{tag}"})
+    resp = client.post(
+        "/workflows", json={"workflow": "three_steps", "input": {"tag": tag}, "execution_id": f"api-{tag}"}
+    )
     assert resp.status_code == 201, resp.text
     assert resp.json() == {"execution_id": f"api-{tag}"}
     body = wait_terminal(client, f"api-{tag}")
@@ -43,8 +44,13 @@ def test_start_describe_history(client, tag):
     assert body["workflow_type"] == "three_steps"
     assert body["result"] == f"done:{tag}"
     assert body["error"] is None and body["closed_at"] is not None
-    assert (body["nd_blocked"], body["nd_blocked_at"], body["nd_block_reason"], body["nd_block_count"],
-            body["nd_details"]) == (False, None, None, 0, None)
+    assert (
+        body["nd_blocked"],
+        body["nd_blocked_at"],
+        body["nd_block_reason"],
+        body["nd_block_count"],
+        body["nd_details"],
+    ) == (False, None, None, 0, None)
     history = client.get(f"/workflows/api-{tag}/history").json()
     types = [e["type"] for e in history["events"]]
     assert types[0] == "WorkflowStarted" and types[-1] == "WorkflowCompleted"
@@ -53,23 +59,30 @@ def test_start_describe_history(client, tag):
     started = history["events"][0]["data"]
     assert (started["workflow_type"], started["input"]) == ("three_steps", {"tag": tag})
     # an idempotent start answers with the same id and writes nothing
-    again = client.post("/workflows", json={"workflow": "three_steps", "input": {"tag": tag},
-                                            "execution_id": f"api-{tag}"})
+    again = client.post(
+        "/workflows", json={"workflow": "three_steps", "input": {"tag": tag}, "execution_id": f"api-{tag}"}
+    )
     assert again.status_code == 201 and again.json() == {"execution_id": f"api-{tag}"}
     assert len(client.get(f"/workflows/api-{tag}/history").json()["events"]) == len(types)
 
 
 def test_list_filters(client, tag):
-    run_id = client.post("/workflows", json={"workflow": "three_steps", "input": {"tag": tag}}).json()["execution_id"]
+    run_id = client.post("/workflows", json={"workflow": "three_steps", "input": {"tag": tag}}).json()[
+        "execution_id"
+    ]
     wait_terminal(client, run_id)
-    listed = client.get("/workflows", params={"workflow": "three_steps", "status": "COMPLETED", "limit": 1000})
+    listed = client.get(
+        "/workflows", params={"workflow": "three_steps", "status": "COMPLETED", "limit": 1000}
+    )
     assert listed.status_code == 200
     assert run_id in [x["execution_id"] for x in listed.json()["workflows"]]
     blocked = client.get("/workflows", params={"nd_blocked": "true", "workflow": "three_steps"})
     assert blocked.status_code == 200
     assert run_id not in [x["execution_id"] for x in blocked.json()["workflows"]]
     assert all(x["nd_blocked"] for x in blocked.json()["workflows"])
-    unblocked = client.get("/workflows", params={"nd_blocked": "false", "workflow": "three_steps", "limit": 1000})
+    unblocked = client.get(
+        "/workflows", params={"nd_blocked": "false", "workflow": "three_steps", "limit": 1000}
+    )
     assert run_id in [x["execution_id"] for x in unblocked.json()["workflows"]]
     page = client.get("/workflows", params={"limit": 1, "offset": 0}).json()
     assert (len(page["workflows"]), page["limit"], page["offset"]) == (1, 1, 0)
@@ -79,13 +92,17 @@ def test_list_filters(client, tag):
 
 
 def test_signal_then_cancel(client, harvest, tag):
-    signalled = client.post("/workflows", json={"workflow": "approval", "input": {"tag": tag}}).json()["execution_id"]
+    signalled = client.post("/workflows", json={"workflow": "approval", "input": {"tag": tag}}).json()[
+        "execution_id"
+    ]
     resp = client.post(f"/workflows/{signalled}/signals/decision", json={"payload": "yes"})
     assert resp.status_code == 200, resp.text
     assert resp.json() == {"execution_id": signalled, "signal": "decision"}
     assert harvest.result(signalled, timeout=30) == f"{tag}:yes"
 
-    waiting = client.post("/workflows", json={"workflow": "approval", "input": {"tag": tag}}).json()["execution_id"]
+    waiting = client.post("/workflows", json={"workflow": "approval", "input": {"tag": tag}}).json()[
+        "execution_id"
+    ]
     resp = client.post(f"/workflows/{waiting}/cancel", json={"reason": "operator asked"})
     assert resp.status_code == 200, resp.text
     assert resp.json() == {"execution_id": waiting, "status": "CANCELLED"}
@@ -117,7 +134,10 @@ def test_mutating_endpoints_need_the_token_when_one_is_configured(harvest, worke
     assert client.post(f"/workflows/{run_id}/cancel", json={}).status_code == 401
     assert client.post(f"/workflows/{run_id}/signals/decision", json={}).status_code == 401
     assert client.get(f"/workflows/{run_id}").status_code == 401  # reads need the token too
-    assert client.get(f"/workflows/{run_id}", headers={"Authorization": "Bearer s3cret"}).json()["status"] == "RUNNING"
+    assert (
+        client.get(f"/workflows/{run_id}", headers={"Authorization": "Bearer s3cret"}).json()["status"]
+        == "RUNNING"
+    )
     cancelled = client.post(f"/workflows/{run_id}/cancel", headers={"Authorization": "Bearer s3cret"})
     assert cancelled.status_code == 200
 
@@ -128,23 +148,30 @@ def test_the_token_may_come_from_the_environment(harvest, workers, monkeypatch):
     assert client.post("/workflows", json={"workflow": "approval"}).status_code == 401
 
 
-@pytest.mark.parametrize("request_, status, error", [
-    (("post", "/workflows", {"workflow": "no_such_workflow", "input": {}}), 404, "UnknownWorkflow"),
-    (("get", "/workflows/no-such-run", None), 404, "ExecutionNotFound"),
-    (("get", "/workflows/no-such-run/history", None), 404, "ExecutionNotFound"),
-    (("post", "/workflows/no-such-run/signals/decision", {"payload": 1}), 404, "ExecutionNotFound"),
-    (("post", "/workflows/no-such-run/cancel", {"reason": "x"}), 404, "ExecutionNotFound"),
-    (("post", "/workflows", {"workflow": "approval", "execution_id": "x" * 201}), 400, "ValueError"),
-    (("post", "/workflows", {"workflow": "approval", "execution_id": "   "}), 400, "ValueError"),
-    (("post", "/workflows", {"workflow": "approval", "execution_id": ""}), 400, "ValueError"),
-    (("get", "/workflows/" + "x" * 201, None), 400, "ValueError"),
-    (("post", "/workflows/%20/cancel", {}), 400, "ValueError"),
-    (("post", "/workflows", {"workflow": "approval", "input": {"a": "nul\u0000"}}), 400, "PayloadNotSerializable"),
-    (("post", "/workflows", '{"workflow": "approval", "input": 1e400}'), 400, "PayloadNotSerializable"),
-    (("post", "/workflows", {"workflow": "approval", "input": {}, "extra": 1}), 422, "ValidationError"),
-    (("post", "/workflows", {"input": {}}), 422, "ValidationError"),
-    (("get", "/workflows?limit=-1", None), 422, "ValidationError"),
-])
+@pytest.mark.parametrize(
+    "request_, status, error",
+    [
+        (("post", "/workflows", {"workflow": "no_such_workflow", "input": {}}), 404, "UnknownWorkflow"),
+        (("get", "/workflows/no-such-run", None), 404, "ExecutionNotFound"),
+        (("get", "/workflows/no-such-run/history", None), 404, "ExecutionNotFound"),
+        (("post", "/workflows/no-such-run/signals/decision", {"payload": 1}), 404, "ExecutionNotFound"),
+        (("post", "/workflows/no-such-run/cancel", {"reason": "x"}), 404, "ExecutionNotFound"),
+        (("post", "/workflows", {"workflow": "approval", "execution_id": "x" * 201}), 400, "ValueError"),
+        (("post", "/workflows", {"workflow": "approval", "execution_id": "   "}), 400, "ValueError"),
+        (("post", "/workflows", {"workflow": "approval", "execution_id": ""}), 400, "ValueError"),
+        (("get", "/workflows/" + "x" * 201, None), 400, "ValueError"),
+        (("post", "/workflows/%20/cancel", {}), 400, "ValueError"),
+        (
+            ("post", "/workflows", {"workflow": "approval", "input": {"a": "nul\u0000"}}),
+            400,
+            "PayloadNotSerializable",
+        ),
+        (("post", "/workflows", '{"workflow": "approval", "input": 1e400}'), 400, "PayloadNotSerializable"),
+        (("post", "/workflows", {"workflow": "approval", "input": {}, "extra": 1}), 422, "ValidationError"),
+        (("post", "/workflows", {"input": {}}), 422, "ValidationError"),
+        (("get", "/workflows?limit=-1", None), 422, "ValidationError"),
+    ],
+)
 def test_rejections_are_json_and_write_nothing(client, harvest, request_, status, error):
     method, url, body = request_
     before = all_runs(harvest)
@@ -161,11 +188,16 @@ def test_rejections_are_json_and_write_nothing(client, harvest, request_, status
 
 def test_an_id_reused_for_another_workflow_is_a_conflict_that_writes_nothing(client, harvest, tag):
     run_id = f"taken-{tag}"
-    assert client.post("/workflows", json={"workflow": "approval", "input": {"tag": tag},
-                                           "execution_id": run_id}).status_code == 201
+    assert (
+        client.post(
+            "/workflows", json={"workflow": "approval", "input": {"tag": tag}, "execution_id": run_id}
+        ).status_code
+        == 201
+    )
     before = all_runs(harvest)
-    resp = client.post("/workflows", json={"workflow": "three_steps", "input": {"tag": tag},
-                                           "execution_id": run_id})
+    resp = client.post(
+        "/workflows", json={"workflow": "three_steps", "input": {"tag": tag}, "execution_id": run_id}
+    )
     assert resp.status_code == 409
     assert resp.json()["error"] == "ExecutionAlreadyExists"
     assert all_runs(harvest) == before
@@ -174,14 +206,18 @@ def test_an_id_reused_for_another_workflow_is_a_conflict_that_writes_nothing(cli
 
 
 def test_the_run_graph_of_a_compensated_diamond(client, harvest, tag):
-    run_id = client.post("/workflows", json={"workflow": "diamond",
-                                             "input": {"tag": tag, "fail": ["dia_d"]}}).json()["execution_id"]
+    run_id = client.post(
+        "/workflows", json={"workflow": "diamond", "input": {"tag": tag, "fail": ["dia_d"]}}
+    ).json()["execution_id"]
     body = wait_terminal(client, run_id)
     assert body["status"] == "FAILED"
     # the unwind happened: three compensator dispatches in the raw history
     events = client.get(f"/workflows/{run_id}/history").json()["events"]
-    compensations = [e["data"] for e in events
-                     if e["type"] == "ActivityScheduled" and e["data"]["activity_name"] == "undo_node"]
+    compensations = [
+        e["data"]
+        for e in events
+        if e["type"] == "ActivityScheduled" and e["data"]["activity_name"] == "undo_node"
+    ]
     assert [c["input"]["dag_compensate"] for c in compensations] == ["dia_c", "dia_b", "dia_a"]
 
     resp = client.get(f"/dags/diamond/runs/{run_id}")
@@ -192,7 +228,11 @@ def test_the_run_graph_of_a_compensated_diamond(client, harvest, tag):
     nodes = {n["node_name"]: n for n in graph["nodes"]}
     assert list(nodes) == ["dia_a", "dia_b", "dia_c", "dia_d"]  # no compensation as a node
     assert {name: n["status"] for name, n in nodes.items()} == {
-        "dia_a": "succeeded", "dia_b": "succeeded", "dia_c": "succeeded", "dia_d": "failed"}
+        "dia_a": "succeeded",
+        "dia_b": "succeeded",
+        "dia_c": "succeeded",
+        "dia_d": "failed",
+    }
     assert nodes["dia_d"]["depends_on"] == ["dia_b", "dia_c"]
     assert (nodes["dia_d"]["error_type"], nodes["dia_d"]["error"]) == ("RuntimeError", "dia_d failed")
     assert all(n["attempts"] == 1 and n["started_at"] and n["finished_at"] for n in nodes.values())
@@ -217,12 +257,22 @@ def test_metrics_and_healthz(client):
 def test_openapi_names_every_endpoint(client):
     paths = client.get("/openapi.json").json()["paths"]
     assert set(paths) == {
-        "/workflows", "/workflows/{execution_id}", "/workflows/{execution_id}/history",
+        "/workflows",
+        "/workflows/{execution_id}",
+        "/workflows/{execution_id}/history",
         "/workflows/{execution_id}/errors",
-        "/workflows/{execution_id}/signals/{name}", "/workflows/{execution_id}/cancel",
+        "/workflows/{execution_id}/signals/{name}",
+        "/workflows/{execution_id}/cancel",
         "/workflows/{execution_id}/request-cancel",
-        "/dags/{name}/runs/{execution_id}", "/metrics", "/healthz",
-        "/workflows/{execution_id}/terminate", "/workflows/{execution_id}/pause",
-        "/workflows/{execution_id}/resume", "/workflows/{execution_id}/reset",
-        "/workflows/{execution_id}/erase-payloads", "/admin/purge",
-        "/dags/{name}/runs/{execution_id}/retry", "/ui/dags/{name}/runs/{run_id}"}
+        "/dags/{name}/runs/{execution_id}",
+        "/metrics",
+        "/healthz",
+        "/workflows/{execution_id}/terminate",
+        "/workflows/{execution_id}/pause",
+        "/workflows/{execution_id}/resume",
+        "/workflows/{execution_id}/reset",
+        "/workflows/{execution_id}/erase-payloads",
+        "/admin/purge",
+        "/dags/{name}/runs/{execution_id}/retry",
+        "/ui/dags/{name}/runs/{run_id}",
+    }

@@ -18,8 +18,7 @@ from harvest_celery._web.api import create_app
 
 pytestmark = pytest.mark.integration
 
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
-          response_schema_conformance]
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 
 def test_no_request_breaks_the_api(harvest, monkeypatch):
@@ -29,8 +28,9 @@ def test_no_request_breaks_the_api(harvest, monkeypatch):
     schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(harvest))
     # /admin/purge deletes every finished run older than a generated age: tested on its own, never
     # fuzzed against the shared session database
-    operations = [op for op in (result.ok() for result in schema.get_all_operations())
-                  if op.path != "/admin/purge"]
+    operations = [
+        op for op in (result.ok() for result in schema.get_all_operations()) if op.path != "/admin/purge"
+    ]
     assert len(operations) >= 15
     for operation in operations:
 

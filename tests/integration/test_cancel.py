@@ -88,9 +88,12 @@ def test_result_times_out_pending_then_carries_the_failed_branch(harvest, worker
     assert "expected ActivityScheduled(cx_refund), got WorkflowCancelled" in err.error
     assert "refund:start" not in ran(redis_client, tag)  # the spec's known limitation, unchanged
     assert harvest.describe(run_id).display_status.startswith(
-        "CANCELLED (cancel branch failed: SagaCompensationFailed: ")
-    wait_for(lambda: scrape_all("harvest_cancel_branch_failed_total", workflow="coop_checkout")
-             == before + 1, what="the cancel_branch_failed counter")
+        "CANCELLED (cancel branch failed: SagaCompensationFailed: "
+    )
+    wait_for(
+        lambda: scrape_all("harvest_cancel_branch_failed_total", workflow="coop_checkout") == before + 1,
+        what="the cancel_branch_failed counter",
+    )
 
 
 def test_harvest_list_and_show_flag_a_failed_cancel_branch(harvest, workers, redis_client, tag, capsys):
@@ -100,13 +103,16 @@ def test_harvest_list_and_show_flag_a_failed_cancel_branch(harvest, workers, red
     release(redis_client, tag, "pack")
     assert cancelled(harvest, run_id).outcome == "failed"
     capsys.readouterr()
-    assert main(["--database-url", DATABASE_URL, "list", "--workflow", "coop_checkout",
-                 "--limit", "1000"]) == 0
+    assert (
+        main(["--database-url", DATABASE_URL, "list", "--workflow", "coop_checkout", "--limit", "1000"]) == 0
+    )
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith(run_id))
     assert "CANCELLED (cancel branch failed: SagaCompensationFailed" in line
     assert main(["--database-url", DATABASE_URL, "show", run_id]) == 0
-    assert f"{run_id}  coop_checkout  CANCELLED (cancel branch failed: SagaCompensationFailed" in \
-        capsys.readouterr().out
+    assert (
+        f"{run_id}  coop_checkout  CANCELLED (cancel branch failed: SagaCompensationFailed"
+        in capsys.readouterr().out
+    )
     body = TestClient(create_app(harvest)).get(f"/workflows/{run_id}").json()
     assert body["status"] == "CANCELLED" and body["display_status"].startswith("CANCELLED (cancel branch")
     assert body["cancel_branch"]["outcome"] == "failed" and body["cancel_branch"]["settled"]
@@ -159,21 +165,28 @@ def cooperative_refund(harvest: Any, redis_client: Any, tag: str, capsys: Any) -
     assert ran(redis_client, tag)[-2:] == ["refund:start", "refund:end"]
     hist = names(harvest, run_id)
     assert hist.count("WorkflowCancelRequested") == 1
-    assert hist.index("WorkflowCancelRequested") < hist.index("MarkerRecorded(saga_compensated:1)") \
+    assert (
+        hist.index("WorkflowCancelRequested")
+        < hist.index("MarkerRecorded(saga_compensated:1)")
         < hist.index("ActivityScheduled(cx_refund)")
+    )
     assert hist[-1] == "WorkflowFailed" and not harvest.describe(run_id).nd_blocked
     # a cold replay of the whole history with today's code decides exactly what was recorded
-    probe = replay_history(harvest.registry.workflow("coop_checkout"), run_id,
-                           harvest.history(run_id), harvest.registry)
+    probe = replay_history(
+        harvest.registry.workflow("coop_checkout"), run_id, harvest.history(run_id), harvest.registry
+    )
     assert probe.nd is None and probe.commands == []
     assert probe.outcome == Failed("Cancelled", "customer asked")
-    wait_for(lambda: scrape_all("harvest_saga_compensated_total", workflow="coop_checkout")
-             == before + 1, what="the compensated counter (the unwind counted once)")
+    wait_for(
+        lambda: scrape_all("harvest_saga_compensated_total", workflow="coop_checkout") == before + 1,
+        what="the compensated counter (the unwind counted once)",
+    )
     return hist
 
 
 def test_a_cooperative_cancel_runs_a_durable_refund_reads_cancelling_and_ends_cancelled(
-        harvest, workers, redis_client, tag, capsys):
+    harvest, workers, redis_client, tag, capsys
+):
     warm = cooperative_refund(harvest, redis_client, tag, capsys)
     # the same run on workers that keep no warm replay: every decision replays cold, and the
     # run reads and ends the same, with the same history
@@ -229,13 +242,19 @@ def test_a_long_activity_learns_of_the_cancel_and_stops_early(harvest, workers, 
 
 
 # ── the DAG cancel edge ──────────────────────────────────────────────────────────────────────
-def test_a_cancelled_dag_never_dispatches_a_new_node_and_keeps_the_dag_error(harvest, workers, redis_client, tag):
+def test_a_cancelled_dag_never_dispatches_a_new_node_and_keeps_the_dag_error(
+    harvest, workers, redis_client, tag
+):
     """a → b, a → c → e: b fails, the cancel lands while c runs, then c succeeds. e is never
     dispatched; the error stays the DAG's; never nd-blocked."""
     run_id = harvest.start_workflow("cancel_edge", {"tag": tag, "fail": ["ce_b"], "hold": ["ce_c"]})
     started(redis_client, tag, "ce_c:start")
-    wait_for(lambda: "ActivityFailed(3)" in names(harvest, run_id) or "ActivityFailed(2)" in
-             names(harvest, run_id), what="b's failure")
+    wait_for(
+        lambda: (
+            "ActivityFailed(3)" in names(harvest, run_id) or "ActivityFailed(2)" in names(harvest, run_id)
+        ),
+        what="b's failure",
+    )
     assert harvest.cancel_workflow_execution(run_id, reason="operator") == "CANCELLED"
     release(redis_client, tag, "ce_c")
     err = cancelled(harvest, run_id)
@@ -252,24 +271,34 @@ def test_a_cancel_mid_dag_unwind_counts_as_a_hand_written_saga_does(harvest, wor
     compensator runs; it finishes, then b's and a's diverge against the seal and are collected:
     SagaCompensationFailed, both markers, both counters once — the dangling state pages."""
     labels = {"workflow": "cancel_edge"}
-    before = (scrape_all("harvest_saga_compensated_total", **labels),
-              scrape_all("harvest_saga_compensation_failed_total", **labels))
+    before = (
+        scrape_all("harvest_saga_compensated_total", **labels),
+        scrape_all("harvest_saga_compensation_failed_total", **labels),
+    )
     run_id = harvest.start_workflow("cancel_edge", {"tag": tag, "fail": ["ce_e"], "hold_undo": ["ce_c"]})
     started(redis_client, tag, "undo:ce_c")
     assert harvest.cancel_workflow_execution(run_id, reason="operator") == "FAILED"  # mid-unwind
     release(redis_client, tag, "undo:ce_c")
     err = cancelled(harvest, run_id)
     assert err.outcome == "failed" and err.error.startswith(
-        "SagaCompensationFailed: saga compensation failed after original error: one or more DAG tasks failed;")
+        "SagaCompensationFailed: saga compensation failed after original error: one or more DAG tasks failed;"
+    )
     assert err.error.count("expected ActivityScheduled(ce_undo), got WorkflowCancelled") == 2
     assert [n for n in ran(redis_client, tag) if n.startswith("undo:")] == ["undo:ce_c"]
     hist = names(harvest, run_id)
     assert hist.count("MarkerRecorded(saga_compensated:1)") == 1
     assert hist.index("WorkflowCancelled") < hist.index("MarkerRecorded(saga_compensation_failed:1)")
     assert not harvest.describe(run_id).nd_blocked
-    wait_for(lambda: (scrape_all("harvest_saga_compensated_total", **labels),
-                      scrape_all("harvest_saga_compensation_failed_total", **labels))
-             == (before[0] + 1, before[1] + 1), what="both saga counters, once")
+    wait_for(
+        lambda: (
+            (
+                scrape_all("harvest_saga_compensated_total", **labels),
+                scrape_all("harvest_saga_compensation_failed_total", **labels),
+            )
+            == (before[0] + 1, before[1] + 1)
+        ),
+        what="both saga counters, once",
+    )
 
 
 # ── the run graph and retry degrade on any store error ───────────────────────────────────────
@@ -297,8 +326,10 @@ def test_the_run_graph_degrades_and_retry_answers_503_on_an_oserror(harvest, wor
     reader.register(*dags.ACTIVITIES, *dags.DAGS)  # the API's process: it only reads
     try:
         client = TestClient(create_app(reader))
-        assert client.get(f"/workflows/{source}/history").json()["events"][1]["data"]["input"][
-            "conf"]["pad"] == "p" * 1024  # inflated while the store works
+        assert (
+            client.get(f"/workflows/{source}/history").json()["events"][1]["data"]["input"]["conf"]["pad"]
+            == "p" * 1024
+        )  # inflated while the store works
         store.broken = True
         graph = client.get(f"/dags/retryable/runs/{source}")
         assert graph.status_code == 200, graph.text

@@ -34,8 +34,11 @@ def seen(redis_client: Any, **match: Any) -> list[dict[str, Any]]:
 
 
 def test_joining_changes_nothing_of_the_apps_own_config(shop):
-    changed = {k: (v, shop.AFTER_HARVEST.get(k)) for k, v in shop.BEFORE_HARVEST.items()
-               if shop.AFTER_HARVEST.get(k) != v}
+    changed = {
+        k: (v, shop.AFTER_HARVEST.get(k))
+        for k, v in shop.BEFORE_HARVEST.items()
+        if shop.AFTER_HARVEST.get(k) != v
+    }
     assert changed == {}
     assert set(shop.AFTER_HARVEST) == set(shop.BEFORE_HARVEST)
 
@@ -56,7 +59,9 @@ def test_a_failed_attempt_is_a_celery_failure_with_its_real_exception(shop, redi
         post = wait_for(lambda t=task_id: seen(redis_client, task_id=t, signal="postrun"), what=task_id)
         assert post[0]["state"] == "FAILURE" and post[0]["name"] == "shop_declines"
         failure = seen(redis_client, task_id=task_id, signal="failure")
-        assert failure and "ValueError" in failure[0]["exception"] and "card declined" in failure[0]["exception"]
+        assert (
+            failure and "ValueError" in failure[0]["exception"] and "card declined" in failure[0]["exception"]
+        )
         assert "shop_declines" in failure[0]["traceback"]  # the body's own frame
     ok = seen(redis_client, task_id=f"{rid}:1:1", signal="postrun")
     assert ok and ok[0]["state"] == "SUCCESS"
@@ -128,16 +133,26 @@ def test_an_adopted_tasks_autoretry_for_becomes_engine_retries(shop, redis_clien
     assert int(redis_client.get(f"shop:charge:{tag}")) == 3  # the body ran once per engine attempt
     history = [h.event for h in shop.harvest.history(rid)]
     assert [e.attempt for e in history if e.type == "ActivityStarted"] == [1, 2, 3]
-    assert [e.type for e in history][-2:] == (["ActivityCompleted", "WorkflowCompleted"] if succeed_on == 3
-                                             else ["ActivityFailed", "WorkflowFailed"])
+    assert [e.type for e in history][-2:] == (
+        ["ActivityCompleted", "WorkflowCompleted"]
+        if succeed_on == 3
+        else ["ActivityFailed", "WorkflowFailed"]
+    )
     failed = 2 if succeed_on == 3 else 3
-    errors = [(e.activity_id, e.attempt, e.error_type, e.message)
-              for e in shop.harvest.store.attempt_errors(rid) if e.activity_id]
-    assert errors == [("1", n, "ConnectionError", f"gateway timeout on call {n}")
-                      for n in range(1, failed + 1)]
+    errors = [
+        (e.activity_id, e.attempt, e.error_type, e.message)
+        for e in shop.harvest.store.attempt_errors(rid)
+        if e.activity_id
+    ]
+    assert errors == [
+        ("1", n, "ConnectionError", f"gateway timeout on call {n}") for n in range(1, failed + 1)
+    ]
     for attempt in (1, 2, 3):  # one Celery task per engine attempt, each ending as it really did
         task_id = f"{rid}:1:{attempt}"
         post = wait_for(lambda t=task_id: seen(redis_client, task_id=t, signal="postrun"), what=task_id)
         assert [p["state"] for p in post] == ["FAILURE" if attempt <= failed else "SUCCESS"]
-    assert not [r for r in seen(redis_client, signal="retry", name="shop.flaky_charge")
-                if str(r["task_id"]).startswith(rid)]  # Celery never retried it itself
+    assert not [
+        r
+        for r in seen(redis_client, signal="retry", name="shop.flaky_charge")
+        if str(r["task_id"]).startswith(rid)
+    ]  # Celery never retried it itself

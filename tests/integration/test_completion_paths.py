@@ -161,11 +161,22 @@ def _stored(h: Harvest, execution_id: str) -> dict[str, Any]:
     with h.store.engine.connect() as conn:
         for table in ("harvest_executions", "harvest_activity_tasks", "harvest_attempt_errors"):
             key = "id" if table == "harvest_executions" else "execution_id"
-            rows = conn.execute(sa.text(f"SELECT * FROM {table} WHERE {key} = :id"),
-                                {"id": execution_id}).mappings().all()
-            out[table] = sorted((sorted((k, "set" if isinstance(v, datetime) else repr(v))
-                                        for k, v in r.items() if k not in skip and k != "detail")
-                                 for r in rows), key=repr)
+            rows = (
+                conn.execute(sa.text(f"SELECT * FROM {table} WHERE {key} = :id"), {"id": execution_id})
+                .mappings()
+                .all()
+            )
+            out[table] = sorted(
+                (
+                    sorted(
+                        (k, "set" if isinstance(v, datetime) else repr(v))
+                        for k, v in r.items()
+                        if k not in skip and k != "detail"
+                    )
+                    for r in rows
+                ),
+                key=repr,
+            )
     history = []
     for item in h.history(execution_id):
         data = item.event.to_data()
@@ -270,9 +281,18 @@ def _referenced(rid: str) -> set[str]:
     """The blob keys the run's stored rows reference."""
     engine = sa.create_engine(DATABASE_URL)
     with engine.connect() as conn:
-        texts = conn.execute(sa.text("SELECT data::text FROM harvest_events WHERE execution_id = :id "
-                                     "UNION ALL SELECT result::text FROM harvest_executions "
-                                     "WHERE id = :id"), {"id": rid}).scalars().all()
+        texts = (
+            conn.execute(
+                sa.text(
+                    "SELECT data::text FROM harvest_events WHERE execution_id = :id "
+                    "UNION ALL SELECT result::text FROM harvest_executions "
+                    "WHERE id = :id"
+                ),
+                {"id": rid},
+            )
+            .scalars()
+            .all()
+        )
     engine.dispose()
     return {k for k in _blob_keys(rid) if any(k in (t or "") for t in texts)}
 
@@ -309,8 +329,11 @@ def test_a_refused_write_leaves_no_blob_once_its_run_is_erased_or_purged(harvest
     else:
         engine = sa.create_engine(DATABASE_URL)
         with engine.begin() as conn:
-            conn.execute(executions.update().where(executions.c.id == rid)
-                         .values(closed_at=sa.func.now() - sa.text("interval '40 days'")))
+            conn.execute(
+                executions.update()
+                .where(executions.c.id == rid)
+                .values(closed_at=sa.func.now() - sa.text("interval '40 days'"))
+            )
         engine.dispose()
         assert h.purge(older_than_days=30)["blobs"] >= len(left)
     assert _blob_keys(rid) == []
@@ -320,14 +343,17 @@ def test_a_refused_write_leaves_no_blob_once_its_run_is_erased_or_purged(harvest
 def _row_counts() -> dict[str, int]:
     engine = sa.create_engine(DATABASE_URL)
     with engine.connect() as conn:
-        out = {t: conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one()
-               for t in ("harvest_executions", "harvest_events", "harvest_activity_tasks", "harvest_blobs")}
+        out = {
+            t: conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar_one()
+            for t in ("harvest_executions", "harvest_events", "harvest_activity_tasks", "harvest_blobs")
+        }
     engine.dispose()
     return out
 
 
-@pytest.mark.parametrize("given", [{"inline_decisions": True}, {"sticky_sessions": True},
-                                   {"eager_max_chain": 4}])
+@pytest.mark.parametrize(
+    "given", [{"inline_decisions": True}, {"sticky_sessions": True}, {"eager_max_chain": 4}]
+)
 def test_a_contradictory_fast_paths_combination_raises_and_writes_nothing(harvest, given):
     before = _row_counts()
     name, value = next(iter(given.items()))
@@ -343,13 +369,17 @@ def test_fast_paths_off_sends_every_step_through_the_decision_task(harvest):
     rid = h.start_workflow("cp_big_steps", {"n": 3, "size": 10}, execution_id=run_id())
     assert h.result(rid, timeout=20) == 30
     assert {p: decisions(p, "cp_big_steps") - n for p, n in before.items()} == {
-        "one_statement": 0, "inline": 0, "task": 4}
+        "one_statement": 0,
+        "inline": 0,
+        "task": 4,
+    }
     assert counted(seen) == {}  # nothing was allowed on a faster path: no fallback counted
 
 
 # ── an unexpected error in the one-statement attempt ──────────────────────────────────────────
 def test_an_error_in_the_one_statement_attempt_is_logged_counted_and_recorded_the_ordinary_way(
-        harvest, monkeypatch, caplog):
+    harvest, monkeypatch, caplog
+):
     from harvest_celery._store import pgwrite
 
     real = pgwrite.guarded

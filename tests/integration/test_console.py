@@ -63,7 +63,7 @@ def signed_in(server: str, browser: Any, tmp_path_factory: Any) -> str:
         with page.expect_navigation():
             page.click("form#login button")
         assert urlparse(page.url).path == "/console"
-        cookie, = [c for c in browser.cookies() if c["name"] == "harvest_session"]
+        (cookie,) = [c for c in browser.cookies() if c["name"] == "harvest_session"]
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
         assert page.evaluate("document.cookie") == ""  # HttpOnly: no script can read it
     finally:
@@ -104,8 +104,10 @@ def _submit(page: Any, form: str) -> None:
 # ── pages ────────────────────────────────────────────────────────────────────────────────────
 def test_the_runs_list_filters_and_pages(harvest, workers, tag, signed_in, browser, tmp_path):
     since = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 1))
-    ids = [harvest.start_workflow("approval", {"tag": tag}, execution_id=f"list-{tag}-{i:02d}")
-           for i in range(27)]
+    ids = [
+        harvest.start_workflow("approval", {"tag": tag}, execution_id=f"list-{tag}-{i:02d}")
+        for i in range(27)
+    ]
     failed = harvest.start_workflow("console_probe", {"tag": tag})
     with pytest.raises(WorkflowFailed):
         harvest.result(failed, timeout=30)
@@ -121,8 +123,10 @@ def test_the_runs_list_filters_and_pages(harvest, workers, tag, signed_in, brows
     _submit(page, "form#filters")
     rows = page.locator("table.runs tbody tr")
     assert failed in [rows.nth(i).get_attribute("data-run") for i in range(rows.count())]
-    assert all(s == "FAILED" for s in page.locator("table.runs .badge").evaluate_all(
-        "els => els.map(e => e.dataset.status)"))
+    assert all(
+        s == "FAILED"
+        for s in page.locator("table.runs .badge").evaluate_all("els => els.map(e => e.dataset.status)")
+    )
     _shot(page, tmp_path / "runs-filtered.png")
     page.goto(f"{signed_in}/console?nd_blocked=yes&workflow=approval", wait_until="load")
     assert page.locator("table.runs tbody tr").count() == 0 and page.locator("p.empty").count() == 1
@@ -147,8 +151,9 @@ def test_the_runs_list_filters_and_pages(harvest, workers, tag, signed_in, brows
         harvest.cancel_workflow_execution(run_id, reason="cleanup")
 
 
-def test_an_injected_script_in_an_activity_error_is_shown_as_text(harvest, workers, tag, signed_in,
-                                                                   browser, tmp_path):
+def test_an_injected_script_in_an_activity_error_is_shown_as_text(
+    harvest, workers, tag, signed_in, browser, tmp_path
+):
     run_id = harvest.start_workflow("console_probe", {"tag": tag, "note": "<b>bold?</b>"})
     with pytest.raises(WorkflowFailed):
         harvest.result(run_id, timeout=30)
@@ -174,8 +179,9 @@ def test_an_injected_script_in_an_activity_error_is_shown_as_text(harvest, worke
     page.close()
 
 
-def test_a_saga_run_shows_its_markers_compensations_and_signals(harvest, workers, tag, signed_in,
-                                                                browser, tmp_path):
+def test_a_saga_run_shows_its_markers_compensations_and_signals(
+    harvest, workers, tag, signed_in, browser, tmp_path
+):
     run_id = harvest.start_workflow("saga_steps", {"tag": tag, "n": 3, "fail_at": 3})
     with pytest.raises(WorkflowFailed):
         harvest.result(run_id, timeout=30)
@@ -187,7 +193,9 @@ def test_a_saga_run_shows_its_markers_compensations_and_signals(harvest, workers
     markers = page.locator("#saga tr[data-marker]").evaluate_all("els => els.map(e => e.dataset.marker)")
     assert any(m.startswith("saga_compensated:") for m in markers)
     comps = page.locator("#saga tr[data-compensation]")
-    assert comps.count() == 2 and {comps.nth(i).locator("td").nth(2).text_content() for i in range(2)} == {"completed"}
+    assert comps.count() == 2 and {comps.nth(i).locator("td").nth(2).text_content() for i in range(2)} == {
+        "completed"
+    }
     assert page.locator('#activities tr[data-activity="forward"]').count() == 3
     _shot(page, tmp_path / "run-saga.png")
     page.goto(f"{signed_in}/console/runs/{signalled}", wait_until="load")
@@ -197,15 +205,16 @@ def test_a_saga_run_shows_its_markers_compensations_and_signals(harvest, workers
     page.close()
 
 
-def test_a_dag_run_is_drawn_and_retried_after_a_dry_run(harvest, workers, tag, signed_in, browser,
-                                                        tmp_path):
+def test_a_dag_run_is_drawn_and_retried_after_a_dry_run(harvest, workers, tag, signed_in, browser, tmp_path):
     run_id = harvest.start_workflow("retryable", {"tag": tag})
     with pytest.raises(WorkflowFailed):
         harvest.result(run_id, timeout=30)
     page = _open(browser, f"{signed_in}/console/runs/{run_id}")
     nodes = page.locator("#graph svg#dag g.node")
-    assert {nodes.nth(i).get_attribute("data-node"): nodes.nth(i).get_attribute("data-status")
-            for i in range(nodes.count())} == {"rt_a": "succeeded", "rt_b": "failed", "rt_c": "skipped"}
+    assert {
+        nodes.nth(i).get_attribute("data-node"): nodes.nth(i).get_attribute("data-status")
+        for i in range(nodes.count())
+    } == {"rt_a": "succeeded", "rt_b": "failed", "rt_c": "skipped"}
     assert page.locator("#graph a").get_attribute("href") == f"/ui/dags/retryable/runs/{run_id}"
     _shot(page, tmp_path / "run-dag.png")
 
@@ -366,9 +375,11 @@ class _Evil(http.server.BaseHTTPRequestHandler):
     target = ""
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        body = (f'<html><body><form id="f" method="post" action="{self.target}">'
-                '<input name="reason" value="pwned"></form>'
-                '<script>document.getElementById("f").submit()</script></body></html>').encode()
+        body = (
+            f'<html><body><form id="f" method="post" action="{self.target}">'
+            '<input name="reason" value="pwned"></form>'
+            '<script>document.getElementById("f").submit()</script></body></html>'
+        ).encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/html")
         self.send_header("Content-Length", str(len(body)))
@@ -380,8 +391,9 @@ class _Evil(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.mark.parametrize("path", ["/console/runs/{id}/terminate", "/workflows/{id}/terminate"])
-def test_a_cross_site_form_post_from_another_site_changes_nothing(harvest, workers, tag, signed_in,
-                                                                  browser, path):
+def test_a_cross_site_form_post_from_another_site_changes_nothing(
+    harvest, workers, tag, signed_in, browser, path
+):
     run_id = harvest.start_workflow("approval", {"tag": tag})
     _settled(harvest, run_id)
     handler = type("Evil", (_Evil,), {"target": signed_in + path.format(id=run_id)})

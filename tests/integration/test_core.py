@@ -19,14 +19,22 @@ def types(harvest: Any, run_id: str) -> list[str]:
     return [h.describe() for h in harvest.history(run_id)]
 
 
-def test_three_step_workflow_across_two_workers_records_the_exact_history(harvest, workers, redis_client, tag):
+def test_three_step_workflow_across_two_workers_records_the_exact_history(
+    harvest, workers, redis_client, tag
+):
     run_id = harvest.start_workflow("three_steps", {"tag": tag}, execution_id=f"three-{tag}")
     assert harvest.result(run_id, timeout=30) == f"done:{tag}"
     assert types(harvest, run_id) == [
         "WorkflowStarted",
-        "ActivityScheduled(step_one)", "ActivityStarted(1)", "ActivityCompleted(1)",
-        "ActivityScheduled(step_two)", "ActivityStarted(2)", "ActivityCompleted(2)",
-        "ActivityScheduled(step_three)", "ActivityStarted(3)", "ActivityCompleted(3)",
+        "ActivityScheduled(step_one)",
+        "ActivityStarted(1)",
+        "ActivityCompleted(1)",
+        "ActivityScheduled(step_two)",
+        "ActivityStarted(2)",
+        "ActivityCompleted(2)",
+        "ActivityScheduled(step_three)",
+        "ActivityStarted(3)",
+        "ActivityCompleted(3)",
         "WorkflowCompleted",
     ]
     ran = effects(redis_client, tag)
@@ -55,7 +63,10 @@ def test_retry_policy_retries_with_a_started_event_per_attempt(harvest, workers,
     run_id = harvest.start_workflow("retrying", {"tag": tag, "succeed_on": 3})
     assert harvest.result(run_id, timeout=30) == "ok after 3"
     assert types(harvest, run_id)[1:6] == [
-        "ActivityScheduled(flaky)", "ActivityStarted(1)", "ActivityStarted(1)", "ActivityStarted(1)",
+        "ActivityScheduled(flaky)",
+        "ActivityStarted(1)",
+        "ActivityStarted(1)",
+        "ActivityStarted(1)",
         "ActivityCompleted(1)",
     ]
     attempts = [h.event.attempt for h in harvest.history(run_id) if h.event.type == "ActivityStarted"]
@@ -143,7 +154,10 @@ def test_an_existing_celery_task_adopted_by_name_runs_as_an_activity(harvest, wo
     assert [e["name"] for e in ran] == ["step_one", "send_email"]
     assert ran[1]["queue"] == "beta"
     assert types(harvest, run_id)[4:7] == [
-        "ActivityScheduled(legacy.send_email)", "ActivityStarted(2)", "ActivityCompleted(2)"]
+        "ActivityScheduled(legacy.send_email)",
+        "ActivityStarted(2)",
+        "ActivityCompleted(2)",
+    ]
 
 
 def test_signal_with_start_creates_the_run_and_delivers_the_signal(harvest, workers, tag):

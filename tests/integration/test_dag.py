@@ -63,7 +63,13 @@ def test_each_envelope_input_shape(harvest, workers, redis_client, tag):
     assert all(e["dag_compensate"] == name for name, e in env.items())
     # LIFO over forward level order: level 1 (from, all, alias, cell) then level 0 (src, other)
     assert [e["name"] for e in undos(redis_client, tag)] == [
-        "undo:sh_cell", "undo:sh_alias", "undo:sh_all", "undo:sh_from", "undo:sh_other", "undo:sh_src"]
+        "undo:sh_cell",
+        "undo:sh_alias",
+        "undo:sh_all",
+        "undo:sh_from",
+        "undo:sh_other",
+        "undo:sh_src",
+    ]
 
 
 def test_an_empty_mapped_upstream_is_never_compensated(harvest, workers, redis_client, tag):
@@ -74,15 +80,19 @@ def test_an_empty_mapped_upstream_is_never_compensated(harvest, workers, redis_c
     assert "mp_cell" not in ran(redis_client, tag)
 
 
-def test_collect_all_with_failed_cells_is_compensated_once_with_the_whole_cells_array(harvest, workers, redis_client, tag):
+def test_collect_all_with_failed_cells_is_compensated_once_with_the_whole_cells_array(
+    harvest, workers, redis_client, tag
+):
     run_id = harvest.start_workflow("map_collect", {"tag": tag, "items": [1, -2, 3]})
     with pytest.raises(WorkflowFailed):
         harvest.result(run_id, timeout=30)
     compensations = undos(redis_client, tag)
     assert [e["name"] for e in compensations] == ["undo:mp_cell", "undo:mp_produce"]
     assert compensations[0]["value"]["output"] == [
-        {"status": "succeeded", "value": 10}, {"status": "failed", "error": "negative -2"},
-        {"status": "succeeded", "value": 30}]
+        {"status": "succeeded", "value": 10},
+        {"status": "failed", "error": "negative -2"},
+        {"status": "succeeded", "value": 30},
+    ]
     assert [c["n"] for c in compensations[0]["value"]["input"]] == [1, -2, 3]
 
 
@@ -128,24 +138,26 @@ def test_known_limitation_raising_the_cap_mid_unwind_diverges(harvest, workers, 
         w1.restart({"HARVEST_TEST_CAP": ""})
 
 
-
 def scheduled_inline(run_id):
     """Each ActivityScheduled's input as the events table holds it inline: name → input."""
     engine = sa.create_engine(DATABASE_URL)
     with engine.connect() as conn:
-        rows = conn.execute(sa.select(events.c.data).where(events.c.execution_id == run_id)
-                            .order_by(events.c.seq)).fetchall()
+        rows = conn.execute(
+            sa.select(events.c.data).where(events.c.execution_id == run_id).order_by(events.c.seq)
+        ).fetchall()
     engine.dispose()
-    return {r.data["activity_name"]: r.data["input"] for r in rows
-            if r.data["type"] == "ActivityScheduled"}
+    return {r.data["activity_name"]: r.data["input"] for r in rows if r.data["type"] == "ActivityScheduled"}
 
 
 def test_an_offloaded_oversized_envelope_is_dispatched(harvest, workers, redis_client, tag):
     # no store: the 3 KB envelope is over a 2 KB cap and refused, as the spec pins
     with worker_env(workers, HARVEST_TEST_CAP="2048"):
         refused = harvest.start_workflow("offloaded_envelope", {"tag": f"{tag}-no", "pad": 3000})
-        with pytest.raises(WorkflowFailed, match="SagaCompensationFailed.*input of activity 'undo_node' "
-                                                 "is 3[0-9]{3} bytes, over the cap of 2048 bytes"):
+        with pytest.raises(
+            WorkflowFailed,
+            match="SagaCompensationFailed.*input of activity 'undo_node' "
+            "is 3[0-9]{3} bytes, over the cap of 2048 bytes",
+        ):
             harvest.result(refused, timeout=30)
         assert undos(redis_client, f"{tag}-no") == []
         assert "undo_node" not in scheduled_inline(refused)
@@ -157,7 +169,9 @@ def test_an_offloaded_oversized_envelope_is_dispatched(harvest, workers, redis_c
         with pytest.raises(WorkflowFailed) as failed:
             harvest.result(run_id, timeout=30)
         assert (failed.value.error_type, failed.value.error_message) == (
-            "DagTaskFailed", "one or more DAG tasks failed")  # a clean unwind, not SagaCompensationFailed
+            "DagTaskFailed",
+            "one or more DAG tasks failed",
+        )  # a clean unwind, not SagaCompensationFailed
         assert [e["value"] for e in effects(redis_client, tag) if e["name"] == "ob_big"] == [3000]
         [undo] = undos(redis_client, tag)
         envelope = undo["value"]
@@ -169,20 +183,29 @@ def test_an_offloaded_oversized_envelope_is_dispatched(harvest, workers, redis_c
             assert inline[name]["_harvest_offload_envelope"] == 1 and inline[name]["store_id"] == "pg"
 
 
-def test_removing_the_store_stalls_a_run_with_references_until_it_is_restored(harvest, workers, redis_client, tag):
+def test_removing_the_store_stalls_a_run_with_references_until_it_is_restored(
+    harvest, workers, redis_client, tag
+):
     """docs/payloads.md, a store removed after the run offloaded something: nothing diverges, the
     run's decisions fail on its references and it stays RUNNING; restored, it carries on."""
     with worker_env(workers, HARVEST_TEST_OFFLOAD="1024"):
         run_id = harvest.start_workflow("offload_then_wait", {"tag": tag, "pad": "p" * 2000})
-        wait_for(lambda: "ActivityCompleted(1)" in names_raw(harvest, run_id)
-                 and harvest.store.decision_request(run_id)[1] is None, what="the run to park")
+        wait_for(
+            lambda: (
+                "ActivityCompleted(1)" in names_raw(harvest, run_id)
+                and harvest.store.decision_request(run_id)[1] is None
+            ),
+            what="the run to park",
+        )
         assert scheduled_inline(run_id)["step_one"]["_harvest_offload_envelope"] == 1
     # the workers now run without a store
     log = workers["w1"].log
     seen = log.stat().st_size
     harvest.signal(run_id, "go")
-    wait_for(lambda: "no payload store is configured" in log.read_bytes()[seen:].decode(errors="replace"),
-             what="the decision to fail on the reference")
+    wait_for(
+        lambda: "no payload store is configured" in log.read_bytes()[seen:].decode(errors="replace"),
+        what="the decision to fail on the reference",
+    )
     time.sleep(2)
     row = harvest.describe(run_id)
     assert row.status == "RUNNING" and not row.nd_blocked
@@ -197,12 +220,29 @@ def test_a_worker_refuses_to_boot_when_a_dag_names_an_unregistered_compensator(h
     import subprocess
     import sys
 
-
-
     proc = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.integration.bad_app", "worker", "-Q", "nobody",
-         "-P", "solo", "--without-gossip", "--without-mingle", "--without-heartbeat"],
-        cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.integration.bad_app",
+            "worker",
+            "-Q",
+            "nobody",
+            "-P",
+            "solo",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode != 0
     assert "dag 'shipping' references unregistered compensator 'unship' for task 'ship'" in (
-        proc.stdout + proc.stderr)
+        proc.stdout + proc.stderr
+    )

@@ -21,6 +21,7 @@ from tests.integration.browser import chromium, serving
 pytestmark = pytest.mark.integration
 SCREENSHOT = Path("/tmp/harvest-dag-page.png")
 
+
 @pytest.fixture(scope="module")
 def server(harvest: Any, workers: Any, redis_client: Any) -> Iterator[str]:
     """uvicorn serving create_app(harvest) (which includes the pages) on 127.0.0.1, in a background thread."""
@@ -52,11 +53,19 @@ def test_the_failed_diamond_is_drawn_with_its_unwind(harvest, workers, redis_cli
         # the four forward nodes, never the compensator
         nodes = page.locator("svg#dag g.node")
         assert nodes.count() == 4
-        drawn = {nodes.nth(i).get_attribute("data-node"): (nodes.nth(i).get_attribute("data-status"),
-                                                           nodes.nth(i).get_attribute("data-compensation"))
-                 for i in range(4)}
-        assert drawn == {"dia_a": ("succeeded", "compensated"), "dia_b": ("succeeded", "compensated"),
-                         "dia_c": ("succeeded", "compensated"), "dia_d": ("failed", "none")}
+        drawn = {
+            nodes.nth(i).get_attribute("data-node"): (
+                nodes.nth(i).get_attribute("data-status"),
+                nodes.nth(i).get_attribute("data-compensation"),
+            )
+            for i in range(4)
+        }
+        assert drawn == {
+            "dia_a": ("succeeded", "compensated"),
+            "dia_b": ("succeeded", "compensated"),
+            "dia_c": ("succeeded", "compensated"),
+            "dia_d": ("failed", "none"),
+        }
         assert page.locator('[data-node="undo_node"]').count() == 0
         assert page.locator("svg#dag g.node g.badge").count() == 3
         assert page.locator('[data-node="dia_d"] g.badge').count() == 0
@@ -65,14 +74,17 @@ def test_the_failed_diamond_is_drawn_with_its_unwind(harvest, workers, redis_cli
         # four edges with arrowheads
         edges = page.locator("svg#dag path.edge")
         assert edges.count() == 4
-        pairs = sorted((edges.nth(i).get_attribute("data-from"), edges.nth(i).get_attribute("data-to"))
-                       for i in range(4))
+        pairs = sorted(
+            (edges.nth(i).get_attribute("data-from"), edges.nth(i).get_attribute("data-to")) for i in range(4)
+        )
         assert pairs == [("dia_a", "dia_b"), ("dia_a", "dia_c"), ("dia_b", "dia_d"), ("dia_c", "dia_d")]
         assert all(edges.nth(i).get_attribute("marker-end") == "url(#arrow)" for i in range(4))
 
         # laid out by level: a | b, c | d, left to right; b above c
-        box = {n: page.locator(f'[data-node="{n}"] rect.box').bounding_box()
-               for n in ("dia_a", "dia_b", "dia_c", "dia_d")}
+        box = {
+            n: page.locator(f'[data-node="{n}"] rect.box').bounding_box()
+            for n in ("dia_a", "dia_b", "dia_c", "dia_d")
+        }
         assert all(b is not None and b["width"] > 100 for b in box.values())
         assert box["dia_a"]["x"] < box["dia_b"]["x"] == box["dia_c"]["x"] < box["dia_d"]["x"]  # type: ignore[index]
         assert box["dia_b"]["y"] < box["dia_c"]["y"]  # type: ignore[index]
@@ -94,7 +106,8 @@ def test_the_failed_diamond_is_drawn_with_its_unwind(harvest, workers, redis_cli
         title = target.locator(":scope > title").text_content() or ""
         assert "attempts" in title and "status: failed" in title and "error:" in title
         page.wait_for_function(
-            "document.getElementById('details').textContent.includes('attempts')", timeout=5000)
+            "document.getElementById('details').textContent.includes('attempts')", timeout=5000
+        )
         assert "dia_d" in page.locator("#details").inner_text()
 
         # a screenshot a person can look at

@@ -87,8 +87,9 @@ def test_retry_refuses_an_erased_run_even_without_compensators(harvest, workers,
     assert info.value.reason == "erased" and "erased" in str(info.value)
 
 
-def test_erasure_landing_between_the_preflight_and_the_forks_lock_is_refused(harvest, workers, redis_client,
-                                                                            tag, monkeypatch):
+def test_erasure_landing_between_the_preflight_and_the_forks_lock_is_refused(
+    harvest, workers, redis_client, tag, monkeypatch
+):
     source = failed_run(harvest, "retryable", {"tag": tag})
     import harvest_celery._dag.retry as dag_retry
 
@@ -105,7 +106,8 @@ def test_erasure_landing_between_the_preflight_and_the_forks_lock_is_refused(har
     assert info.value.reason == "erased"
     assert harvest.describe(source).forked_to is None  # nothing was forked
     assert harvest.list(workflow="retryable", status="RUNNING") == [] or all(
-        r.forked_from != source for r in harvest.list(workflow="retryable"))
+        r.forked_from != source for r in harvest.list(workflow="retryable")
+    )
 
 
 def test_retry_refuses_running_and_completed_runs_and_unknown_nodes(harvest, workers, redis_client, tag):

@@ -60,8 +60,10 @@ def _settled(harvest: Any, run_id: str) -> None:
         harvest.result(run_id, timeout=60)
     except (WorkflowFailed, WorkflowCancelledError):
         pass
-    wait_for(lambda: harvest.store.cancel_branch(run_id) is None
-             or harvest.store.cancel_branch(run_id).settled, what="the cancel branch to settle")
+    wait_for(
+        lambda: harvest.store.cancel_branch(run_id) is None or harvest.store.cancel_branch(run_id).settled,
+        what="the cancel branch to settle",
+    )
 
 
 def _run_all(harvest: Any, redis_client: Any) -> dict[str, list[Any]]:
@@ -70,8 +72,10 @@ def _run_all(harvest: Any, redis_client: Any) -> dict[str, list[Any]]:
         tag = uuid.uuid4().hex[:12]
         started[name] = (harvest.start_workflow(flow, {"tag": tag, **data}), tag)
     rid, tag = started["cancel: branch returns"]
-    wait_for(lambda: "forward:2" in [e["name"] for e in effects(redis_client, tag)],
-             what="the second step to start")
+    wait_for(
+        lambda: "forward:2" in [e["name"] for e in effects(redis_client, tag)],
+        what="the second step to start",
+    )
     harvest.cancel_workflow_execution(rid, reason="compared")
     for rid, _tag in started.values():
         _settled(harvest, rid)
@@ -88,13 +92,17 @@ def _fallbacks() -> dict[str, float]:
     return {r: v for r in FALLBACK_REASONS if (v := scrape_all("harvest_decision_fallbacks_total", reason=r))}
 
 
-def test_the_core_scenarios_write_the_same_histories_with_fast_paths_on_and_off(harvest, workers,
-                                                                                redis_client):
+def test_the_core_scenarios_write_the_same_histories_with_fast_paths_on_and_off(
+    harvest, workers, redis_client
+):
     before = _paths()
     fast = _run_all(harvest, redis_client)
     after = _paths()
     assert after["one_statement"] > before["one_statement"] and after["inline"] > before["inline"], (
-        before, after, _fallbacks())
+        before,
+        after,
+        _fallbacks(),
+    )
     with worker_env(workers, HARVEST_TEST_FAST_PATHS="0"):
         plain = _run_all(harvest, redis_client)
         # fresh worker processes: every decision they took went through the decision task
@@ -112,9 +120,15 @@ def test_a_workers_steps_take_one_statement_with_an_offloading_store(harvest, wo
         assert scrape_all("harvest_decisions_total", path="one_statement") >= 1
         engine = sa.create_engine(DATABASE_URL)
         with engine.connect() as conn:
-            outputs = conn.execute(sa.select(events.c.data).where(
-                (events.c.execution_id == rid) & (events.c.type == "ActivityCompleted"))
-                .order_by(events.c.seq)).scalars().all()
+            outputs = (
+                conn.execute(
+                    sa.select(events.c.data)
+                    .where((events.c.execution_id == rid) & (events.c.type == "ActivityCompleted"))
+                    .order_by(events.c.seq)
+                )
+                .scalars()
+                .all()
+            )
         engine.dispose()
         assert outputs[0]["output"]["_harvest_offload_envelope"] == 1
         assert outputs[0]["output"]["key"].startswith(f"{rid}/")
@@ -148,16 +162,24 @@ def test_the_payload_scenario_writes_the_same_history_with_fast_paths_on_and_off
     codec = FernetCodec({"k1": Fernet.generate_key()}, primary="k1")
     shapes = []
     for fast_paths in (True, False):
-        h = Harvest(DATABASE_URL, codec=codec, fast_paths=fast_paths,
-                    payload_store=PostgresPayloadStore() if offload else None,
-                    offload_threshold=offload or 256 * 1024)
+        h = Harvest(
+            DATABASE_URL,
+            codec=codec,
+            fast_paths=fast_paths,
+            payload_store=PostgresPayloadStore() if offload else None,
+            offload_threshold=offload or 256 * 1024,
+        )
         h.register(fp_echo, fp_blob, fp_payloads)
-        rid = h.start_workflow("fp_payloads", {"card": "4111", "size": 3000},
-                               execution_id=f"fp-{uuid.uuid4().hex[:10]}")
+        rid = h.start_workflow(
+            "fp_payloads", {"card": "4111", "size": 3000}, execution_id=f"fp-{uuid.uuid4().hex[:10]}"
+        )
         h.drain()
         h.signal(rid, "confirm", {"ok": True})
-        assert h.result(rid, timeout=20) == {"first": {"echo": {"card": "4111", "size": 3000}},
-                                             "big": 3000, "got": {"ok": True}}
+        assert h.result(rid, timeout=20) == {
+            "first": {"echo": {"card": "4111", "size": 3000}},
+            "big": 3000,
+            "got": {"ok": True},
+        }
         shapes.append(_shape(h, rid, rid))
         dispose(h)
     assert shapes[0] == shapes[1]

@@ -55,7 +55,10 @@ def test_the_app_session_is_on_the_drivers_connection(app):
 
     with app.app_context():
         raw = db.session.connection().connection.driver_connection
-        assert type(raw).__module__.split(".")[0] == app.config["SQLALCHEMY_DATABASE_URI"].split("+")[1].split(":")[0]
+        assert (
+            type(raw).__module__.split(".")[0]
+            == app.config["SQLALCHEMY_DATABASE_URI"].split("+")[1].split(":")[0]
+        )
 
 
 def test_a_view_that_fails_after_the_start_leaves_no_run(app, webapps, engine, tag):
@@ -158,11 +161,18 @@ def test_flask_harvest_worker_runs_celery_on_the_apps_harvest(app, monkeypatch):
     assert argv[argv.index("-A") + 1] == "harvest_celery._cli:celery_app"
     assert env["HARVEST_APP"] == "harvest_celery.contrib.flask:current_harvest"
     assert env["HARVEST_FLASK_APP"] == "tests.integration.webapps:app"
-    probe = ("from harvest_celery._cli import celery_app; "
-             "print(celery_app.main, sorted(t for t in celery_app.tasks if not t.startswith('celery.')))")
-    child = dict(os.environ, HARVEST_APP=env["HARVEST_APP"], HARVEST_FLASK_APP=env["HARVEST_FLASK_APP"],
-                 PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=child, capture_output=True,
-                         text=True, timeout=60)
+    probe = (
+        "from harvest_celery._cli import celery_app; "
+        "print(celery_app.main, sorted(t for t in celery_app.tasks if not t.startswith('celery.')))"
+    )
+    child = dict(
+        os.environ,
+        HARVEST_APP=env["HARVEST_APP"],
+        HARVEST_FLASK_APP=env["HARVEST_FLASK_APP"],
+        PYTHONPATH=str(ROOT),
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=child, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("webapps ") and "wa_charge" in out.stdout and "harvest.decide" in out.stdout

@@ -39,11 +39,13 @@ pytestmark = pytest.mark.integration
 APP = "tests.integration.flower_app"
 WAIT = 60.0  # generous: a loaded two-core machine delivers events late
 
+
 def _fresh_database(name: str) -> None:
     admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(sa.text(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"), {"d": name})
+        conn.execute(
+            sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"), {"d": name}
+        )
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     admin.dispose()
@@ -68,13 +70,22 @@ class Flower:
         env = dict(os.environ, PYTHONPATH=str(ROOT), FLOWER_UNAUTHENTICATED_API="true")
         # --enable_events=False: Flower would otherwise switch task events on in every worker
         # on this broker every 5 s; the test's workers have them on by -E, as docs/flower.md says
-        cmd = [sys.executable, "-m", "celery", f"--broker={BROKER_URL}", "flower",
-               f"--port={self.port}", "--address=127.0.0.1", "--enable_events=False"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "celery",
+            f"--broker={BROKER_URL}",
+            "flower",
+            f"--port={self.port}",
+            "--address=127.0.0.1",
+            "--enable_events=False",
+        ]
         with open(self.log, "ab") as out:
             out.write(f"\n===== start {time.time()} =====\n".encode())
             out.flush()
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def get(self, path: str, **params: str) -> Any:
         """The JSON at ``path`` (None on 404)."""
@@ -129,8 +140,10 @@ def env(redis_client: Any) -> Iterator[SimpleNamespace]:
     flower_app.harvest.migrate()
     redis_client.delete(flower_app.POSTRUN)
     flower = Flower()
-    workers = [Worker("flower-a", f"{flower_app.DECIDE},{flower_app.QUEUE_A}", app=APP, extra_args=["-E"]),
-               Worker("flower-b", flower_app.QUEUE_B, app=APP, extra_args=["-E"])]
+    workers = [
+        Worker("flower-a", f"{flower_app.DECIDE},{flower_app.QUEUE_A}", app=APP, extra_args=["-E"]),
+        Worker("flower-b", flower_app.QUEUE_B, app=APP, extra_args=["-E"]),
+    ]
     try:
         flower.start()
         for w in workers:
@@ -165,8 +178,14 @@ def run(env: SimpleNamespace) -> SimpleNamespace:
         env.app.harvest.result(rid, timeout=WAIT)
     ran = _ran(env, rid)
     names = sorted(r["name"] for r in ran)
-    assert names == ["charge_card", "refund_card", "release_stock", "reserve_stock",
-                     "ship_order", "ship_order"], ran
+    assert names == [
+        "charge_card",
+        "refund_card",
+        "release_stock",
+        "reserve_stock",
+        "ship_order",
+        "ship_order",
+    ], ran
 
     deadline = time.monotonic() + WAIT
     while missing := _unsettled(tasks := _run_tasks(env, rid), ran, rid):
@@ -190,14 +209,19 @@ def _unsettled(tasks: dict[str, dict[str, Any]], ran: list[dict[str, Any]], rid:
     decisions = {tid: t for tid, t in tasks.items() if tid.startswith(f"decide:{rid}:")}
     if not decisions:
         missing.append("a decision")
-    missing += [f"{tid} state={t['state']} routing_key={t['routing_key']}" for tid, t in decisions.items()
-                if t["state"] != "SUCCESS" or t["routing_key"] is None]
+    missing += [
+        f"{tid} state={t['state']} routing_key={t['routing_key']}"
+        for tid, t in decisions.items()
+        if t["state"] != "SUCCESS" or t["routing_key"] is None
+    ]
     return missing
 
 
 def test_every_activity_and_compensator_shows_under_its_own_name_and_queue(env, run):
-    queues = {name: env.app.harvest.registry.activity(name).default_queue
-              for name in ("reserve_stock", "charge_card", "ship_order", "refund_card", "release_stock")}
+    queues = {
+        name: env.app.harvest.registry.activity(name).default_queue
+        for name in ("reserve_stock", "charge_card", "ship_order", "refund_card", "release_stock")
+    }
     for r in run.ran:
         task = run.tasks[r["task_id"]]
         assert task["name"] == r["name"]
@@ -259,7 +283,10 @@ def test_eager_runs_show_their_queue(env, run):
     eager = [r for r in run.ran if r["eager"]]
     assert eager
     for r in eager:
-        assert run.tasks[r["task_id"]]["routing_key"] == env.app.harvest.registry.activity(r["name"]).default_queue
+        assert (
+            run.tasks[r["task_id"]]["routing_key"]
+            == env.app.harvest.registry.activity(r["name"]).default_queue
+        )
 
 
 def test_a_refused_duplicate_claim_never_shows_success_or_failure(env, run):
@@ -267,14 +294,19 @@ def test_a_refused_duplicate_claim_never_shows_success_or_failure(env, run):
     first = next(r for r in run.ran if r["name"] == "reserve_stock")
     execution_id, activity_id, attempt = first["task_id"].rsplit(":", 2)
     dup = f"dup-{run.rid}"
-    env.app.app.send_task("reserve_stock", args=[execution_id, activity_id, int(attempt)],
-                          queue=env.app.QUEUE_A, task_id=dup)
+    env.app.app.send_task(
+        "reserve_stock", args=[execution_id, activity_id, int(attempt)], queue=env.app.QUEUE_A, task_id=dup
+    )
     outcome = wait_for(lambda: env.redis.hget(env.app.POSTRUN, dup), timeout=WAIT, what="the duplicate ran")
     assert json.loads(outcome)["state"] == "IGNORED"
     # a later task on the same worker: once Flower has its end, it has every earlier event too
     marker = env.app.ping.apply_async(queue=env.app.QUEUE_A).id
-    wait_for(lambda: (env.flower.get(f"/api/task/info/{marker}") or {}).get("state") == "SUCCESS",
-             timeout=WAIT, interval=0.5, what="the marker task in flower")
+    wait_for(
+        lambda: (env.flower.get(f"/api/task/info/{marker}") or {}).get("state") == "SUCCESS",
+        timeout=WAIT,
+        interval=0.5,
+        what="the marker task in flower",
+    )
     task = env.flower.get(f"/api/task/info/{dup}")
     assert task["state"] == "STARTED" and task["succeeded"] is None and task["failed"] is None
     assert len(_ran(env, run.rid)) == len(run.ran)  # the body did not run again

@@ -73,8 +73,9 @@ async def hp_steps(ctx: WorkflowContext, n: int) -> int:
 async def hp_saga(ctx: WorkflowContext, data: dict[str, Any]) -> Any:
     saga = Saga(ctx)
     for i in range(data["n"]):
-        await saga.step(lambda i=i: ctx.execute_activity(hp_step, i),
-                        lambda v: ctx.execute_activity(hp_undo, v))
+        await saga.step(
+            lambda i=i: ctx.execute_activity(hp_step, i), lambda v: ctx.execute_activity(hp_undo, v)
+        )
     pair = await ctx.gather(ctx.execute_activity(hp_step, "a"), ctx.execute_activity(hp_step, "b"))
     if data.get("fail"):
         await saga.step(lambda: ctx.execute_activity(hp_fails, "x"))
@@ -101,8 +102,9 @@ async def hp_signalled(ctx: WorkflowContext, _input: Any) -> Any:
 
 
 def make(inline: bool = True, url: str = DATABASE_URL) -> Harvest:
-    h = Harvest(url).register(hp_step, hp_fails, hp_undo, hp_steps, hp_saga, hp_retried, hp_one,
-                              hp_signalled, hp_parallel, hp_clock)
+    h = Harvest(url).register(
+        hp_step, hp_fails, hp_undo, hp_steps, hp_saga, hp_retried, hp_one, hp_signalled, hp_parallel, hp_clock
+    )
     h.runtime.settings.inline_decisions = inline
     return h
 
@@ -133,16 +135,19 @@ def test_the_next_decision_is_taken_inline_by_the_completing_worker(harvest):
     # the start's decision goes through the decision task; each of the 5 completions decides
     # with it, in one statement (counted as its own path, not as inline)
     assert {path: decisions(path, "hp_steps") - n for path, n in before.items()} == {
-        "one_statement": 5, "inline": 0, "task": 1}
+        "one_statement": 5,
+        "inline": 0,
+        "task": 1,
+    }
 
 
 def _completions(h: Harvest, execution_id: str) -> list[str]:
-    return [e.event.activity_id for e in h.history(execution_id)
-            if e.event.type == "ActivityCompleted"]
+    return [e.event.activity_id for e in h.history(execution_id) if e.event.type == "ActivityCompleted"]
 
 
-@pytest.mark.parametrize("raised", [RuntimeError("decision bug"), KeyboardInterrupt()],
-                         ids=["Exception", "BaseException"])
+@pytest.mark.parametrize(
+    "raised", [RuntimeError("decision bug"), KeyboardInterrupt()], ids=["Exception", "BaseException"]
+)
 def test_an_inline_decision_that_fails_records_the_completion_once_and_runs_no_body_twice(harvest, raised):
     h = make()
     failures = [raised]
@@ -184,7 +189,8 @@ def test_a_decision_write_that_fails_in_the_database_falls_back_to_the_completio
 
 
 def test_a_completion_whose_run_moved_on_is_refused_by_the_guard_and_recorded_the_usual_way(
-        harvest, monkeypatch):
+    harvest, monkeypatch
+):
     """The one-statement completion writes only if the run is as the warm replay assumes: a
     signal landing between the claim and the completion moves the run on, so the statement
     writes nothing and the completion is recorded by the ordinary transaction (a cold replay)."""
@@ -268,8 +274,7 @@ def test_an_offloading_store_that_cannot_list_keeps_the_ordinary_path(harvest, m
     crash left between a blob and its statement: while it offloads, the guarded statement is
     never used, and each completion counts the ``offload`` fallback."""
     tried: list[str] = []
-    monkeypatch.setattr(Tx, "apply_guarded_decision",
-                        lambda self, row, *a, **k: tried.append(row.id))
+    monkeypatch.setattr(Tx, "apply_guarded_decision", lambda self, row, *a, **k: tried.append(row.id))
     h = Harvest(DATABASE_URL, payload_store=_UnlistedStore(PostgresPayloadStore()), offload_threshold=1024)
     h.register(hp_step, hp_steps)
     before = fallbacks()
@@ -305,8 +310,11 @@ def _count(h: Harvest, work: Any) -> dict[str, int]:
     def on_begin(_conn: Any) -> None:
         counts["transactions"] += 1
 
-    listeners = [(engine, "before_cursor_execute", on_execute), (engine, "begin", on_begin),
-                 (autocommit, "before_cursor_execute", on_autocommit)]
+    listeners = [
+        (engine, "before_cursor_execute", on_execute),
+        (engine, "begin", on_begin),
+        (autocommit, "before_cursor_execute", on_autocommit),
+    ]
     for target, name, fn in listeners:
         sa.event.listen(target, name, fn)
     try:
@@ -336,8 +344,13 @@ def test_a_step_costs_at_most_two_commits_and_six_round_trips(harvest):
     assert per_step["round_trips"] <= 6, per_step
     # what this path really costs: the claim, then the completion with its decision in one
     # guarded statement (a path that always fell back to the transaction would cost 5)
-    assert per_step == {"statements": 2, "transactions": 0, "autocommits": 2, "commits": 2,
-                        "round_trips": 2}, per_step
+    assert per_step == {
+        "statements": 2,
+        "transactions": 0,
+        "autocommits": 2,
+        "commits": 2,
+        "round_trips": 2,
+    }, per_step
 
 
 @pytest.mark.parametrize("data", [{"n": 3}, {"n": 2, "fail": True}], ids=["completes", "unwinds"])
@@ -379,17 +392,35 @@ def _untraced(value: Any) -> Any:
 
 def _stored(h: Harvest, execution_id: str) -> dict[str, Any]:
     """The run's rows as stored, without ids, times and worker ids."""
-    skip = {"id", "execution_id", "created_at", "updated_at", "closed_at", "started_at",
-            "finished_at", "dispatched_at", "lease_expires_at", "worker_id", "input_digest",
-            "recorded_at", "retry_at", "at"}
+    skip = {
+        "id",
+        "execution_id",
+        "created_at",
+        "updated_at",
+        "closed_at",
+        "started_at",
+        "finished_at",
+        "dispatched_at",
+        "lease_expires_at",
+        "worker_id",
+        "input_digest",
+        "recorded_at",
+        "retry_at",
+        "at",
+    }
     out: dict[str, Any] = {}
     with h.store.engine.connect() as conn:
         for table in ("harvest_executions", "harvest_activity_tasks", "harvest_attempt_errors"):
             key = "id" if table == "harvest_executions" else "execution_id"
-            rows = conn.execute(sa.text(f"SELECT * FROM {table} WHERE {key} = :id"),
-                                {"id": execution_id}).mappings().all()
-            out[table] = sorted((sorted((k, repr(_untraced(v))) for k, v in r.items() if k not in skip)
-                                 for r in rows), key=repr)
+            rows = (
+                conn.execute(sa.text(f"SELECT * FROM {table} WHERE {key} = :id"), {"id": execution_id})
+                .mappings()
+                .all()
+            )
+            out[table] = sorted(
+                (sorted((k, repr(_untraced(v))) for k, v in r.items() if k not in skip) for r in rows),
+                key=repr,
+            )
     out["history"] = shape(h, execution_id)
     return out
 
@@ -420,8 +451,10 @@ def test_the_plain_sql_run_write_stores_what_the_core_statement_stores(harvest, 
         h.store.transaction(lambda tx, rid=rid: tx.write(RunWrite(rid, values={"nd_details": None})))
     assert _stored(h, fast) == _stored(h, core)
     with h.store.engine.connect() as conn:
-        sql_null = conn.execute(sa.text("SELECT id, nd_details IS NULL FROM harvest_executions "
-                                        "WHERE id IN (:a, :b)"), {"a": fast, "b": core}).all()
+        sql_null = conn.execute(
+            sa.text("SELECT id, nd_details IS NULL FROM harvest_executions WHERE id IN (:a, :b)"),
+            {"a": fast, "b": core},
+        ).all()
     assert sorted(null for _id, null in sql_null) == [False, False]
 
 
@@ -429,9 +462,12 @@ def test_the_plain_sql_run_write_stores_what_the_core_statement_stores(harvest, 
 def _listening_connections() -> int:
     engine = sa.create_engine(DATABASE_URL)
     with engine.connect() as conn:
-        count = conn.execute(sa.text(
-            "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN harvest_runs' "
-            "AND datname = current_database()")).scalar_one()
+        count = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN harvest_runs' "
+                "AND datname = current_database()"
+            )
+        ).scalar_one()
     engine.dispose()
     return int(count)
 
@@ -476,8 +512,9 @@ def _types(harvest: Any, rid: str) -> list[str]:
     return [h.event.type for h in harvest.history(rid)]
 
 
-def test_eager_runs_the_next_activity_here_through_the_claim_and_caps_the_chain(harvest, workers,
-                                                                              redis_client, tag):
+def test_eager_runs_the_next_activity_here_through_the_claim_and_caps_the_chain(
+    harvest, workers, redis_client, tag
+):
     from .conftest import effects
 
     rid = harvest.start_workflow("alpha_chain", {"tag": tag, "n": 20})
@@ -494,17 +531,25 @@ def test_eager_runs_the_next_activity_here_through_the_claim_and_caps_the_chain(
     types = _types(harvest, rid)
     assert types.count("ActivityStarted") == 20 == types.count("ActivityCompleted")
     # each attempt exactly one ActivityStarted: the eager path never runs a second claim
-    starts = Counter((h.event.activity_id, h.event.attempt) for h in harvest.history(rid)
-                     if h.event.type == "ActivityStarted")
+    starts = Counter(
+        (h.event.activity_id, h.event.attempt)
+        for h in harvest.history(rid)
+        if h.event.type == "ActivityStarted"
+    )
     assert set(starts.values()) == {1} and len(starts) == 20, starts
     history = harvest.history(rid)
     assert [h.seq for h in history] == list(range(len(types)))
     # an eager body was claimed in the very write of the decision that scheduled it (no claim
     # statement, no commit of its own): its ActivityStarted follows its ActivityScheduled,
     # stamped with the same time; a delivered body's claim comes later, on its own
-    folded = [b.event.activity_id for a, b in itertools.pairwise(history)
-              if a.event.type == "ActivityScheduled" and b.event.type == "ActivityStarted"
-              and a.event.activity_id == b.event.activity_id and a.recorded_at == b.recorded_at]
+    folded = [
+        b.event.activity_id
+        for a, b in itertools.pairwise(history)
+        if a.event.type == "ActivityScheduled"
+        and b.event.type == "ActivityStarted"
+        and a.event.activity_id == b.event.activity_id
+        and a.recorded_at == b.recorded_at
+    ]
     assert len(folded) == sum(eager), (folded, eager)
 
 

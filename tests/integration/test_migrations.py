@@ -27,9 +27,10 @@ def _create(admin: sa.Engine) -> str:
 
 def _drop(admin: sa.Engine) -> None:
     with admin.connect() as conn:
-        conn.execute(sa.text(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :name"),
-            {"name": DRIFT_DB})
+        conn.execute(
+            sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :name"),
+            {"name": DRIFT_DB},
+        )
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{DRIFT_DB}"'))
     admin.dispose()
 
@@ -50,7 +51,9 @@ def test_migrating_an_empty_postgres_database_gives_the_models_schema():
         status_checks.assert_checked(url)
         engine = sa.create_engine(url)
         with engine.connect() as conn:
-            diff = compare_metadata(MigrationContext.configure(conn, opts={"version_table": "harvest_alembic_version"}), metadata)
+            diff = compare_metadata(
+                MigrationContext.configure(conn, opts={"version_table": "harvest_alembic_version"}), metadata
+            )
             assert diff == []
             assert set(sa.inspect(conn).get_table_names()) >= {t.name for t in metadata.sorted_tables}
         downgrade(url)

@@ -48,13 +48,25 @@ def test_reset_forks_from_a_decision_point_and_reruns_the_rest(harvest, workers,
     new = harvest.reset(source, to_seq=4)  # WorkflowStarted + step_one scheduled/started/completed
     assert harvest.result(new, timeout=30) == f"done:{tag}"
     assert [e["name"] for e in effects(redis_client, tag)] == [
-        "step_one", "step_two", "step_three", "step_two", "step_three"]
+        "step_one",
+        "step_two",
+        "step_three",
+        "step_two",
+        "step_three",
+    ]
     assert harvest.describe(new).forked_from == source and harvest.describe(source).forked_to == new
-    assert names(harvest, new)[:5] == ["WorkflowStarted", "ActivityScheduled(step_one)", "ActivityStarted(1)",
-                                       "ActivityCompleted(1)", "ActivityScheduled(step_two)"]
+    assert names(harvest, new)[:5] == [
+        "WorkflowStarted",
+        "ActivityScheduled(step_one)",
+        "ActivityStarted(1)",
+        "ActivityCompleted(1)",
+        "ActivityScheduled(step_two)",
+    ]
 
 
-def test_reset_of_a_live_run_terminates_it_and_redispatches_open_activities(harvest, workers, redis_client, tag):
+def test_reset_of_a_live_run_terminates_it_and_redispatches_open_activities(
+    harvest, workers, redis_client, tag
+):
     source = harvest.start_workflow("deployable", {"tag": tag})
     wait_for(lambda: names(harvest, source)[-1] == "ActivityCompleted(2)", what="both first steps")
     new = harvest.reset(source, to_seq=2)  # step_one scheduled, its result not copied: re-run

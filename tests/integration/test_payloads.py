@@ -62,19 +62,28 @@ def make(harvest, **kwargs) -> Harvest:
 def raw_rows(run_id: str) -> list[dict]:
     engine = sa.create_engine(DATABASE_URL)
     with engine.connect() as conn:
-        rows = conn.execute(sa.select(events.c.seq, events.c.data).where(events.c.execution_id == run_id)
-                            .order_by(events.c.seq)).fetchall()
+        rows = conn.execute(
+            sa.select(events.c.seq, events.c.data)
+            .where(events.c.execution_id == run_id)
+            .order_by(events.c.seq)
+        ).fetchall()
     engine.dispose()
     return [dict(seq=r.seq, data=r.data) for r in rows]
 
 
 def test_round_trip_through_codec_and_offload(harvest, tag):
     key = Fernet.generate_key()
-    h = make(harvest, codec=FernetCodec({"k1": key}, primary="k1"),
-             payload_store=PostgresPayloadStore(), offload_threshold=2048)
+    h = make(
+        harvest,
+        codec=FernetCodec({"k1": key}, primary="k1"),
+        payload_store=PostgresPayloadStore(),
+        offload_threshold=2048,
+    )
     run_id = h.start_workflow("pii_flow", {"card": SECRET, "size": 5000}, execution_id=f"codec-{tag}")
-    assert h.result(run_id, timeout=30) == {"first": {"echo": {"card": SECRET, "size": 5000}, "card": SECRET},
-                                            "big_len": 5000}
+    assert h.result(run_id, timeout=30) == {
+        "first": {"echo": {"card": SECRET, "size": 5000}, "card": SECRET},
+        "big_len": 5000,
+    }
     raw = json.dumps(raw_rows(run_id))
     assert SECRET not in raw  # encrypted at rest, in every payload field
     assert '"_harvest_codec": "fernet"' in raw and '"kid": "k1"' in raw
@@ -102,7 +111,9 @@ def test_key_rotation_old_keys_still_decrypt(harvest, tag):
     second = rotated.start_workflow("pii_flow", {"card": SECRET}, execution_id=f"rot2-{tag}")
     rotated.result(second, timeout=30)
     assert rotated.history(first)[0].event.input["card"] == SECRET  # written with the old key
-    assert '"kid": "new"' in json.dumps(raw_rows(second)) and '"kid": "new"' not in json.dumps(raw_rows(first))
+    assert '"kid": "new"' in json.dumps(raw_rows(second)) and '"kid": "new"' not in json.dumps(
+        raw_rows(first)
+    )
 
 
 def test_a_history_written_with_a_codec_and_read_without_the_key_fails_clearly(harvest, tag):
@@ -139,8 +150,9 @@ def test_cap_rejection_leaves_no_event_and_no_activity_row(harvest, tag):
 
 def test_erasure_tombstones_every_payload_field_and_keeps_order(harvest, tag):
     h = make(harvest, payload_store=PostgresPayloadStore(), offload_threshold=1024)
-    run_id = h.start_workflow("pii_flow", {"card": SECRET, "size": 4000, "wait": True},
-                              execution_id=f"erase-{tag}")
+    run_id = h.start_workflow(
+        "pii_flow", {"card": SECRET, "size": 4000, "wait": True}, execution_id=f"erase-{tag}"
+    )
     for i in range(5):
         h.signal(run_id, "noise", {"card": SECRET, "i": i})
     h.signal(run_id, "confirm", {"card": SECRET})
@@ -161,8 +173,12 @@ def test_erasure_tombstones_every_payload_field_and_keeps_order(harvest, tag):
     assert counts["blobs"] == 1 and counts["events"] >= 10
     engine = sa.create_engine(DATABASE_URL)
     with engine.connect() as conn:
-        assert conn.execute(sa.select(sa.func.count()).select_from(blobs)
-                            .where(blobs.c.key.like(f"{run_id}/%"))).scalar_one() == 0
+        assert (
+            conn.execute(
+                sa.select(sa.func.count()).select_from(blobs).where(blobs.c.key.like(f"{run_id}/%"))
+            ).scalar_one()
+            == 0
+        )
     engine.dispose()
     assert h.erase_payloads(run_id)["fields"] == 0  # idempotent
 
@@ -189,7 +205,9 @@ def test_erasure_racing_a_reader_holding_the_row_lock_is_serialised(harvest, tag
             locked.set()
             time.sleep(1.0)
             history = tx.history(run_id)
-            order.append("reader saw " + ("intact" if history[0].event.input.get("card") == SECRET else "erased"))
+            order.append(
+                "reader saw " + ("intact" if history[0].event.input.get("card") == SECRET else "erased")
+            )
 
     t = threading.Thread(target=reader)
     t.start()
@@ -208,13 +226,26 @@ def test_purge_deletes_old_terminal_runs_in_batches_and_never_a_live_one(harvest
     live = h.start_workflow("pii_flow", {"wait": True}, execution_id=f"purge-live-{tag}")
     engine = sa.create_engine(DATABASE_URL)
     with engine.begin() as conn:  # age them
-        conn.execute(executions.update().where(executions.c.id.in_(done + [live]))
-                     .values(closed_at=sa.func.now() - sa.text("interval '40 days'")))
+        conn.execute(
+            executions.update()
+            .where(executions.c.id.in_(done + [live]))
+            .values(closed_at=sa.func.now() - sa.text("interval '40 days'"))
+        )
     report = h.purge(older_than_days=30, batch=2)
     assert report["runs"] >= 3 and report["events"] >= 3 * 8
     with engine.connect() as conn:
-        left = conn.execute(sa.select(executions.c.id).where(executions.c.id.like(f"purge-%{tag}%"))).scalars().all()
+        left = (
+            conn.execute(sa.select(executions.c.id).where(executions.c.id.like(f"purge-%{tag}%")))
+            .scalars()
+            .all()
+        )
         assert left == [live]
-        assert conn.execute(sa.select(sa.func.count()).select_from(activity_tasks)
-                            .where(activity_tasks.c.execution_id.in_(done))).scalar_one() == 0
+        assert (
+            conn.execute(
+                sa.select(sa.func.count())
+                .select_from(activity_tasks)
+                .where(activity_tasks.c.execution_id.in_(done))
+            ).scalar_one()
+            == 0
+        )
     engine.dispose()

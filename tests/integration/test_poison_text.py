@@ -27,8 +27,12 @@ def _odd(kind: str) -> Exception:
     return Unprintable()
 
 
-@activity(name="pt_odd", retry=RetryPolicy(max_attempts=3, initial_interval=0,
-                                           non_retryable_error_types=["Unprintable", "ValueError"]))
+@activity(
+    name="pt_odd",
+    retry=RetryPolicy(
+        max_attempts=3, initial_interval=0, non_retryable_error_types=["Unprintable", "ValueError"]
+    ),
+)
 def pt_odd(kind: str) -> Any:
     raise _odd(kind)
 

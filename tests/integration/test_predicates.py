@@ -25,10 +25,17 @@ pytestmark = pytest.mark.integration
 NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
 QUEUES = st.sampled_from([None, "q1@host", "q2@host"])
 # every value a read column can take that makes a difference to some predicate
-RUN_VALUES: dict[str, Any] = {"status": st.sampled_from(RUN_STATUSES), "next_seq": st.sampled_from([1, 2]),
-                              "sticky_queue": QUEUES}
-PARAM_VALUES: dict[str, Any] = {"next_seq": st.sampled_from([1, 2]), "sticky_queue": QUEUES,
-                                "attempt": st.sampled_from([1, 2]), "closes": st.booleans()}
+RUN_VALUES: dict[str, Any] = {
+    "status": st.sampled_from(RUN_STATUSES),
+    "next_seq": st.sampled_from([1, 2]),
+    "sticky_queue": QUEUES,
+}
+PARAM_VALUES: dict[str, Any] = {
+    "next_seq": st.sampled_from([1, 2]),
+    "sticky_queue": QUEUES,
+    "attempt": st.sampled_from([1, 2]),
+    "closes": st.booleans(),
+}
 TASK_VALUES: dict[str, Any] = {"status": st.sampled_from(TASK_STATUSES), "attempt": st.sampled_from([1, 2])}
 
 
@@ -64,26 +71,47 @@ def engine(harvest: Any) -> Any:
 
 
 def _write(conn: Any, run: dict[str, Any], task: dict[str, Any]) -> None:
-    conn.execute(executions.insert().values(
-        id="pred", workflow_type="W", created_at=NOW, updated_at=NOW, nd_block_count=0,
-        **{"status": "RUNNING", "next_seq": 1, **run}))
-    conn.execute(activity_tasks.insert().values(
-        execution_id="pred", activity_id="a1", activity_name="act", queue="q", event_seq=1,
-        **{"status": "running", "attempt": 1, **task}))
+    conn.execute(
+        executions.insert().values(
+            id="pred",
+            workflow_type="W",
+            created_at=NOW,
+            updated_at=NOW,
+            nd_block_count=0,
+            **{"status": "RUNNING", "next_seq": 1, **run},
+        )
+    )
+    conn.execute(
+        activity_tasks.insert().values(
+            execution_id="pred",
+            activity_id="a1",
+            activity_name="act",
+            queue="q",
+            event_seq=1,
+            **{"status": "running", "attempt": 1, **task},
+        )
+    )
 
 
 def _text_form(conn: Any, pred: p.Predicate, params: dict[str, Any]) -> bool:
-    sql = (f"SELECT r.id FROM {executions.name} AS r JOIN {activity_tasks.name} AS t "
-           f"ON t.execution_id = r.id WHERE r.id = 'pred' AND {pred.sql('r')} "
-           f"AND {pred.sql('t', table=p.TASK)}")
+    sql = (
+        f"SELECT r.id FROM {executions.name} AS r JOIN {activity_tasks.name} AS t "
+        f"ON t.execution_id = r.id WHERE r.id = 'pred' AND {pred.sql('r')} "
+        f"AND {pred.sql('t', table=p.TASK)}"
+    )
     return conn.exec_driver_sql(sql, {k: params[k] for k in pred.params}).first() is not None
 
 
 def _core_form(conn: Any, pred: p.Predicate, params: dict[str, Any]) -> bool:
-    q = sa.select(executions.c.id).select_from(executions.join(
-        activity_tasks, activity_tasks.c.execution_id == executions.c.id)).where(
-        executions.c.id == "pred", pred.core(executions, **params),
-        pred.core(activity_tasks, on=p.TASK, **params))
+    q = (
+        sa.select(executions.c.id)
+        .select_from(executions.join(activity_tasks, activity_tasks.c.execution_id == executions.c.id))
+        .where(
+            executions.c.id == "pred",
+            pred.core(executions, **params),
+            pred.core(activity_tasks, on=p.TASK, **params),
+        )
+    )
     return conn.execute(q).first() is not None
 
 
@@ -117,30 +145,43 @@ def test_sql_core_and_python_forms_agree(engine: Any, pred: p.Predicate) -> None
 
 
 # ── exhaustively: every combination of the values above, many rows at once ────────────────────
-DOMAINS: dict[str, tuple[Any, ...]] = {"status": RUN_STATUSES, "next_seq": (1, 2),
-                                       "sticky_queue": (None, "q1@host", "q2@host")}
-PARAM_DOMAINS: dict[str, tuple[Any, ...]] = {"next_seq": (1, 2), "sticky_queue": (None, "q1@host", "q2@host"),
-                                             "attempt": (1, 2), "closes": (False, True)}
+DOMAINS: dict[str, tuple[Any, ...]] = {
+    "status": RUN_STATUSES,
+    "next_seq": (1, 2),
+    "sticky_queue": (None, "q1@host", "q2@host"),
+}
+PARAM_DOMAINS: dict[str, tuple[Any, ...]] = {
+    "next_seq": (1, 2),
+    "sticky_queue": (None, "q1@host", "q2@host"),
+    "attempt": (1, 2),
+    "closes": (False, True),
+}
 TASK_DOMAINS: dict[str, tuple[Any, ...]] = {"status": TASK_STATUSES, "attempt": (1, 2)}
 
 
 def _product(columns: Any, domains: dict[str, tuple[Any, ...]]) -> list[dict[str, Any]]:
     names = sorted(columns)
-    return [dict(zip(names, values, strict=True)) for values in
-            itertools.product(*(domains.get(c, (None, NOW)) for c in names))]
+    return [
+        dict(zip(names, values, strict=True))
+        for values in itertools.product(*(domains.get(c, (None, NOW)) for c in names))
+    ]
 
 
 def _matching(conn: Any, pred: p.Predicate, params: dict[str, Any], table: str) -> tuple[set[str], set[str]]:
     """The ids the text fragment and the Core expression select among the combination rows."""
     if table == p.RUN:
         text = f"SELECT r.id FROM {executions.name} AS r WHERE r.id LIKE 'combo-%%' AND {pred.sql('r')}"
-        core = sa.select(executions.c.id).where(executions.c.id.like("combo-%"),
-                                                pred.core(executions, **params))
+        core = sa.select(executions.c.id).where(
+            executions.c.id.like("combo-%"), pred.core(executions, **params)
+        )
     else:
-        text = (f"SELECT t.execution_id FROM {activity_tasks.name} AS t WHERE t.execution_id LIKE "
-                f"'combo-%%' AND {pred.sql('t', table=p.TASK)}")
+        text = (
+            f"SELECT t.execution_id FROM {activity_tasks.name} AS t WHERE t.execution_id LIKE "
+            f"'combo-%%' AND {pred.sql('t', table=p.TASK)}"
+        )
         core = sa.select(activity_tasks.c.execution_id).where(
-            activity_tasks.c.execution_id.like("combo-%"), pred.core(activity_tasks, on=p.TASK, **params))
+            activity_tasks.c.execution_id.like("combo-%"), pred.core(activity_tasks, on=p.TASK, **params)
+        )
     by_text = {r[0] for r in conn.exec_driver_sql(text, {k: params[k] for k in pred.params})}
     return by_text, {r[0] for r in conn.execute(core)}
 
@@ -152,26 +193,60 @@ def test_the_forms_agree_on_every_combination(engine: Any, pred: p.Predicate) ->
     with engine.connect() as conn:
         trans = conn.begin()
         try:
-            conn.execute(executions.insert(), [
-                {"id": f"combo-{i}", "workflow_type": "W", "created_at": NOW, "updated_at": NOW,
-                 "nd_block_count": 0, "status": "RUNNING", "next_seq": 1, **run}
-                for i, run in enumerate(runs)])
+            conn.execute(
+                executions.insert(),
+                [
+                    {
+                        "id": f"combo-{i}",
+                        "workflow_type": "W",
+                        "created_at": NOW,
+                        "updated_at": NOW,
+                        "nd_block_count": 0,
+                        "status": "RUNNING",
+                        "next_seq": 1,
+                        **run,
+                    }
+                    for i, run in enumerate(runs)
+                ],
+            )
             if tasks:
-                conn.execute(activity_tasks.insert(), [
-                    {"execution_id": f"combo-{i}", "activity_id": "a1", "activity_name": "act", "queue": "q",
-                     "event_seq": 1, **task} for i, task in enumerate(tasks)])
-            stored = {r.id: RunRow.from_mapping(r._mapping) for r in conn.execute(
-                sa.select(executions).where(executions.c.id.like("combo-%")))}
-            stored_tasks = {r.execution_id: TaskRow.from_mapping(r._mapping) for r in conn.execute(
-                sa.select(activity_tasks).where(activity_tasks.c.execution_id.like("combo-%")))}
+                conn.execute(
+                    activity_tasks.insert(),
+                    [
+                        {
+                            "execution_id": f"combo-{i}",
+                            "activity_id": "a1",
+                            "activity_name": "act",
+                            "queue": "q",
+                            "event_seq": 1,
+                            **task,
+                        }
+                        for i, task in enumerate(tasks)
+                    ],
+                )
+            stored = {
+                r.id: RunRow.from_mapping(r._mapping)
+                for r in conn.execute(sa.select(executions).where(executions.c.id.like("combo-%")))
+            }
+            stored_tasks = {
+                r.execution_id: TaskRow.from_mapping(r._mapping)
+                for r in conn.execute(
+                    sa.select(activity_tasks).where(activity_tasks.c.execution_id.like("combo-%"))
+                )
+            }
             sizes: set[int] = set()
             for params in _product(pred.params, PARAM_DOMAINS) if pred.params else [{}]:
-                accepted = {i for i, row in stored.items() if all(t.holds(row, params) for t in pred.of(p.RUN))}
+                accepted = {
+                    i for i, row in stored.items() if all(t.holds(row, params) for t in pred.of(p.RUN))
+                }
                 sizes.add(len(accepted))
                 assert _matching(conn, pred, params, p.RUN) == (accepted, accepted), params
                 if tasks:
-                    accepted = {i for i, task in stored_tasks.items()
-                                if all(t.holds(task, params) for t in pred.of(p.TASK))}
+                    accepted = {
+                        i
+                        for i, task in stored_tasks.items()
+                        if all(t.holds(task, params) for t in pred.of(p.TASK))
+                    }
                     assert _matching(conn, pred, params, p.TASK) == (accepted, accepted), params
             assert max(sizes) > 0 and min(sizes) < len(stored)  # rows on both sides: it can fail
         finally:

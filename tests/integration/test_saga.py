@@ -47,7 +47,9 @@ def test_saga_runs_compensations_in_reverse_order_when_later_step_fails(harvest,
     assert undo_queues == {"beta"}
 
 
-def test_continue_not_abort_with_three_compensations_of_which_the_middle_fails(harvest, workers, redis_client, tag):
+def test_continue_not_abort_with_three_compensations_of_which_the_middle_fails(
+    harvest, workers, redis_client, tag
+):
     before = (scrape_all(COMPENSATED, workflow="saga_steps"), scrape_all(FAILED, workflow="saga_steps"))
     run_id = harvest.start_workflow("saga_steps", {"tag": tag, "n": 4, "fail_at": 4, "undo_fails": [2]})
     with pytest.raises(WorkflowFailed) as info:
@@ -65,7 +67,9 @@ def test_continue_not_abort_with_three_compensations_of_which_the_middle_fails(h
 
 def test_counters_equal_the_number_of_unwinds_after_replays(harvest, workers, redis_client, tag):
     before = scrape_all(COMPENSATED, workflow="saga_steps")
-    runs = [harvest.start_workflow("saga_steps", {"tag": f"{tag}{i}", "n": 2, "fail_at": 2}) for i in range(3)]
+    runs = [
+        harvest.start_workflow("saga_steps", {"tag": f"{tag}{i}", "n": 2, "fail_at": 2}) for i in range(3)
+    ]
     for run_id in runs:
         with pytest.raises(WorkflowFailed):
             harvest.result(run_id, timeout=30)
@@ -90,8 +94,12 @@ def test_saga_compensate_all_on_cancel_pattern(harvest, workers, redis_client, t
     assert row.status == "CANCELLED" and not row.nd_blocked
     hist = names(harvest, run_id)
     # the running body kept its claim and its result was recorded after the cancel
-    assert hist[hist.index("WorkflowCancelled"):] == [
-        "WorkflowCancelled", "ActivityCompleted(2)", "MarkerRecorded(saga_compensated:1)", "WorkflowCompleted"]
+    assert hist[hist.index("WorkflowCancelled") :] == [
+        "WorkflowCancelled",
+        "ActivityCompleted(2)",
+        "MarkerRecorded(saga_compensated:1)",
+        "WorkflowCompleted",
+    ]
     done = [h.event for h in harvest.history(run_id) if h.event.type == "WorkflowCompleted"][0]
     assert done.result == "compensated ['fwd-1']"  # the in-memory compensation ran after the cancel
     assert scrape_all(COMPENSATED, workflow="cancel_and_compensate") == before + 1
@@ -99,14 +107,18 @@ def test_saga_compensate_all_on_cancel_pattern(harvest, workers, redis_client, t
 
 def test_saga_cancellation_does_not_auto_compensate(harvest, workers, redis_client, tag):
     before = scrape_all(COMPENSATED, workflow="saga_steps")
-    run_id = harvest.start_workflow("saga_steps", {"tag": tag, "n": 2, "slow_at": 2, "slow": 2,
-                                                   "check_cancel": False})
+    run_id = harvest.start_workflow(
+        "saga_steps", {"tag": tag, "n": 2, "slow_at": 2, "slow": 2, "check_cancel": False}
+    )
     wait_for(lambda: "forward:2" in ran(redis_client, tag), what="the second step's body")
     harvest.cancel_workflow_execution(run_id, reason="stop")
     wait_for(lambda: names(harvest, run_id)[-1] == "WorkflowCompleted", what="the post-cancel outcome")
     hist = names(harvest, run_id)
-    assert hist[hist.index("WorkflowCancelled"):] == ["WorkflowCancelled", "ActivityCompleted(2)",
-                                                     "WorkflowCompleted"]
+    assert hist[hist.index("WorkflowCancelled") :] == [
+        "WorkflowCancelled",
+        "ActivityCompleted(2)",
+        "WorkflowCompleted",
+    ]
     assert not any(n.startswith("ActivityScheduled(undo)") or "Marker" in n for n in hist)
     assert not any(e.startswith("undo") for e in ran(redis_client, tag))
     assert harvest.describe(run_id).status == "CANCELLED"
@@ -125,16 +137,22 @@ def test_a_cancel_while_a_step_runs_dispatches_and_runs_nothing_more(harvest, wo
     assert [r["status"] for r in rows] == ["completed"]
 
 
-def test_known_limitation_durable_compensation_after_recorded_cancel_fails_and_is_counted(harvest, workers, redis_client, tag):
+def test_known_limitation_durable_compensation_after_recorded_cancel_fails_and_is_counted(
+    harvest, workers, redis_client, tag
+):
     before = (scrape_all(COMPENSATED, workflow="saga_steps"), scrape_all(FAILED, workflow="saga_steps"))
     run_id = harvest.start_workflow("saga_steps", {"tag": tag, "n": 2, "slow_at": 2, "slow": 2})
     wait_for(lambda: "forward:2" in ran(redis_client, tag), what="the second step's body")
     harvest.cancel_workflow_execution(run_id, reason="customer asked")
     wait_for(lambda: names(harvest, run_id)[-1] == "WorkflowFailed", what="the failed unwind")
     hist = names(harvest, run_id)
-    assert hist[hist.index("WorkflowCancelled"):] == [
-        "WorkflowCancelled", "ActivityCompleted(2)", "MarkerRecorded(saga_compensated:1)",
-        "MarkerRecorded(saga_compensation_failed:1)", "WorkflowFailed"]
+    assert hist[hist.index("WorkflowCancelled") :] == [
+        "WorkflowCancelled",
+        "ActivityCompleted(2)",
+        "MarkerRecorded(saga_compensated:1)",
+        "MarkerRecorded(saga_compensation_failed:1)",
+        "WorkflowFailed",
+    ]
     failed = [h.event for h in harvest.history(run_id) if h.event.type == "WorkflowFailed"][0]
     assert failed.error_type == "SagaCompensationFailed"
     assert "expected ActivityScheduled(undo), got WorkflowCancelled" in failed.message
@@ -146,7 +164,8 @@ def test_known_limitation_durable_compensation_after_recorded_cancel_fails_and_i
 
 
 def test_decision_worker_killed_mid_unwind_resumes_from_the_top_and_records_the_marker_once(
-        harvest, workers, redis_client, tag):
+    harvest, workers, redis_client, tag
+):
     run_id = harvest.start_workflow("saga_steps", {"tag": tag, "n": 3, "fail_at": 3, "undo_slow": 3})
     wait_for(lambda: "undo:2" in ran(redis_client, tag), what="the first compensation to start")
     invoked_top_before = int(redis_client.get(f"closure:{tag}:2") or 0)

@@ -40,8 +40,11 @@ def test_a_run_waiting_on_a_queue_nobody_consumes_says_so(harvest, stuck_run, ca
     assert row["queue"] == QUEUE
     # wait past a re-send by the sweeper (redispatch_after=3s in the test app): it moves
     # dispatched_at forward, and the reported wait must still count from the scheduling
-    wait_for(lambda: aware(harvest.store.activity_rows(stuck_run)[0]["dispatched_at"]) > utcnow(),
-             timeout=20, what="the sweeper to re-send the message")
+    wait_for(
+        lambda: aware(harvest.store.activity_rows(stuck_run)[0]["dispatched_at"]) > utcnow(),
+        timeout=20,
+        what="the sweeper to re-send the message",
+    )
     harvest._consumers.forget()  # workers are up: ask them now, not from an earlier cache
 
     hints = harvest.stuck(stuck_run)
@@ -63,7 +66,9 @@ def test_a_run_waiting_on_a_queue_nobody_consumes_says_so(harvest, stuck_run, ca
     client = TestClient(create_app(harvest, token="s3cret"), headers={"Authorization": "Bearer s3cret"})
     body = client.get(f"/workflows/{stuck_run}").json()
     assert body["status"] == "RUNNING"
-    assert [(w["kind"], w["activity"], w["queue"]) for w in body["waiting"]] == [("activity", "unheard", QUEUE)]
+    assert [(w["kind"], w["activity"], w["queue"]) for w in body["waiting"]] == [
+        ("activity", "unheard", QUEUE)
+    ]
     assert body["waiting"][0]["waiting_seconds"] >= 3.0
 
     # the workers cannot be asked: unknown (null), never an error

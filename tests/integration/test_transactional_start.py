@@ -60,8 +60,11 @@ def order(tag: str, note: int = 500) -> dict[str, Any]:
 
 def decide_messages(run_id: str) -> int:
     text = (LOG_DIR / "webapps.log").read_text(errors="replace")
-    return sum(1 for line in text.splitlines()
-               if f"Task harvest.decide[decide:{run_id}:" in line and line.endswith("] received"))
+    return sum(
+        1
+        for line in text.splitlines()
+        if f"Task harvest.decide[decide:{run_id}:" in line and line.endswith("] received")
+    )
 
 
 def assert_nothing_happened(engine: Any, webapps: Any, run_id: str, tag: str) -> None:
@@ -188,8 +191,14 @@ def test_eighty_concurrent_starts_of_one_id_make_one_run(engine, webapps, h, tag
     assert errors == []
     assert results == [run_id] * 80
     assert runs(engine, run_id) == 1
-    assert count(engine, "SELECT count(*) FROM harvest_events WHERE execution_id = :id "
-                         "AND type = 'WorkflowStarted'", id=run_id) == 1
+    assert (
+        count(
+            engine,
+            "SELECT count(*) FROM harvest_events WHERE execution_id = :id AND type = 'WorkflowStarted'",
+            id=run_id,
+        )
+        == 1
+    )
     assert h.result(run_id, timeout=FAST) == f"charged:{tag}"
     assert [e["name"] for e in webapps.effects(tag)] == ["wa_charge"]
 
@@ -197,8 +206,7 @@ def test_eighty_concurrent_starts_of_one_id_make_one_run(engine, webapps, h, tag
 def test_concurrent_starts_with_two_inputs_make_one_run_and_conflicts(engine, h, tag):
     run_id = f"c2-{tag}"
     inputs = [order(tag, note=1), order(tag, note=2)]
-    results, errors = _concurrently(
-        40, lambda i: h.start_workflow("wa_checkout", inputs[i % 2], run_id))
+    results, errors = _concurrently(40, lambda i: h.start_workflow("wa_checkout", inputs[i % 2], run_id))
     assert runs(engine, run_id) == 1
     winner = h.describe(run_id).input
     assert all(isinstance(e, ExecutionAlreadyExists) and e.conflict == "input" for e in errors), errors

@@ -35,8 +35,9 @@ TERMINAL = {"WorkflowCompleted", "WorkflowFailed"}
 def _recreate_database() -> None:
     admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"),
-                     {"d": UP_DB})
+        conn.execute(
+            sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"), {"d": UP_DB}
+        )
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{UP_DB}"'))
         conn.execute(sa.text(f'CREATE DATABASE "{UP_DB}"'))
     admin.dispose()
@@ -48,8 +49,9 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not (ROOT / ".git").exists():
         pytest.skip("needs the git history (a clone, not an unpacked archive)")
     where = tmp_path_factory.mktemp("deployed")
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", DEPLOYED, "harvest_celery"],
-                             check=True, capture_output=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", DEPLOYED, "harvest_celery"], check=True, capture_output=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
     shutil.copy(ROOT / "tests" / "integration" / "upgrade_app.py", where / "upgrade_app.py")
     return where
@@ -75,8 +77,14 @@ def old_build(deployed: Path, script: str, *args: str) -> str:
     """Run ``script`` with the deployed build (its checkout first on the path, and the cwd)."""
     env = dict(os.environ, PYTHONPATH=str(deployed))
     env.pop("HARVEST_METRICS_PORT", None)
-    done = subprocess.run([sys.executable, "-c", script, *args], cwd=deployed, env=env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=deployed,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -118,7 +126,9 @@ def check_history(h: Any, run_id: str) -> None:
     types = [e.event.type for e in history]
     assert sum(t in TERMINAL for t in types) == 1 and types[-1] in TERMINAL, (run_id, types)
     scheduled = [e.event.activity_id for e in history if e.event.type == "ActivityScheduled"]
-    outcomes = [e.event.activity_id for e in history if e.event.type in ("ActivityCompleted", "ActivityFailed")]
+    outcomes = [
+        e.event.activity_id for e in history if e.event.type in ("ActivityCompleted", "ActivityFailed")
+    ]
     assert sorted(scheduled) == sorted(outcomes) and len(set(outcomes)) == len(outcomes), (run_id, types)
 
 
@@ -129,8 +139,11 @@ def bodies(redis_client: Any, tag: str) -> list[dict[str, Any]]:
 def finish(h: Any, runs: dict[str, dict[str, Any]], failing: set[str]) -> None:
     """Signal every run (``failing`` ones fail at shipping), then wait for each outcome."""
     for run_id in runs:
-        wait_for(lambda r=run_id: "ActivityCompleted" in history_types(h, r), timeout=30,
-                 what=f"{run_id} to wait for its signal")
+        wait_for(
+            lambda r=run_id: "ActivityCompleted" in history_types(h, r),
+            timeout=30,
+            what=f"{run_id} to wait for its signal",
+        )
         h.signal(run_id, "go", {"fail": run_id in failing})
     for run_id in runs:
         if run_id in failing:
@@ -141,7 +154,9 @@ def finish(h: Any, runs: dict[str, dict[str, Any]], failing: set[str]) -> None:
         check_history(h, run_id)
 
 
-def check_bodies(redis_client: Any, tag: str, runs: dict[str, Any], failing: set[str]) -> list[dict[str, Any]]:
+def check_bodies(
+    redis_client: Any, tag: str, runs: dict[str, Any], failing: set[str]
+) -> list[dict[str, Any]]:
     """Each body ran exactly once per run: charge, ship, and the refund of a failed one only."""
     ran = bodies(redis_client, tag)
     for run_id in runs:
@@ -161,21 +176,32 @@ def test_runs_in_flight_on_the_deployed_schema_finish_after_the_upgrade(deployed
     # the deployed build at work: charges done (waiting for the signal), a charge dispatched to a
     # queue its worker does not consume (the message waits in Redis), starts whose messages were
     # never sent (rows left in its outbox)
-    old = Worker(f"up-old-{tag}", "up_decide,up_a",
-                 app="upgrade_app", root=deployed)
+    old = Worker(f"up-old-{tag}", "up_decide,up_a", app="upgrade_app", root=deployed)
     waiting, queued, unsent = plan(tag, "w", 3), plan(tag, "q", 2, first_queue="up_b"), plan(tag, "u", 2)
     old.start()
     try:
         old_start(deployed, {**waiting, **queued})
         with engine.connect() as conn:
-            wait_for(lambda: conn.execute(sa.text(
-                "SELECT count(*) FROM harvest_events WHERE type = 'ActivityCompleted'")).scalar() == 3
-                and conn.execute(sa.text(
-                    "SELECT count(*) FROM harvest_events WHERE type = 'ActivityScheduled'")).scalar() == 5,
-                timeout=30, what="the deployed build's charges")
+            wait_for(
+                lambda: (
+                    conn.execute(
+                        sa.text("SELECT count(*) FROM harvest_events WHERE type = 'ActivityCompleted'")
+                    ).scalar()
+                    == 3
+                    and conn.execute(
+                        sa.text("SELECT count(*) FROM harvest_events WHERE type = 'ActivityScheduled'")
+                    ).scalar()
+                    == 5
+                ),
+                timeout=30,
+                what="the deployed build's charges",
+            )
             # its sent rows are deleted in batches every 0.5 s: let it finish before the stop
-            wait_for(lambda: conn.execute(sa.text("SELECT count(*) FROM harvest_outbox")).scalar() == 0,
-                     timeout=10, what="the deployed build's outbox to drain")
+            wait_for(
+                lambda: conn.execute(sa.text("SELECT count(*) FROM harvest_outbox")).scalar() == 0,
+                timeout=10,
+                what="the deployed build's outbox to drain",
+            )
     finally:
         old.stop()
     old_start(deployed, unsent, mode="unsent")
@@ -215,8 +241,7 @@ def test_a_deployed_worker_and_a_current_one_side_by_side(deployed, env, redis_c
     tag = uuid.uuid4().hex[:8]
     from tests.integration.upgrade_app import harvest as h
 
-    old = Worker(f"up-old-{tag}", "up_decide,up_a",
-                 app="upgrade_app", root=deployed)
+    old = Worker(f"up-old-{tag}", "up_decide,up_a", app="upgrade_app", root=deployed)
     new = Worker(f"up-new-{tag}", "up_decide,up_b", app="tests.integration.upgrade_app")
     started_old, started_new = plan(tag, "o", 3), plan(tag, "n", 3)
     old.start()

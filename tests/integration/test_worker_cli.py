@@ -57,15 +57,32 @@ def test_harvest_worker_passes_celery_options_through(harvest: Any) -> None:
     node = f"x@{socket.gethostname()}"
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     log = LOG_DIR / "worker-cli.log"
-    cmd = [sys.executable, "-m", "harvest_celery", "worker", "-A", "tests.integration.app:harvest",
-           "-n", "x@%h", "-E", "-c", "2", "-P", "threads", "-Q", queue]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harvest_celery",
+        "worker",
+        "-A",
+        "tests.integration.app:harvest",
+        "-n",
+        "x@%h",
+        "-E",
+        "-c",
+        "2",
+        "-P",
+        "threads",
+        "-Q",
+        queue,
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("HARVEST_METRICS_PORT", None)
     with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         with _Events(app, node) as events:
+
             def ping() -> Any:
                 assert proc.poll() is None, f"harvest worker exited ({proc.returncode}): see {log}"
                 return app.control.inspect(destination=[node], timeout=1).ping()
@@ -82,10 +99,16 @@ def test_harvest_worker_passes_celery_options_through(harvest: Any) -> None:
 
             # Our receiver hears the node (heartbeats are sent every 2 s), so it is bound; then a
             # task on the node's queue must raise task events, which only -E turns on.
-            wait_for(lambda: events.types() & {"worker-online", "worker-heartbeat"}, timeout=15,
-                     what=f"a worker event from {node}")
+            wait_for(
+                lambda: events.types() & {"worker-online", "worker-heartbeat"},
+                timeout=15,
+                what=f"a worker event from {node}",
+            )
             app.send_task("celery.accumulate", args=(7,), kwargs={"index": 0}, queue=queue)
-            wait_for(lambda: {"task-received", "task-succeeded"} <= events.types(), timeout=30,
-                     what=f"task events from {node} (-E)")
+            wait_for(
+                lambda: {"task-received", "task-succeeded"} <= events.types(),
+                timeout=30,
+                what=f"task events from {node} (-E)",
+            )
     finally:
         stop_group(proc)

@@ -41,9 +41,13 @@ ONCE = RetryPolicy(max_attempts=1)
 app = Celery("harvest_upgrade", broker=BROKER_URL)
 configure_dedicated_celery_app(app)
 app.conf.broker_transport_options = {"visibility_timeout": 3600}
-harvest = Harvest(DATABASE_URL, app, decision_queue=DECIDE, sweep_interval=0.3,
-                  timings=Timings(default_lease=30.0, redispatch_after=2.0, nd_retry_initial=0.5,
-                                  nd_retry_max=2.0))
+harvest = Harvest(
+    DATABASE_URL,
+    app,
+    decision_queue=DECIDE,
+    sweep_interval=0.3,
+    timings=Timings(default_lease=30.0, redispatch_after=2.0, nd_retry_initial=0.5, nd_retry_max=2.0),
+)
 harvest.runtime.settings.relay_after = 1.0  # an older build's unsent outbox rows: relayed soon
 r = redis.Redis.from_url(BROKER_URL)
 
@@ -79,11 +83,13 @@ async def up_order(ctx: WorkflowContext, data: dict) -> Any:
     saga = Saga(ctx)
     charge = await saga.step(
         lambda: ctx.execute_activity(up_charge, data, queue=data.get("first_queue", "")),
-        lambda c: ctx.execute_activity(up_refund, {**c, "tag": data["tag"], "run": data["run"]}))
+        lambda c: ctx.execute_activity(up_refund, {**c, "tag": data["tag"], "run": data["run"]}),
+    )
     go = await ctx.wait_signal("go")
-    shipped = await saga.step(lambda: ctx.execute_activity(up_ship, {**data, **go}),
-                              lambda _s: ctx.execute_activity(up_refund, {**charge, "tag": data["tag"],
-                                                                          "run": data["run"]}))
+    shipped = await saga.step(
+        lambda: ctx.execute_activity(up_ship, {**data, **go}),
+        lambda _s: ctx.execute_activity(up_refund, {**charge, "tag": data["tag"], "run": data["run"]}),
+    )
     return {"charge": charge["charge"], "shipped": shipped}
 
 

@@ -30,7 +30,9 @@ from harvest_celery import (
 from harvest_celery._store.records import Timings
 from harvest_celery.contrib.flask import FlaskHarvest
 
-DATABASE_URL = os.environ.get("HARVEST_TEST_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/harvest_it")
+DATABASE_URL = os.environ.get(
+    "HARVEST_TEST_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/harvest_it"
+)
 BROKER_URL = os.environ.get("HARVEST_TEST_BROKER_URL", "redis://127.0.0.1:6379/5")
 DECISION_QUEUE = "wa_decide"
 QUEUE = "wa_q"
@@ -86,9 +88,11 @@ def place_order() -> Any:
     order = Order(tag=body["tag"], total=body["total"])
     db.session.add(order)
     db.session.flush()
-    run_id = harvest.start_workflow("wa_checkout", {"tag": body["tag"], "total": body["total"],
-                                                    "note": body.get("note", "")},
-                                    execution_id=f"order-{body['tag']}")
+    run_id = harvest.start_workflow(
+        "wa_checkout",
+        {"tag": body["tag"], "total": body["total"], "note": body.get("note", "")},
+        execution_id=f"order-{body['tag']}",
+    )
     if body.get("fail"):
         raise RuntimeError("the view failed after starting the workflow")
     db.session.commit()
@@ -115,9 +119,12 @@ def create_app(driver: str = "psycopg2") -> Flask:
         SQLALCHEMY_DATABASE_URI=uri,
         HARVEST_DECISION_QUEUE=DECISION_QUEUE,
         HARVEST_MODULES=["tests.integration.webapps"],
-        HARVEST_OPTIONS={"timings": Timings(redispatch_after=60.0, default_lease=30.0),
-                         "sweep_interval": 0.3, "payload_store": PostgresPayloadStore(),
-                         "offload_threshold": OFFLOAD},
+        HARVEST_OPTIONS={
+            "timings": Timings(redispatch_after=60.0, default_lease=30.0),
+            "sweep_interval": 0.3,
+            "payload_store": PostgresPayloadStore(),
+            "offload_threshold": OFFLOAD,
+        },
     )
     db.init_app(app)
     harvest.init_app(app)

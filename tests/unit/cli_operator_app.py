@@ -73,5 +73,6 @@ async def op_gate(ctx: WorkflowContext, data: Any) -> str:
 
 
 harvest = Harvest(URL)
-harvest.register(op_first, op_flaky, op_last, op_boom, op_undo, op_echo, op_retryable,
-                 op_compensating, op_gate)
+harvest.register(
+    op_first, op_flaky, op_last, op_boom, op_undo, op_echo, op_retryable, op_compensating, op_gate
+)

@@ -68,8 +68,10 @@ async def _cancellable(ctx: WorkflowContext, first: Any, second: Any) -> str:
     """The spec's cancel pattern with durable compensations."""
     saga = Saga(ctx)
     for step in (first, second):
-        await saga.step(lambda step=step: ctx.execute_activity(step, "x"),
-                        lambda value: ctx.execute_activity(rp_undo, value))
+        await saga.step(
+            lambda step=step: ctx.execute_activity(step, "x"),
+            lambda value: ctx.execute_activity(rp_undo, value),
+        )
     if ctx.is_cancelled():
         await saga.compensate_all()  # dispatches diverge against WorkflowCancelled: the pinned case
         raise Cancelled(ctx.cancellation_reason() or "cancelled")

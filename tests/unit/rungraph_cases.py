@@ -128,10 +128,33 @@ def gr_deadline_twice(g: DagBuilder) -> None:
     g.activity(gr_slow).retry(RetryPolicy(max_attempts=2, initial_interval=0.01))
 
 
-OBJECTS = (gr_reserve, gr_pack, gr_label, gr_charge, gr_ship, gr_release, gr_slow, gr_items, gr_cell,
-           gr_order, gr_plain, gr_deadline, gr_mapped, gr_deadline_twice)
-CASES = ("success", "failure", "timeout", "cancel", "live", "compensation", "retry_source", "retry_fork",
-         "mapped")
+OBJECTS = (
+    gr_reserve,
+    gr_pack,
+    gr_label,
+    gr_charge,
+    gr_ship,
+    gr_release,
+    gr_slow,
+    gr_items,
+    gr_cell,
+    gr_order,
+    gr_plain,
+    gr_deadline,
+    gr_mapped,
+    gr_deadline_twice,
+)
+CASES = (
+    "success",
+    "failure",
+    "timeout",
+    "cancel",
+    "live",
+    "compensation",
+    "retry_source",
+    "retry_fork",
+    "mapped",
+)
 
 
 def harvest_at(url: str) -> Harvest:
@@ -146,8 +169,9 @@ def by_hand(h: Harvest) -> Harvest:
     return h
 
 
-def pump(h: Harvest, hold: tuple[str, ...] = (), expire: tuple[str, ...] = (),
-         claim_only: tuple[str, ...] = ()) -> list[Any]:
+def pump(
+    h: Harvest, hold: tuple[str, ...] = (), expire: tuple[str, ...] = (), claim_only: tuple[str, ...] = ()
+) -> list[Any]:
     """Deliver queued messages until none is left: decisions run, activity bodies run through the
     claim path, a due retry is sent at once. Messages for ``hold`` stay undelivered (returned);
     an attempt of an ``expire`` activity is claimed and its lease then expires (the sweeper); one
@@ -168,8 +192,14 @@ def pump(h: Harvest, hold: tuple[str, ...] = (), expire: tuple[str, ...] = (),
             continue
         if m.task_name in expire:
             with h.store.begin() as tx:
-                tasks.expire_lease(tx, claim.execution_id, claim.activity_id, claim.attempt,
-                                   utcnow() + timedelta(seconds=60), h.runtime.settings.decision_queue)
+                tasks.expire_lease(
+                    tx,
+                    claim.execution_id,
+                    claim.activity_id,
+                    claim.attempt,
+                    utcnow() + timedelta(seconds=60),
+                    h.runtime.settings.decision_queue,
+                )
             h.runtime._after_commit(tx)  # as the sweeper does: its messages go after commit
         else:
             h.runtime.execute(claim, h.registry.activity(m.task_name).fn)
@@ -221,8 +251,9 @@ def dump(h: Harvest, run_id: str, dag_name: str) -> dict[str, Any]:
     """The run's row and its history, as stored."""
     with h.store.engine.connect() as conn:
         row = conn.execute(sa.select(executions_table).where(executions_table.c.id == run_id)).one()
-        rows = conn.execute(sa.select(events_table).where(events_table.c.execution_id == run_id)
-                            .order_by(events_table.c.seq)).all()
+        rows = conn.execute(
+            sa.select(events_table).where(events_table.c.execution_id == run_id).order_by(events_table.c.seq)
+        ).all()
     events = []
     for r in rows:
         data = dict(r.data)
@@ -235,14 +266,22 @@ def dump(h: Harvest, run_id: str, dag_name: str) -> dict[str, Any]:
 def load(h: Harvest, recorded: dict[str, Any]) -> str:
     """Write a recorded run into ``h``'s database; returns its id."""
     ts = {c.name for c in executions_table.columns if isinstance(c.type, sa.DateTime)}
-    row = {k: (datetime.fromisoformat(v) if k in ts and v is not None else v)
-           for k, v in recorded["execution"].items()}
+    row = {
+        k: (datetime.fromisoformat(v) if k in ts and v is not None else v)
+        for k, v in recorded["execution"].items()
+    }
     with h.store.engine.begin() as conn:
         conn.execute(executions_table.insert().values(**row))
         for e in recorded["events"]:
-            conn.execute(events_table.insert().values(
-                execution_id=row["id"], seq=e["seq"], type=e["type"], data=e["data"],
-                recorded_at=datetime.fromisoformat(e["recorded_at"])))
+            conn.execute(
+                events_table.insert().values(
+                    execution_id=row["id"],
+                    seq=e["seq"],
+                    type=e["type"],
+                    data=e["data"],
+                    recorded_at=datetime.fromisoformat(e["recorded_at"]),
+                )
+            )
     return str(row["id"])
 
 

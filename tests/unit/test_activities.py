@@ -44,11 +44,16 @@ def test_started_without_a_result_is_running():
     assert a.attempts == (core.Attempt(1, "running", T0 + timedelta(seconds=2), "w1"),)
 
 
-@pytest.mark.parametrize("seal", [ev.WorkflowCancelled("stop"), ev.WorkflowFailed("Terminated", "op"),
-                                  ev.WorkflowCompleted(None)])
+@pytest.mark.parametrize(
+    "seal", [ev.WorkflowCancelled("stop"), ev.WorkflowFailed("Terminated", "op"), ev.WorkflowCompleted(None)]
+)
 def test_without_a_result_on_a_sealed_run_it_is_cancelled(seal):
-    started, never = fold(ev.ActivityScheduled("1", "a", {}), ev.ActivityScheduled("2", "b", {}),
-                          ev.ActivityStarted("1", 1, "w"), seal)
+    started, never = fold(
+        ev.ActivityScheduled("1", "a", {}),
+        ev.ActivityScheduled("2", "b", {}),
+        ev.ActivityStarted("1", 1, "w"),
+        seal,
+    )
     assert (started.status, never.status) == ("cancelled", "cancelled")
     assert started.attempts[0].status == "cancelled"
 
@@ -61,18 +66,30 @@ def test_live_overrides_what_history_says():
 
 
 def test_a_start_to_close_timeout_is_timed_out_and_other_failures_failed():
-    timed, failed = fold(ev.ActivityScheduled("1", "a", {}), ev.ActivityScheduled("2", "b", {}),
-                         ev.ActivityStarted("1", 1, "w"), ev.ActivityFailed("1", "StartToCloseTimeout", "late", 1),
-                         ev.ActivityFailed("2", "ValueError", "bad", 1))
+    timed, failed = fold(
+        ev.ActivityScheduled("1", "a", {}),
+        ev.ActivityScheduled("2", "b", {}),
+        ev.ActivityStarted("1", 1, "w"),
+        ev.ActivityFailed("1", "StartToCloseTimeout", "late", 1),
+        ev.ActivityFailed("2", "ValueError", "bad", 1),
+    )
     assert (timed.status, timed.error_type, timed.error) == ("timed_out", "StartToCloseTimeout", "late")
     assert timed.attempts[0].status == "timed_out"
-    assert (failed.status, failed.attempts[0].status, failed.attempts[0].started_at) == ("failed", "failed", None)
+    assert (failed.status, failed.attempts[0].status, failed.attempts[0].started_at) == (
+        "failed",
+        "failed",
+        None,
+    )
 
 
 def test_a_completion_wins_and_each_attempt_keeps_its_own_end():
-    (a,) = fold(ev.ActivityScheduled("1", "a", {}), ev.ActivityStarted("1", 1, "w"),
-                ev.ActivityStarted("1", 2, "w"), ev.ActivityCompleted("1", "out", 2),
-                ev.ActivityFailed("1", "RuntimeError", "late", 3))
+    (a,) = fold(
+        ev.ActivityScheduled("1", "a", {}),
+        ev.ActivityStarted("1", 1, "w"),
+        ev.ActivityStarted("1", 2, "w"),
+        ev.ActivityCompleted("1", "out", 2),
+        ev.ActivityFailed("1", "RuntimeError", "late", 3),
+    )
     done = T0 + timedelta(seconds=4)
     assert (a.status, a.output, a.attempt_count, a.finished_at) == ("succeeded", "out", 3, done)
     # attempt 1 was retried without a result in history (its error is an attempt error)
@@ -81,8 +98,11 @@ def test_a_completion_wins_and_each_attempt_keeps_its_own_end():
 
 
 def test_without_a_completion_the_last_failure_decides():
-    (a,) = fold(ev.ActivityScheduled("1", "a", {}), ev.ActivityFailed("1", "RuntimeError", "first", 1),
-                ev.ActivityFailed("1", "StartToCloseTimeout", "second", 2))
+    (a,) = fold(
+        ev.ActivityScheduled("1", "a", {}),
+        ev.ActivityFailed("1", "RuntimeError", "first", 1),
+        ev.ActivityFailed("1", "StartToCloseTimeout", "second", 2),
+    )
     assert (a.status, a.error) == ("timed_out", "second")
 
 
@@ -96,19 +116,36 @@ def test_activities_come_in_scheduling_order_with_their_flags():
 
 
 def test_every_known_event_type_is_decided():
-    one_of_each = [cls(**{f: "x" for f in ("workflow_type", "activity_id", "activity_name", "worker_id",
-                                           "error_type", "message", "name", "timer_id", "fire_at")
-                          if f in cls.__dataclass_fields__},
-                       **({"attempt": 1} if "attempt" in cls.__dataclass_fields__ else {}),
-                       **({"seconds": 1.0} if "seconds" in cls.__dataclass_fields__ else {}))
-                   for cls in ev.EVENT_TYPES.values()]
+    one_of_each = [
+        cls(
+            **{
+                f: "x"
+                for f in (
+                    "workflow_type",
+                    "activity_id",
+                    "activity_name",
+                    "worker_id",
+                    "error_type",
+                    "message",
+                    "name",
+                    "timer_id",
+                    "fire_at",
+                )
+                if f in cls.__dataclass_fields__
+            },
+            **({"attempt": 1} if "attempt" in cls.__dataclass_fields__ else {}),
+            **({"seconds": 1.0} if "seconds" in cls.__dataclass_fields__ else {}),
+        )
+        for cls in ev.EVENT_TYPES.values()
+    ]
     acts = core.fold_activities(history(*one_of_each))
     assert [a.activity_id for a in acts] == ["x"]
 
 
 @dataclass(frozen=True)
-class _NewEvent(ev.Event, family=ev.Family.RESULT, terminal=False, cursor=ev.Cursor.STEPPED_OVER,
-                advance=True):
+class _NewEvent(
+    ev.Event, family=ev.Family.RESULT, terminal=False, cursor=ev.Cursor.STEPPED_OVER, advance=True
+):
     """An event type declared but never added to the closed set (``events.AnyEvent``)."""
 
     type: ClassVar[str] = "ActivityPaused"

@@ -24,16 +24,26 @@ T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 NAMES = ("a", "b", "c", "d")
 ERROR_TYPES = ("RuntimeError", "StartToCloseTimeout", "ValueError")
 SEALS: dict[str, ev.Event] = {
-    "CANCELLED": ev.WorkflowCancelled("stop"), "TERMINATED": ev.WorkflowFailed("Terminated", "op"),
-    "COMPLETED": ev.WorkflowCompleted("done"), "FAILED": ev.WorkflowFailed("DagTaskFailed", "x")}
+    "CANCELLED": ev.WorkflowCancelled("stop"),
+    "TERMINATED": ev.WorkflowFailed("Terminated", "op"),
+    "COMPLETED": ev.WorkflowCompleted("done"),
+    "FAILED": ev.WorkflowFailed("DagTaskFailed", "x"),
+}
 
 # one step of an activity's life after its scheduling: ("start"|"complete"|"fail", a retry?, error)
-step = st.tuples(st.sampled_from(["start", "start", "complete", "fail"]), st.booleans(),
-                 st.sampled_from(ERROR_TYPES))
+step = st.tuples(
+    st.sampled_from(["start", "start", "complete", "fail"]), st.booleans(), st.sampled_from(ERROR_TYPES)
+)
 life = st.lists(step, max_size=6)
-noise = st.sampled_from([ev.SignalReceived("s", 1), ev.MarkerRecorded("saga_compensated:1"),
-                         ev.TimerStarted("t1", 1.0, "2024-01-01T00:00:01+00:00"), ev.TimerFired("t1"),
-                         ev.WorkflowCancelRequested("please")])
+noise = st.sampled_from(
+    [
+        ev.SignalReceived("s", 1),
+        ev.MarkerRecorded("saga_compensated:1"),
+        ev.TimerStarted("t1", 1.0, "2024-01-01T00:00:01+00:00"),
+        ev.TimerFired("t1"),
+        ev.WorkflowCancelRequested("please"),
+    ]
+)
 
 
 def _events(name: str, aid: str, steps: list[tuple[str, bool, str]]) -> list[ev.Event]:
@@ -63,11 +73,22 @@ def runs(draw: Any) -> tuple[list[ev.HistoryEvent], str, list[AttemptError], lis
     status = draw(st.sampled_from(["RUNNING", *SEALS]))
     if status != "RUNNING":
         merged.insert(draw(st.integers(0, len(merged))), SEALS[status])
-    history = [ev.HistoryEvent(i, e, T0 + timedelta(seconds=i))
-               for i, e in enumerate([ev.WorkflowStarted("agree"), *merged])]
-    errors = [AttemptError(e.activity_id, e.attempt, draw(st.sampled_from(ERROR_TYPES)), "retried", "tb",
-                           T0 + timedelta(seconds=100))
-              for e in merged if isinstance(e, ev.ActivityStarted) and draw(st.booleans())]
+    history = [
+        ev.HistoryEvent(i, e, T0 + timedelta(seconds=i))
+        for i, e in enumerate([ev.WorkflowStarted("agree"), *merged])
+    ]
+    errors = [
+        AttemptError(
+            e.activity_id,
+            e.attempt,
+            draw(st.sampled_from(ERROR_TYPES)),
+            "retried",
+            "tb",
+            T0 + timedelta(seconds=100),
+        )
+        for e in merged
+        if isinstance(e, ev.ActivityStarted) and draw(st.booleans())
+    ]
     return history, status, errors, names
 
 
@@ -80,8 +101,24 @@ def _definition(names: list[str]) -> Any:
 
 
 def _execution(status: str) -> Execution:
-    return Execution("run", "agree", status, None, None, None, T0, T0, None if status == "RUNNING" else T0,
-                     None, None, None, None, 0, None, 0)
+    return Execution(
+        "run",
+        "agree",
+        status,
+        None,
+        None,
+        None,
+        T0,
+        T0,
+        None if status == "RUNNING" else T0,
+        None,
+        None,
+        None,
+        None,
+        0,
+        None,
+        0,
+    )
 
 
 @settings(max_examples=300, deadline=None)

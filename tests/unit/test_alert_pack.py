@@ -26,10 +26,39 @@ REQUIRED_ALERTS = {
 
 # PromQL words that look like identifiers but are not metric names.
 _PROMQL_WORDS = {
-    "sum", "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",
-    "offset", "rate", "irate", "increase", "delta", "max", "min", "avg", "count", "topk",
-    "bottomk", "absent", "clamp_min", "clamp_max", "bool", "histogram_quantile", "vector",
-    "changes", "resets", "time", "outcome", "workflow", "queue",
+    "sum",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "rate",
+    "irate",
+    "increase",
+    "delta",
+    "max",
+    "min",
+    "avg",
+    "count",
+    "topk",
+    "bottomk",
+    "absent",
+    "clamp_min",
+    "clamp_max",
+    "bool",
+    "histogram_quantile",
+    "vector",
+    "changes",
+    "resets",
+    "time",
+    "outcome",
+    "workflow",
+    "queue",
 }
 
 
@@ -97,8 +126,12 @@ def test_runbook_anchors_exist() -> None:
 
 def test_exprs_use_only_exported_metrics() -> None:
     exported = _exported_metrics()
-    assert {"harvest_saga_compensated_total", "harvest_saga_compensation_failed_total",
-            "harvest_workflow_terminal_total", "harvest_nd_blocked_total"} <= exported
+    assert {
+        "harvest_saga_compensated_total",
+        "harvest_saga_compensation_failed_total",
+        "harvest_workflow_terminal_total",
+        "harvest_nd_blocked_total",
+    } <= exported
     for rule in _rules(_pack()):
         expr = rule["expr"]
         assert expr.count("(") == expr.count(")"), rule["alert"]

@@ -64,19 +64,27 @@ def test_the_run_graph_reads_decoded_history_across_definition_versions(harvests
     assert v1.describe(run_id).status == "FAILED"
     stored = v1.store.history(run_id)
     assert [h.event.activity_name for h in stored if h.event.type == "ActivityScheduled"] == [
-        "reserve", "charge", "release"]
+        "reserve",
+        "charge",
+        "release",
+    ]
 
     v1_graph = TestClient(create_app(v1)).get(f"/dags/checkout_dag/runs/{run_id}")
     assert v1_graph.status_code == 200, v1_graph.text
     assert [(n["node_name"], n["status"]) for n in v1_graph.json()["nodes"]] == [
-        ("reserve", "succeeded"), ("charge", "failed")]
+        ("reserve", "succeeded"),
+        ("charge", "failed"),
+    ]
     assert v1_graph.json()["nodes"][1]["error"] == "card declined"
 
     # v2 reads the old run: the old compensation dispatch of "release" is not the new node
     v2_graph = TestClient(create_app(v2)).get(f"/dags/checkout_dag/runs/{run_id}")
     release_node = v2_graph.json()["nodes"][1]
     assert (release_node["node_name"], release_node["status"], release_node["attempts"]) == (
-        "release", "skipped", 0)
+        "release",
+        "skipped",
+        0,
+    )
     for resp in (v1_graph, v2_graph):
         assert SECRET not in resp.text
 
@@ -87,5 +95,9 @@ def test_history_is_served_decoded(harvests):
     events = TestClient(create_app(v1)).get(f"/workflows/{run_id}/history").json()["events"]
     assert events[0]["data"]["input"] == {"card": SECRET}
     with v1.store.engine.connect() as conn:  # at rest it is ciphertext
-        at_rest = conn.execute(sa.select(events_table.c.data).where(events_table.c.execution_id == run_id)).scalars().all()
+        at_rest = (
+            conn.execute(sa.select(events_table.c.data).where(events_table.c.execution_id == run_id))
+            .scalars()
+            .all()
+        )
     assert SECRET not in json.dumps(at_rest)

@@ -58,8 +58,9 @@ async def exploder(ctx: WorkflowContext, data: dict) -> dict:
 def harvest(tmp_path, monkeypatch):
     monkeypatch.delenv("HARVEST_API_TOKEN", raising=False)
     monkeypatch.delenv("HARVEST_API_MAX_BODY_BYTES", raising=False)
-    h = Harvest(f"sqlite:///{tmp_path / 'sec.db'}").register(explode, waiter, exploder, deep_output,
-                                                              deep_activity)
+    h = Harvest(f"sqlite:///{tmp_path / 'sec.db'}").register(
+        explode, waiter, exploder, deep_output, deep_activity
+    )
     h.migrate()
     return h
 
@@ -90,8 +91,14 @@ def _sign_in(client: TestClient) -> str:
 # ── authentication ───────────────────────────────────────────────────────────────────────────
 def test_every_endpoint_but_healthz_needs_the_token_reads_included(harvest, client):
     run_id = harvest.start_workflow("waiter", {"card": SECRET})
-    for path in ("/workflows", f"/workflows/{run_id}", f"/workflows/{run_id}/history", "/metrics",
-                 "/openapi.json", "/dags/d/runs/x"):
+    for path in (
+        "/workflows",
+        f"/workflows/{run_id}",
+        f"/workflows/{run_id}/history",
+        "/metrics",
+        "/openapi.json",
+        "/dags/d/runs/x",
+    ):
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
             body = _json_error(client.get(path, headers=headers), 401, "Unauthorized")
             assert SECRET not in str(body)
@@ -117,8 +124,9 @@ def test_signing_in_sets_a_strict_httponly_signed_session(harvest, client):
     wrong = client.post("/console/login", data={"token": "nope", "next": "/console"})
     assert wrong.status_code == 401 and "not the token" in wrong.text
     assert SESSION_COOKIE not in client.cookies
-    resp = client.post("/console/login", data={"token": TOKEN, "next": "https://evil.example/"},
-                       follow_redirects=False)
+    resp = client.post(
+        "/console/login", data={"token": TOKEN, "next": "https://evil.example/"}, follow_redirects=False
+    )
     assert resp.headers["location"] == "/console"  # never an open redirect
     cookie = resp.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
@@ -126,8 +134,10 @@ def test_signing_in_sets_a_strict_httponly_signed_session(harvest, client):
     issued, nonce, mac = client.cookies[SESSION_COOKIE].split(".")
     forged = TestClient(client.app, cookies={SESSION_COOKIE: f"{int(issued) + 1}.{nonce}.{mac}"})
     assert forged.get("/workflows").status_code == 401
-    other = TestClient(create_app(harvest, token="another-token"),  # a rotated token ends sessions
-                       cookies={SESSION_COOKIE: client.cookies[SESSION_COOKIE]})
+    other = TestClient(
+        create_app(harvest, token="another-token"),  # a rotated token ends sessions
+        cookies={SESSION_COOKIE: client.cookies[SESSION_COOKIE]},
+    )
     assert other.get("/workflows").status_code == 401
 
 
@@ -176,14 +186,22 @@ def test_a_cross_site_form_post_changes_nothing(harvest, with_token, monkeypatch
         (f"/workflows/{run_id}/pause", {"Content-Type": "text/plain"}),
     ]
     for path, headers in attempts:
-        resp = client.post(path, content=f"reason=x&csrf_token={'' if 'Origin' in headers else 'bad'}",
-                           headers=headers, follow_redirects=False)
+        resp = client.post(
+            path,
+            content=f"reason=x&csrf_token={'' if 'Origin' in headers else 'bad'}",
+            headers=headers,
+            follow_redirects=False,
+        )
         assert resp.status_code in (401, 403), (path, headers, resp.status_code, resp.text)
     x = harvest.describe(run_id)
     assert (x.status, x.paused_at, x.cancelled_at) == ("RUNNING", None, None)
     # the same origin, with the session's token, is let in
-    ok = client.post(f"/console/runs/{run_id}/pause", data={"csrf_token": csrf or _csrf_open(client, run_id)},
-                     headers={"Origin": "http://testserver"}, follow_redirects=False)
+    ok = client.post(
+        f"/console/runs/{run_id}/pause",
+        data={"csrf_token": csrf or _csrf_open(client, run_id)},
+        headers={"Origin": "http://testserver"},
+        follow_redirects=False,
+    )
     assert ok.status_code == 303, ok.text
     assert harvest.describe(run_id).paused_at is not None
 
@@ -210,31 +228,46 @@ def test_an_oversized_body_is_413_json_by_length_and_when_streamed(harvest):
             yield b"y" * 1024
         yield b'"}'
 
-    streamed = client.post("/workflows", content=chunks(),
-                           headers={**BEARER, "Content-Type": "application/json"})
+    streamed = client.post(
+        "/workflows", content=chunks(), headers={**BEARER, "Content-Type": "application/json"}
+    )
     _json_error(streamed, 413, "RequestTooLarge")
     assert harvest.list() == []
-    small = client.post("/workflows", json={"workflow": "waiter", "input": {"blob": "x" * 1000}}, headers=BEARER)
+    small = client.post(
+        "/workflows", json={"workflow": "waiter", "input": {"blob": "x" * 1000}}, headers=BEARER
+    )
     assert small.status_code == 201
 
 
 def test_the_default_limit_is_4_mib_and_the_env_sets_another(harvest, monkeypatch):
     client = TestClient(create_app(harvest, token=TOKEN))
-    assert client.post("/workflows", content=b"x" * (4 * 1024 * 1024 + 1),
-                       headers={**BEARER, "Content-Type": "application/json"}).status_code == 413
+    assert (
+        client.post(
+            "/workflows",
+            content=b"x" * (4 * 1024 * 1024 + 1),
+            headers={**BEARER, "Content-Type": "application/json"},
+        ).status_code
+        == 413
+    )
     monkeypatch.setenv("HARVEST_API_MAX_BODY_BYTES", "2048")
     client = TestClient(create_app(harvest, token=TOKEN))
-    assert client.post("/workflows", json={"workflow": "waiter", "input": "z" * 3000},
-                       headers=BEARER).status_code == 413
+    assert (
+        client.post(
+            "/workflows", json={"workflow": "waiter", "input": "z" * 3000}, headers=BEARER
+        ).status_code
+        == 413
+    )
 
 
 @pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 490, 600, 5000, 100_000])
 def test_deep_json_is_a_clear_422_at_start_and_signal(harvest, client, depth):
     run_id = harvest.start_workflow("waiter", {})
     nested = "[" * depth + "]" * depth
-    for path, text in (("/workflows", f'{{"workflow": "waiter", "input": {nested}}}'),
-                       ("/workflows", f'{{"workflow": "waiter", "extra": {nested}}}'),
-                       (f"/workflows/{run_id}/signals/go", f'{{"payload": {nested}}}')):
+    for path, text in (
+        ("/workflows", f'{{"workflow": "waiter", "input": {nested}}}'),
+        ("/workflows", f'{{"workflow": "waiter", "extra": {nested}}}'),
+        (f"/workflows/{run_id}/signals/go", f'{{"payload": {nested}}}'),
+    ):
         resp = client.post(path, content=text, headers={**BEARER, "Content-Type": "application/json"})
         body = _json_error(resp, 422, "ValidationError")
         assert "nested more than 100 levels deep" in str(body["detail"])
@@ -244,8 +277,11 @@ def test_deep_json_is_a_clear_422_at_start_and_signal(harvest, client, depth):
 
 def test_json_at_the_depth_limit_is_accepted(client):
     nested = "[" * (MAX_JSON_DEPTH - 1) + "]" * (MAX_JSON_DEPTH - 1)  # input sits one level down
-    resp = client.post("/workflows", content=f'{{"workflow": "waiter", "input": {nested}}}',
-                       headers={**BEARER, "Content-Type": "application/json"})
+    resp = client.post(
+        "/workflows",
+        content=f'{{"workflow": "waiter", "input": {nested}}}',
+        headers={**BEARER, "Content-Type": "application/json"},
+    )
     assert resp.status_code == 201, resp.text
 
 
@@ -290,8 +326,11 @@ def test_deep_json_is_refused_by_the_client_and_fails_an_activity_cleanly(harves
 
 def test_an_id_with_a_slash_is_refused_at_start(harvest, client):
     for bad in ("a/b", "a:b", "x\x01"):
-        body = _json_error(client.post("/workflows", json={"workflow": "waiter", "execution_id": bad},
-                                       headers=BEARER), 400, "InvalidExecutionId")
+        body = _json_error(
+            client.post("/workflows", json={"workflow": "waiter", "execution_id": bad}, headers=BEARER),
+            400,
+            "InvalidExecutionId",
+        )
         assert "may not hold" in body["detail"]
     assert harvest.list() == []
 
@@ -307,16 +346,25 @@ def test_healthz_names_no_database_host_or_port(monkeypatch):
 def test_every_endpoint_answers_503_json_when_the_database_is_down(monkeypatch):
     monkeypatch.delenv("HARVEST_API_TOKEN", raising=False)
     down = Harvest("postgresql+psycopg2://postgres@127.0.0.1:1/harvest_nowhere").register(
-        explode, waiter, exploder)
-    client = TestClient(create_app(down, token=TOKEN), raise_server_exceptions=False,
-                        headers=BEARER)
-    calls = [("get", "/workflows", None), ("get", "/workflows/r1", None),
-             ("get", "/workflows/r1/history", None), ("post", "/workflows", {"workflow": "waiter"}),
-             ("post", "/workflows/r1/signals/go", {"payload": 1}), ("post", "/workflows/r1/cancel", None),
-             ("post", "/workflows/r1/request-cancel", None), ("post", "/workflows/r1/terminate", None),
-             ("post", "/workflows/r1/pause", None), ("post", "/workflows/r1/resume", None),
-             ("post", "/workflows/r1/reset", {"to_seq": 1}), ("post", "/workflows/r1/erase-payloads", None),
-             ("post", "/admin/purge", {"older_than_days": 1}), ("get", "/healthz", None)]
+        explode, waiter, exploder
+    )
+    client = TestClient(create_app(down, token=TOKEN), raise_server_exceptions=False, headers=BEARER)
+    calls = [
+        ("get", "/workflows", None),
+        ("get", "/workflows/r1", None),
+        ("get", "/workflows/r1/history", None),
+        ("post", "/workflows", {"workflow": "waiter"}),
+        ("post", "/workflows/r1/signals/go", {"payload": 1}),
+        ("post", "/workflows/r1/cancel", None),
+        ("post", "/workflows/r1/request-cancel", None),
+        ("post", "/workflows/r1/terminate", None),
+        ("post", "/workflows/r1/pause", None),
+        ("post", "/workflows/r1/resume", None),
+        ("post", "/workflows/r1/reset", {"to_seq": 1}),
+        ("post", "/workflows/r1/erase-payloads", None),
+        ("post", "/admin/purge", {"older_than_days": 1}),
+        ("get", "/healthz", None),
+    ]
     for method, path, body in calls:
         resp = client.request(method, path, json=body)
         payload = _json_error(resp, 503, "DatabaseUnavailable")

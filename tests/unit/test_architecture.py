@@ -24,8 +24,10 @@ def _modules() -> dict[str, Path]:
 def _defines(module: str, name: str) -> bool:
     path = _modules()[module]
     tree = ast.parse(path.read_text())
-    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name
-               for n in ast.walk(tree))
+    return any(
+        isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name
+        for n in ast.walk(tree)
+    )
 
 
 def test_a_newcomer_finds_each_concern_by_its_folder_name():

@@ -34,9 +34,13 @@ async def be_calls(ctx: WorkflowContext, kind: str) -> Any:
     return await ctx.execute_activity(be_body, kind)
 
 
-KINDS = {"SystemExit": SystemExit(3), "KeyboardInterrupt": KeyboardInterrupt(),
-         "GeneratorExit": GeneratorExit(), "CancelledError": asyncio.CancelledError(),
-         "Custom": Custom("mine")}
+KINDS = {
+    "SystemExit": SystemExit(3),
+    "KeyboardInterrupt": KeyboardInterrupt(),
+    "GeneratorExit": GeneratorExit(),
+    "CancelledError": asyncio.CancelledError(),
+    "Custom": Custom("mine"),
+}
 
 
 @pytest.fixture

@@ -45,8 +45,9 @@ async def checks(ctx: WorkflowContext, _data) -> list:
 @workflow
 async def coop(ctx: WorkflowContext, data: dict) -> str:
     saga = Saga(ctx)
-    charge = await saga.step(lambda: ctx.execute_activity(step, "charge"),
-                             lambda cid: ctx.execute_activity(refund, cid))
+    charge = await saga.step(
+        lambda: ctx.execute_activity(step, "charge"), lambda cid: ctx.execute_activity(refund, cid)
+    )
     await ctx.execute_activity(step, "pack")
     if ctx.is_cancelled():
         await saga.compensate_all()
@@ -57,8 +58,9 @@ async def coop(ctx: WorkflowContext, data: dict) -> str:
 @workflow
 async def parked(ctx: WorkflowContext, _data) -> str:
     saga = Saga(ctx)
-    await saga.step(lambda: ctx.execute_activity(step, "charge"),
-                    lambda cid: ctx.execute_activity(refund, cid))
+    await saga.step(
+        lambda: ctx.execute_activity(step, "charge"), lambda cid: ctx.execute_activity(refund, cid)
+    )
     try:
         return await ctx.wait_signal("approve", cancellable=True)  # type: ignore[no-any-return]
     except Cancelled:
@@ -122,7 +124,8 @@ def test_random_requests_decide_identically_cold_and_warm(seed):
     def drive(sticky):
         rng = random.Random(seed)
         run = Simulator(coop, parked, step, refund, sticky=sticky).start(
-            rng.choice(["coop", "parked"]), None, execution_id=f"r{seed}")
+            rng.choice(["coop", "parked"]), None, execution_id=f"r{seed}"
+        )
         for _ in range(40):
             run.decide()
             for activity_event in run.open_activities()[: rng.randint(0, 2)]:
@@ -340,7 +343,8 @@ def test_the_derived_statuses():
     assert display_status("RUNNING", False, True, None) == "CANCELLING"
     assert display_status("CANCELLED", True, False, {"type": "Cancelled", "message": "x"}) == "CANCELLED"
     assert display_status("CANCELLED", True, False, error) == (
-        "CANCELLED (cancel branch failed: SagaCompensationFailed: saga compensation failed ...)")
+        "CANCELLED (cancel branch failed: SagaCompensationFailed: saga compensation failed ...)"
+    )
     assert display_status("FAILED", False, True, error).startswith("FAILED (cancel branch failed: ")
     assert display_status("FAILED", False, False, error) == "FAILED"  # never cancelled
     assert cancel_branch_failure("TERMINATED", True, {"type": "Terminated", "message": ""}) is None

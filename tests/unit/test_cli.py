@@ -38,7 +38,12 @@ def test_db_upgrade_creates_tables(tmp_path, monkeypatch, capsys):
     url = f"sqlite:///{tmp_path / 'fresh.db'}"
     assert main(["--database-url", url, "db", "upgrade"]) == 0
     tables = set(sa.inspect(sa.create_engine(url)).get_table_names())
-    assert {"harvest_executions", "harvest_events", "harvest_activity_tasks", "harvest_alembic_version"} <= tables
+    assert {
+        "harvest_executions",
+        "harvest_events",
+        "harvest_activity_tasks",
+        "harvest_alembic_version",
+    } <= tables
     assert "upgraded to head" in capsys.readouterr().out
 
 
@@ -52,7 +57,7 @@ def test_db_upgrade_without_a_database_is_a_usage_error(monkeypatch, capsys):
 def test_demo_runs_the_four_runs(capsys):
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
-    summary = out[out.index("summary:"):]
+    summary = out[out.index("summary:") :]
     assert "(a) order_pipeline  COMPLETED" in summary
     assert "(b) checkout        COMPLETED" in summary
     assert "(c) checkout        FAILED     (ActivityError)" in summary
@@ -166,8 +171,9 @@ def test_worker_execs_celery_on_default_and_decision_queues(db, monkeypatch):
     monkeypatch.setattr(_cli, "_exec", lambda argv, env: seen.update(argv=argv, env=env))
     monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
     monkeypatch.setenv("HARVEST_CLI_TEST_CELERY", "1")
-    assert main(["worker", "-A", f"{APP}:celery_harvest", "--concurrency", "2",
-                 "--metrics-port", "9808"]) == 0
+    assert (
+        main(["worker", "-A", f"{APP}:celery_harvest", "--concurrency", "2", "--metrics-port", "9808"]) == 0
+    )
     argv = seen["argv"]
     assert argv[:3] == [sys.executable, "-m", "celery"]
     assert argv[3:6] == ["-A", f"{APP}:app", "worker"]
@@ -189,7 +195,9 @@ def test_timeline_renders_key_fields():
     t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
     history = [
         ev.HistoryEvent(0, ev.WorkflowStarted("checkout", {"order_id": 1}), t0),
-        ev.HistoryEvent(1, ev.ActivityScheduled("1", "charge_payment", {}, "payments"), t0 + timedelta(seconds=0.1)),
+        ev.HistoryEvent(
+            1, ev.ActivityScheduled("1", "charge_payment", {}, "payments"), t0 + timedelta(seconds=0.1)
+        ),
         ev.HistoryEvent(2, ev.ActivityStarted("1", 2, "host:1"), t0 + timedelta(seconds=0.2)),
         ev.HistoryEvent(3, ev.ActivityFailed("1", "RuntimeError", "x" * 500, 2), t0 + timedelta(seconds=0.3)),
         ev.HistoryEvent(4, ev.MarkerRecorded("saga_compensated:1"), t0 + timedelta(seconds=0.4)),
@@ -208,8 +216,14 @@ def test_timeline_renders_key_fields():
 
 def test_python_m_harvest_celery_demo_runs_with_no_services(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HARVEST_")}
-    proc = subprocess.run([sys.executable, "-m", "harvest_celery", "demo"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "harvest_celery", "demo"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "embedded mode" in proc.stderr
     assert "(d) checkout        CANCELLED" in proc.stdout

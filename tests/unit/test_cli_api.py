@@ -23,12 +23,15 @@ def served(cli_db, monkeypatch):
 def test_api_serves_the_apps_harvest_on_the_given_address(served, monkeypatch):
     monkeypatch.setenv("HARVEST_API_TOKEN", "t0ken")
     assert main(["--app", APP, "api", "--host", "0.0.0.0", "--port", "8123"]) == 0
-    (app, kwargs), = served
+    ((app, kwargs),) = served
     assert isinstance(app, FastAPI)
     assert kwargs == {"host": "0.0.0.0", "port": 8123}
     client = TestClient(app, headers={"Authorization": "Bearer t0ken"})
     assert client.get("/healthz").json() == {"status": "ok"}
-    started = client.post("/workflows", json={"workflow": "order_pipeline", "input": {"order_id": 5, "items": [{"qty": 2, "price": 3}]}})
+    started = client.post(
+        "/workflows",
+        json={"workflow": "order_pipeline", "input": {"order_id": 5, "items": [{"qty": 2, "price": 3}]}},
+    )
     assert started.status_code == 201, started.text
     assert client.get(f"/workflows/{started.json()['execution_id']}").json()["status"] == "COMPLETED"
 
@@ -36,7 +39,7 @@ def test_api_serves_the_apps_harvest_on_the_given_address(served, monkeypatch):
 def test_api_defaults_to_localhost_8000_and_honours_the_token(served, monkeypatch):
     monkeypatch.setenv("HARVEST_API_TOKEN", "t0ken")
     assert main(["api", "--app", APP]) == 0
-    (app, kwargs), = served
+    ((app, kwargs),) = served
     assert kwargs == {"host": "127.0.0.1", "port": 8000}
     client = TestClient(app)
     assert client.post("/workflows", json={"workflow": "order_pipeline"}).status_code == 401

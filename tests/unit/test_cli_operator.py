@@ -37,8 +37,10 @@ def cli(capsys, *argv):
 
 
 def snapshot(url):
-    return {x.id: (x.status, x.history_length, x.paused_at, x.erased_at, x.forked_to)
-            for x in Store(url).list(limit=100_000)}
+    return {
+        x.id: (x.status, x.history_length, x.paused_at, x.erased_at, x.forked_to)
+        for x in Store(url).list(limit=100_000)
+    }
 
 
 def names(store, run_id):
@@ -109,13 +111,16 @@ def test_reset_forks_a_run_and_prints_the_new_id(app, db, capsys):
     assert app.RAN.count("op_echo") == 1  # the copied prefix is not re-run
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--to-seq", "0"], "--to-seq must be at least 1"),
-    (["--to-seq", "-3"], "--to-seq must be at least 1"),
-    (["--to-seq", "99"], "reset point must be between 1 and"),
-    (["--to-seq", "2", "--new-id", "x" * 201], "an id has at most 200 characters"),
-    (["--to-seq", "2", "--new-id", "taken"], "already exists"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--to-seq", "0"], "--to-seq must be at least 1"),
+        (["--to-seq", "-3"], "--to-seq must be at least 1"),
+        (["--to-seq", "99"], "reset point must be between 1 and"),
+        (["--to-seq", "2", "--new-id", "x" * 201], "an id has at most 200 characters"),
+        (["--to-seq", "2", "--new-id", "taken"], "already exists"),
+    ],
+)
 def test_a_refused_reset_exits_2_and_writes_nothing(app, db, capsys, argv, message):
     app.harvest.start_workflow("op_gate", "y", execution_id="taken")
     run_id = app.harvest.start_workflow("op_gate", "x", execution_id="r-2")
@@ -147,8 +152,12 @@ def test_retry_dry_run_prints_the_plan_and_forks_nothing(app, db, capsys):
     before = snapshot(db)
     code, out, err = cli(capsys, "retry", "op_retryable", source, "--dry-run")
     assert (code, err) == (0, "")
-    assert out.splitlines() == ["retry of d-1 from node op_flaky", "  carried: op_first",
-                                "  rerun:   op_flaky, op_last", "dry run: no run started"]
+    assert out.splitlines() == [
+        "retry of d-1 from node op_flaky",
+        "  carried: op_first",
+        "  rerun:   op_flaky, op_last",
+        "dry run: no run started",
+    ]
     assert snapshot(db) == before
 
 
@@ -165,16 +174,19 @@ def test_retry_starts_a_run_that_carries_the_upstream(app, db, capsys):
     assert code == 0 and "  carried: (none)" in out and "op_first, op_flaky, op_last" in out
 
 
-@pytest.mark.parametrize("case, message", [
-    ("compensated", "already executed its compensation unwind"),
-    ("completed", "completed: nothing to retry"),
-    ("running", "is still running"),
-    ("erased", "were erased"),
-    ("unknown_node", "dag 'op_retryable' has no node 'nope'"),
-    ("unknown_dag", "unknown workflow 'no_such_dag'"),
-    ("not_a_dag", "unknown workflow 'op_gate'"),
-    ("unknown_run", "no execution with id 'missing'"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("compensated", "already executed its compensation unwind"),
+        ("completed", "completed: nothing to retry"),
+        ("running", "is still running"),
+        ("erased", "were erased"),
+        ("unknown_node", "dag 'op_retryable' has no node 'nope'"),
+        ("unknown_dag", "unknown workflow 'no_such_dag'"),
+        ("not_a_dag", "unknown workflow 'op_gate'"),
+        ("unknown_run", "no execution with id 'missing'"),
+    ],
+)
 def test_a_refused_retry_exits_2_and_writes_nothing(app, db, capsys, case, message):
     h = app.harvest
     dag, argv = "op_retryable", []
@@ -187,8 +199,9 @@ def test_a_refused_retry_exits_2_and_writes_nothing(app, db, capsys, case, messa
     elif case == "running":  # a failed run reopened as if a node were still running
         run_id = h.start_workflow("op_retryable", {})
         with h.store.engine.begin() as conn:
-            conn.execute(executions.update().where(executions.c.id == run_id)
-                         .values(status="RUNNING", closed_at=None))
+            conn.execute(
+                executions.update().where(executions.c.id == run_id).values(status="RUNNING", closed_at=None)
+            )
     elif case == "erased":
         run_id = h.start_workflow("op_retryable", {})
         h.erase_payloads(run_id)
@@ -237,8 +250,11 @@ def test_purge_deletes_old_terminal_runs_only(app, db, capsys):
     live = app.harvest.start_workflow("op_gate", "x", execution_id="live-old")
     with app.harvest.store.engine.begin() as conn:
         long_ago = utcnow() - timedelta(days=40)
-        conn.execute(executions.update().where(executions.c.id.in_([old, live]))
-                     .values(closed_at=long_ago, created_at=long_ago))
+        conn.execute(
+            executions.update()
+            .where(executions.c.id.in_([old, live]))
+            .values(closed_at=long_ago, created_at=long_ago)
+        )
     events = app.harvest.describe(old).history_length
     code, out, _ = cli(capsys, "purge", "--older-than", "30", "--batch", "1")
     assert code == 0
@@ -247,21 +263,25 @@ def test_purge_deletes_old_terminal_runs_only(app, db, capsys):
     with app.harvest.store.engine.connect() as conn:
         from harvest_celery._store.schema import events as events_table
 
-        left = conn.execute(sa.select(sa.func.count()).select_from(events_table)
-                            .where(events_table.c.execution_id == old)).scalar_one()
+        left = conn.execute(
+            sa.select(sa.func.count()).select_from(events_table).where(events_table.c.execution_id == old)
+        ).scalar_one()
     assert left == 0
     code, out, _ = cli(capsys, "purge", "--older-than", "30")
     assert out.strip() == "purged 0 runs closed more than 30 days ago: 0 events, 0 blobs"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--older-than", "-1"], "--older-than must be a number of days"),
-    (["--older-than", "nan"], "--older-than must be a number of days"),
-    (["--older-than", "inf"], "--older-than must be a number of days"),
-    (["--older-than", "1", "--batch", "0"], "--batch must be at least 1"),
-    (["--older-than", "soon"], "invalid float value"),
-    ([], "--older-than"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--older-than", "-1"], "--older-than must be a number of days"),
+        (["--older-than", "nan"], "--older-than must be a number of days"),
+        (["--older-than", "inf"], "--older-than must be a number of days"),
+        (["--older-than", "1", "--batch", "0"], "--batch must be at least 1"),
+        (["--older-than", "soon"], "invalid float value"),
+        ([], "--older-than"),
+    ],
+)
 def test_a_malformed_purge_exits_2_and_deletes_nothing(app, db, capsys, argv, message):
     app.harvest.start_workflow("op_retryable", {})
     before = snapshot(db)
@@ -271,7 +291,14 @@ def test_a_malformed_purge_exits_2_and_deletes_nothing(app, db, capsys, argv, me
 
 
 def test_operator_commands_need_an_app(db, capsys):
-    for argv in (["terminate", "x"], ["pause", "x"], ["resume", "x"], ["reset", "x", "--to-seq", "1"],
-                 ["retry", "d", "x"], ["erase", "x"], ["purge", "--older-than", "1"]):
+    for argv in (
+        ["terminate", "x"],
+        ["pause", "x"],
+        ["resume", "x"],
+        ["reset", "x", "--to-seq", "1"],
+        ["retry", "d", "x"],
+        ["erase", "x"],
+        ["purge", "--older-than", "1"],
+    ):
         assert main(["--database-url", db, *argv]) == 2
         assert "needs --app" in capsys.readouterr().err

@@ -41,35 +41,56 @@ def exec_argv(cli_db, monkeypatch):
 
 
 def _count(argv: list[str], *options: str) -> int:
-    return sum(1 for a in argv if a in options or any(a.startswith(o + "=") for o in options if o.startswith("--")))
+    return sum(
+        1 for a in argv if a in options or any(a.startswith(o + "=") for o in options if o.startswith("--"))
+    )
 
 
 def test_celery_options_pass_through_unchanged(exec_argv):
     given = ["-n", "x@%h", "-E", "-c", "2", "-P", "threads", "--loglevel", "WARNING"]
     argv = exec_argv(*given)
     assert argv[:6] == [sys.executable, "-m", "celery", "-A", f"{APP}:app", "worker"]
-    assert argv[-len(given):] == given  # in order, untouched
+    assert argv[-len(given) :] == given  # in order, untouched
     assert _count(argv, "-n", "--hostname") == 1  # the user's -n replaces the default name
     assert _count(argv, "-l", "--loglevel") == 1  # and their level the default INFO
     assert argv[argv.index("-Q") + 1] == "default,harvest"
 
 
-@pytest.mark.parametrize("given", [
-    ["-O", "fair", "--without-gossip", "--without-mingle", "-Ofair", "--max-tasks-per-child=10"],
-    ["--hostname=a@%h", "-lDEBUG", "--autoscale", "10,3", "--pidfile", "/tmp/w.pid"],
-    ["-E", "--q", "--metrics", "-B"],  # no abbreviation of harvest's own options is taken
-])
+@pytest.mark.parametrize(
+    "given",
+    [
+        ["-O", "fair", "--without-gossip", "--without-mingle", "-Ofair", "--max-tasks-per-child=10"],
+        ["--hostname=a@%h", "-lDEBUG", "--autoscale", "10,3", "--pidfile", "/tmp/w.pid"],
+        ["-E", "--q", "--metrics", "-B"],  # no abbreviation of harvest's own options is taken
+    ],
+)
 def test_any_unknown_option_reaches_celery(exec_argv, given):
     argv = exec_argv(*given)
-    assert argv[-len(given):] == given
+    assert argv[-len(given) :] == given
 
 
 def test_harvest_owned_options_are_not_passed_twice(exec_argv):
-    argv = exec_argv("-Q", "payments,harvest", "--metrics-port", "9808", "--metrics-addr", "0.0.0.0",
-                     "--database-url", "sqlite://", "-E")
+    argv = exec_argv(
+        "-Q",
+        "payments,harvest",
+        "--metrics-port",
+        "9808",
+        "--metrics-addr",
+        "0.0.0.0",
+        "--database-url",
+        "sqlite://",
+        "-E",
+    )
     assert argv.count("-A") == 1 and argv[argv.index("-A") + 1] == f"{APP}:app"
     assert _count(argv, "-Q", "--queues") == 1 and argv[argv.index("-Q") + 1] == "payments,harvest"
-    for harvest_only in ("--metrics-port", "--metrics-addr", "--database-url", "9808", "0.0.0.0", "sqlite://"):
+    for harvest_only in (
+        "--metrics-port",
+        "--metrics-addr",
+        "--database-url",
+        "9808",
+        "0.0.0.0",
+        "sqlite://",
+    ):
         assert harvest_only not in argv
     assert argv[-1] == "-E"
     # The same with --opt=value forms and -A before the command.
@@ -88,7 +109,9 @@ def test_default_node_name_per_role(exec_argv):
     assert node() == "harvest-default-harvest@%h"
     assert node("-Q", "harvest") == "harvest-decide@%h"
     assert node("-Q", "harvest,default") == "harvest-harvest-default@%h"
-    assert node("-Q", "payments, inventory,pricing,default") == "harvest-payments-inventory-pricing-default@%h"
+    assert (
+        node("-Q", "payments, inventory,pricing,default") == "harvest-payments-inventory-pricing-default@%h"
+    )
     assert node("-Q", "payments", "-c", "4") == "harvest-payments@%h"
     assert node("-Q", "payments", "--hostname", "pay@%h") == "pay@%h"
 
@@ -104,10 +127,37 @@ def test_default_level_is_info_unless_given(exec_argv):
 
 def test_worker_argv_is_pure():
     argv = worker_argv("proj:app", ["harvest"], "harvest", ["-E", "-c", "2"])
-    assert argv == [sys.executable, "-m", "celery", "-A", "proj:app", "worker", "-Q", "harvest",
-                    "-n", "harvest-decide@%h", "--loglevel", "INFO", "-E", "-c", "2"]
+    assert argv == [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "proj:app",
+        "worker",
+        "-Q",
+        "harvest",
+        "-n",
+        "harvest-decide@%h",
+        "--loglevel",
+        "INFO",
+        "-E",
+        "-c",
+        "2",
+    ]
     assert worker_argv("proj:app", ["a"], "harvest", ["-n", "me@%h", "-l", "INFO"]) == [
-        sys.executable, "-m", "celery", "-A", "proj:app", "worker", "-Q", "a", "-n", "me@%h", "-l", "INFO"]
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "proj:app",
+        "worker",
+        "-Q",
+        "a",
+        "-n",
+        "me@%h",
+        "-l",
+        "INFO",
+    ]
     # After "--" nothing is an option of celery worker's.
     assert "harvest-a@%h" in worker_argv("proj:app", ["a"], "harvest", ["--", "-n"])
 

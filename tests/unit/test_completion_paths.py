@@ -57,19 +57,27 @@ def embedded(tmp_path: Any, **kwargs: Any) -> Harvest:
 # ── fast_paths ────────────────────────────────────────────────────────────────────────────────
 def test_fast_paths_false_stands_for_the_three_settings():
     assert fast_path_settings(False, None, None, None) == {
-        "inline_decisions": False, "sticky_sessions": False, "eager_max_chain": 0}
+        "inline_decisions": False,
+        "sticky_sessions": False,
+        "eager_max_chain": 0,
+    }
     assert fast_path_settings(False, False, False, 0) == {
-        "inline_decisions": False, "sticky_sessions": False, "eager_max_chain": 0}
+        "inline_decisions": False,
+        "sticky_sessions": False,
+        "eager_max_chain": 0,
+    }
     assert fast_path_settings(True, None, None, None) == {}
     assert fast_path_settings(True, None, False, 3) == {"sticky_sessions": False, "eager_max_chain": 3}
 
 
-@pytest.mark.parametrize(("name", "value"), [("inline_decisions", True), ("sticky_sessions", True),
-                                             ("eager_max_chain", 1)])
+@pytest.mark.parametrize(
+    ("name", "value"), [("inline_decisions", True), ("sticky_sessions", True), ("eager_max_chain", 1)]
+)
 def test_fast_paths_false_with_a_setting_at_its_fast_value_names_both(name, value):
     with pytest.raises(ValueError, match=rf"fast_paths=False contradicts {name}={value!r}"):
-        fast_path_settings(False, **{"inline_decisions": None, "sticky_sessions": None,
-                                     "eager_max_chain": None, name: value})
+        fast_path_settings(
+            False, **{"inline_decisions": None, "sticky_sessions": None, "eager_max_chain": None, name: value}
+        )
 
 
 def test_harvest_fast_paths_false_sends_every_step_through_the_decision_task(tmp_path):
@@ -85,9 +93,22 @@ def test_harvest_fast_paths_false_sends_every_step_through_the_decision_task(tmp
 
 def test_the_fallback_reasons_are_a_closed_enum():
     assert FALLBACK_REASONS == (
-        "not_warm", "not_positioned", "parallel_open", "advance_refused", "nd", "interrupted",
-        "offload", "guard", "error", "cold_history", "closing_with_work", "unsupported_shape",
-        "decision_pending", "not_decidable", "not_registered")
+        "not_warm",
+        "not_positioned",
+        "parallel_open",
+        "advance_refused",
+        "nd",
+        "interrupted",
+        "offload",
+        "guard",
+        "error",
+        "cold_history",
+        "closing_with_work",
+        "unsupported_shape",
+        "decision_pending",
+        "not_decidable",
+        "not_registered",
+    )
     assert PATHS == ("one_statement", "inline", "task")
 
 
@@ -125,8 +146,18 @@ def test_staging_a_decision_puts_sends_and_counts_nothing(tmp_path):
     decision = Decision(commands=[ScheduleActivity("2", "cu_step", "x" * 100, "default")])
     wanted: list[str] = []
     eager = EagerClaim("w", 60.0, lambda d: wanted.append(d.activity_id) or True)
-    staged = stage_decision(_row(), [], decision, registry, NOW, Timings(), "cu_flow", payloads,
-                            leading=[ev.ActivityCompleted("1", "y" * 100, 1)], eager=eager)
+    staged = stage_decision(
+        _row(),
+        [],
+        decision,
+        registry,
+        NOW,
+        Timings(),
+        "cu_flow",
+        payloads,
+        leading=[ev.ActivityCompleted("1", "y" * 100, 1)],
+        eager=eager,
+    )
     assert not (tmp_path / "blobs").exists()  # nothing put: the blobs are in the value
     keys = [key for key, _data in staged.blobs]
     assert len(keys) == 2 and all(k.startswith("run-1/") for k in keys), keys
@@ -134,10 +165,22 @@ def test_staging_a_decision_puts_sends_and_counts_nothing(tmp_path):
     assert [d.kind for d in staged.dispatches] == [Dispatch.ACTIVITY]
     assert staged.claimed is not None and staged.dispatches[0].claimed == staged.claimed
     assert wanted == ["2"]
-    assert [e["type"] for e in staged.write.events] == ["ActivityCompleted", "ActivityScheduled",
-                                                        "ActivityStarted"]
-    again = stage_decision(_row(), [], decision, registry, NOW, Timings(), "cu_flow", payloads,
-                           leading=[ev.ActivityCompleted("1", "y" * 100, 1)])
+    assert [e["type"] for e in staged.write.events] == [
+        "ActivityCompleted",
+        "ActivityScheduled",
+        "ActivityStarted",
+    ]
+    again = stage_decision(
+        _row(),
+        [],
+        decision,
+        registry,
+        NOW,
+        Timings(),
+        "cu_flow",
+        payloads,
+        leading=[ev.ActivityCompleted("1", "y" * 100, 1)],
+    )
     assert {k.split("/")[1] for k, _ in again.blobs}.isdisjoint(k.split("/")[1] for k in keys)
 
 

@@ -45,15 +45,24 @@ def table() -> list[dict[str, str]]:
     lines = (ROOT / "docs" / "configuration.md").read_text().splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("| Setting |"))
     names = _cells(lines[header])
-    assert names == ["Setting", "Type", "Default", "`Harvest(...)` keyword", "Environment variable",
-                     "Django and Flask key", "What it does"]
+    assert names == [
+        "Setting",
+        "Type",
+        "Default",
+        "`Harvest(...)` keyword",
+        "Environment variable",
+        "Django and Flask key",
+        "What it does",
+    ]
     rows = []
-    for line in lines[header + 2:]:
+    for line in lines[header + 2 :]:
         if not line.startswith("|"):
             break
         cells = _cells(line)
         assert len(cells) == len(names), line
-        rows.append(dict(zip(["setting", "type", "default", "keyword", "env", "key", "does"], cells, strict=True)))
+        rows.append(
+            dict(zip(["setting", "type", "default", "keyword", "env", "key", "does"], cells, strict=True))
+        )
     return rows
 
 
@@ -83,14 +92,22 @@ def _env_reads() -> dict[str, Any]:
     found: dict[str, Any] = {}
     for path in PACKAGE.rglob("*.py"):
         tree = ast.parse(path.read_text())
-        constants = {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
-                     for t in node.targets if isinstance(t, ast.Name) and isinstance(node.value, ast.Constant)}
+        constants = {
+            t.id: node.value.value
+            for node in tree.body
+            if isinstance(node, ast.Assign)
+            for t in node.targets
+            if isinstance(t, ast.Name) and isinstance(node.value, ast.Constant)
+        }
         for node in ast.walk(tree):
             args: list[ast.expr] = []
             if isinstance(node, ast.Call) and ast.unparse(node.func) in ("os.environ.get", "os.getenv"):
                 args = node.args
-            elif isinstance(node, ast.Subscript) and ast.unparse(node.value) == "os.environ" \
-                    and isinstance(node.ctx, ast.Load):
+            elif (
+                isinstance(node, ast.Subscript)
+                and ast.unparse(node.value) == "os.environ"
+                and isinstance(node.ctx, ast.Load)
+            ):
                 args = [node.slice]
             if not args:
                 continue
@@ -107,8 +124,15 @@ def _env_reads() -> dict[str, Any]:
 
 def test_the_scan_finds_what_the_package_reads() -> None:
     reads = _env_reads()
-    assert {"HARVEST_DATABASE_URL", "HARVEST_BROKER_URL", "HARVEST_APP", "HARVEST_API_TOKEN",
-            "HARVEST_API_MAX_BODY_BYTES", "HARVEST_METRICS_PORT", "HARVEST_POOL_SIZE"} <= set(reads)
+    assert {
+        "HARVEST_DATABASE_URL",
+        "HARVEST_BROKER_URL",
+        "HARVEST_APP",
+        "HARVEST_API_TOKEN",
+        "HARVEST_API_MAX_BODY_BYTES",
+        "HARVEST_METRICS_PORT",
+        "HARVEST_POOL_SIZE",
+    } <= set(reads)
     assert reads["HARVEST_METRICS_ADDR"] == "127.0.0.1"
     assert not {"HARVEST_MODULES", "HARVEST_OPTIONS"} & set(reads)  # Flask config keys, not variables
 
@@ -161,7 +185,9 @@ def test_every_keyword_has_its_django_and_flask_key() -> None:
 
 def test_the_signature_and_the_table_agree() -> None:
     parameters = inspect.signature(Harvest.__init__).parameters
-    assert [n for n in _keyword_names() if n not in ("database_url", "celery_app")] == [k.name for k in KEYWORDS]
+    assert [n for n in _keyword_names() if n not in ("database_url", "celery_app")] == [
+        k.name for k in KEYWORDS
+    ]
     for keyword in KEYWORDS:
         default = parameters[keyword.name].default
         assert default is None or default == keyword.default, keyword.name
@@ -192,7 +218,8 @@ BAD = [
 
 @pytest.mark.parametrize(("name", "value", "message"), BAD, ids=[f"{n}={v!r}" for n, v, _ in BAD])
 def test_a_bad_value_raises_its_value_error_before_any_connection(
-        monkeypatch: pytest.MonkeyPatch, name: str, value: Any, message: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, name: str, value: Any, message: str
+) -> None:
     made: list[str] = []
     real = sa.create_engine
 
@@ -234,10 +261,17 @@ def test_the_defaults_are_unchanged() -> None:
     assert _pool(harvest.store.engine) == (5, 10)
     assert _pool(harvest.store.autocommit_engine) == (2, 10)
     settings = harvest.runtime.settings
-    assert (settings.decision_queue, settings.sweep_interval, settings.celery_error_detail,
-            settings.eager_max_chain, settings.inline_decisions, settings.inline_cold_max_events,
-            settings.sticky_sessions, settings.sticky_routing, settings.max_sessions) == (
-        "harvest", 1.0, "full", 8, True, 500, True, True, 1000)
+    assert (
+        settings.decision_queue,
+        settings.sweep_interval,
+        settings.celery_error_detail,
+        settings.eager_max_chain,
+        settings.inline_decisions,
+        settings.inline_cold_max_events,
+        settings.sticky_sessions,
+        settings.sticky_routing,
+        settings.max_sessions,
+    ) == ("harvest", 1.0, "full", 8, True, 500, True, True, 1000)
     assert settings.timings == Timings()
     assert settings.engine.max_activity_input_bytes == 2 * 1024 * 1024
     assert harvest.store.payloads.offload_threshold is None  # no store: nothing offloads
@@ -258,15 +292,26 @@ def test_the_pool_variables_apply_when_the_keyword_is_not_given(monkeypatch: pyt
 
 
 def test_every_runtime_keyword_reaches_the_runtime_settings() -> None:
-    given = {"decision_queue": "q", "sweep_interval": 0.5, "celery_error_detail": "type",
-             "eager_max_chain": 0, "inline_decisions": False, "inline_cold_max_events": 7,
-             "sticky_sessions": False, "sticky_routing": False, "max_sessions": 3,
-             "timings": Timings(default_lease=5.0)}
+    given = {
+        "decision_queue": "q",
+        "sweep_interval": 0.5,
+        "celery_error_detail": "type",
+        "eager_max_chain": 0,
+        "inline_decisions": False,
+        "inline_cold_max_events": 7,
+        "sticky_sessions": False,
+        "sticky_routing": False,
+        "max_sessions": 3,
+        "timings": Timings(default_lease=5.0),
+    }
     harvest = Harvest(PG_URL, **given)
     settings = harvest.runtime.settings
     assert {name: getattr(settings, name) for name in given} == given
     assert harvest.runtime.sessions.size == 3
-    assert Harvest(PG_URL, max_activity_input_bytes=None).runtime.settings.engine.max_activity_input_bytes is None
+    assert (
+        Harvest(PG_URL, max_activity_input_bytes=None).runtime.settings.engine.max_activity_input_bytes
+        is None
+    )
 
 
 def test_runtime_settings_are_still_settable_and_importable_from_runtime() -> None:
@@ -283,8 +328,12 @@ def test_flask_keys_become_keywords() -> None:
     from harvest_celery.contrib.flask import FlaskHarvest
 
     app = Flask("shop")
-    app.config.update(HARVEST_DATABASE_URL=PG_URL, HARVEST_POOL_SIZE=3, HARVEST_CELERY_ERROR_DETAIL="type",
-                      HARVEST_OPTIONS={"sweep_interval": 0.5})
+    app.config.update(
+        HARVEST_DATABASE_URL=PG_URL,
+        HARVEST_POOL_SIZE=3,
+        HARVEST_CELERY_ERROR_DETAIL="type",
+        HARVEST_OPTIONS={"sweep_interval": 0.5},
+    )
     ext = FlaskHarvest(app)
     harvest = app.extensions["harvest"].harvest
     assert harvest.store.pools.size == 3 and harvest.runtime.settings.celery_error_detail == "type"
@@ -302,8 +351,15 @@ def test_flask_keys_become_keywords() -> None:
 def test_django_keys_become_keywords() -> None:
     from harvest_celery.contrib.django import conf
 
-    settings = {**conf.DEFAULTS, "DATABASE_URL": PG_URL, "POOL_SIZE": 3, "CLAIM_POOL_SIZE": 1,
-                "MAX_SESSIONS": 9, "AUTODISCOVER": False, "OPTIONS": {"eager_max_chain": 2}}
+    settings = {
+        **conf.DEFAULTS,
+        "DATABASE_URL": PG_URL,
+        "POOL_SIZE": 3,
+        "CLAIM_POOL_SIZE": 1,
+        "MAX_SESSIONS": 9,
+        "AUTODISCOVER": False,
+        "OPTIONS": {"eager_max_chain": 2},
+    }
     harvest = conf.build(settings)
     assert harvest.store.pools == Pools(size=3, overflow=10, claim_size=1, claim_overflow=10)
     assert (harvest.runtime.settings.max_sessions, harvest.runtime.settings.eager_max_chain) == (9, 2)
@@ -326,12 +382,17 @@ def test_configure_celery_warns_and_sets_what_the_new_name_sets() -> None:
     assert dict(old.conf) == dict(new.conf)
     assert {k: old.conf[k] for k in changed} == {k: new.conf[k] for k in changed}
     assert "only for harvest" in " ".join((configure_dedicated_celery_app.__doc__ or "").split())
-    assert {"configure_celery", "configure_dedicated_celery_app", "Timings", "Codec",
-            "PayloadStore"} <= set(harvest_celery.__all__)
+    assert {"configure_celery", "configure_dedicated_celery_app", "Timings", "Codec", "PayloadStore"} <= set(
+        harvest_celery.__all__
+    )
 
 
 def test_the_package_calls_the_new_name() -> None:
-    for path in [PACKAGE / "_client.py", PACKAGE / "contrib" / "flask.py", PACKAGE / "contrib" / "django" / "conf.py"]:
+    for path in [
+        PACKAGE / "_client.py",
+        PACKAGE / "contrib" / "flask.py",
+        PACKAGE / "contrib" / "django" / "conf.py",
+    ]:
         text = path.read_text()
         assert "configure_dedicated_celery_app(celery_app)" in text, path
         assert "configure_celery(" not in text, path

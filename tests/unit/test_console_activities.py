@@ -35,8 +35,12 @@ def activity_row(html: str, name: str) -> str:
 
 def attempts(row: str) -> list[tuple[str, str, str]]:
     """``(number, data-status, shown text)`` of each attempt in an activity row."""
-    return [(n, s, re.sub(r"<[^>]+>", "", text).split(" on ")[0].strip()) for n, s, text in
-            re.findall(r'<li data-attempt="(\d+)" data-status="([a-z_]+)">(.*?)</li>', row, re.S)]
+    return [
+        (n, s, re.sub(r"<[^>]+>", "", text).split(" on ")[0].strip())
+        for n, s, text in re.findall(
+            r'<li data-attempt="(\d+)" data-status="([a-z_]+)">(.*?)</li>', row, re.S
+        )
+    ]
 
 
 def test_a_timed_out_attempt_in_history_shows_as_timed_out(h):

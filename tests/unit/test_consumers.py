@@ -29,15 +29,19 @@ def ago(seconds: float) -> datetime:
 
 # ── the workers' answer ──────────────────────────────────────────────────────────────────────
 def test_consumed_queues_reads_every_workers_queue_names():
-    replies = {"w1@h": [{"name": "harvest", "exchange": {"name": "harvest"}}, {"name": "default"}],
-               "w2@h": [{"name": "payments"}, {"name": "default"}]}
+    replies = {
+        "w1@h": [{"name": "harvest", "exchange": {"name": "harvest"}}, {"name": "default"}],
+        "w2@h": [{"name": "payments"}, {"name": "default"}],
+    }
     assert consumed_queues(replies) == {"harvest", "default", "payments"}
 
 
 def test_no_reply_means_no_live_worker_and_junk_is_skipped():
     assert consumed_queues(None) == frozenset()
     assert consumed_queues({}) == frozenset()
-    assert consumed_queues({"w@h": None, "v@h": [None, {"name": ""}, {"x": 1}, "q", {"name": "ok"}]}) == {"ok"}
+    assert consumed_queues({"w@h": None, "v@h": [None, {"name": ""}, {"x": 1}, "q", {"name": "ok"}]}) == {
+        "ok"
+    }
 
 
 class FakeClock:
@@ -132,20 +136,29 @@ def test_an_unreachable_broker_answers_unknown_quickly():
 
 # ── the hints ────────────────────────────────────────────────────────────────────────────────
 def row(name, queue, status="scheduled", attempt=1, event_seq=3, dispatched_at=None, started_at=None):
-    return {"activity_name": name, "queue": queue, "status": status, "attempt": attempt,
-            "event_seq": event_seq, "dispatched_at": dispatched_at or ago(1), "started_at": started_at}
+    return {
+        "activity_name": name,
+        "queue": queue,
+        "status": status,
+        "attempt": attempt,
+        "event_seq": event_seq,
+        "dispatched_at": dispatched_at or ago(1),
+        "started_at": started_at,
+    }
 
 
 def test_an_open_activity_on_a_queue_nobody_consumes_is_a_hint():
     rows = [row("charge_payment", "payments", event_seq=3), row("reserve", "inventory", event_seq=4)]
     hints = waiting_hints(rows, {"harvest", "inventory"}, NOW, scheduled_at={3: ago(42), 4: ago(40)})
-    assert hints == [{"kind": "activity", "activity": "charge_payment", "queue": "payments",
-                      "waiting_seconds": 42.0}]
+    assert hints == [
+        {"kind": "activity", "activity": "charge_payment", "queue": "payments", "waiting_seconds": 42.0}
+    ]
 
 
 def test_only_scheduled_rows_wait_on_their_queue():
-    rows = [row("a", "payments", status=s) for s in
-            ("running", "retry_wait", "completed", "failed", "cancelled")]
+    rows = [
+        row("a", "payments", status=s) for s in ("running", "retry_wait", "completed", "failed", "cancelled")
+    ]
     assert waiting_hints(rows, set(), NOW) == []
     assert waiting_hints([row("a", "payments")], {"payments"}, NOW) == []
 
@@ -166,8 +179,12 @@ def test_a_retry_waits_since_its_previous_attempt_started():
 
 def test_naive_datetimes_are_utc():
     naive = row("a", "payments", event_seq=2)
-    assert waiting_hints([naive], set(), NOW,
-                         scheduled_at={2: ago(5).replace(tzinfo=None)})[0]["waiting_seconds"] == 5.0
+    assert (
+        waiting_hints([naive], set(), NOW, scheduled_at={2: ago(5).replace(tzinfo=None)})[0][
+            "waiting_seconds"
+        ]
+        == 5.0
+    )
 
 
 def test_a_pending_decision_nobody_takes_is_a_hint():
@@ -259,9 +276,14 @@ def test_stuck_is_unknown_in_embedded_mode(tmp_path):
 
 
 def test_harvest_show_words_a_hint():
-    line = waiting_line({"kind": "activity", "activity": "charge_payment", "queue": "payments",
-                         "waiting_seconds": 42.4}, "proj.harvest")
-    assert line == ("waiting: activity charge_payment on queue 'payments' for 42s — no live worker "
-                    "consumes 'payments' (start one: harvest worker -A proj.harvest -Q payments)")
+    line = waiting_line(
+        {"kind": "activity", "activity": "charge_payment", "queue": "payments", "waiting_seconds": 42.4},
+        "proj.harvest",
+    )
+    assert line == (
+        "waiting: activity charge_payment on queue 'payments' for 42s — no live worker "
+        "consumes 'payments' (start one: harvest worker -A proj.harvest -Q payments)"
+    )
     assert waiting_line({"kind": "decision", "queue": "harvest", "waiting_seconds": 3}, "p").startswith(
-        "waiting: a decision on queue 'harvest' for 3s")
+        "waiting: a decision on queue 'harvest' for 3s"
+    )

@@ -151,14 +151,29 @@ def gated(g):
     g.activity(b).upstream(gate)
 
 
-DAGS = (diamond, chain, bare, bound, reaches, fan_empty, fan_notlist, fan_collect, fan_failfast,
-        shuffled, overridden, oversized, queued, gated)
+DAGS = (
+    diamond,
+    chain,
+    bare,
+    bound,
+    reaches,
+    fan_empty,
+    fan_notlist,
+    fan_collect,
+    fan_failfast,
+    shuffled,
+    overridden,
+    oversized,
+    queued,
+    gated,
+)
 
 
 # ── helpers ───────────────────────────────────────────────────────────────────────────────────
 def boom(name):
     def fail(_):
         raise RuntimeError(f"{name} down")
+
     return fail
 
 
@@ -193,8 +208,11 @@ def outcome(run):
 
 
 def id_of(run, name, compensating=None):
-    return next(e.activity_id for e in run.scheduled() if e.activity_name == name
-                and (compensating is None or e.input.get("dag_compensate") == compensating))
+    return next(
+        e.activity_id
+        for e in run.scheduled()
+        if e.activity_name == name and (compensating is None or e.input.get("dag_compensate") == compensating)
+    )
 
 
 def levels(fn):
@@ -220,6 +238,7 @@ def unwind_failed(run):
 # ── build-time guards ─────────────────────────────────────────────────────────────────────────
 def test_an_empty_compensator_name_is_rejected_at_decoration():
     with pytest.raises(DagBuildError, match="empty compensator name"):
+
         @dag
         def g(dg):
             dg.activity(a).compensate_named("  ")
@@ -227,14 +246,17 @@ def test_an_empty_compensator_name_is_rejected_at_decoration():
 
 def test_a_compensator_named_like_a_forward_node_is_rejected():
     with pytest.raises(CompensatorNameCollidesWithNode, match="'b'") as info:
+
         @dag
         def g(dg):
             dg.activity(b).upstream(dg.activity(a).compensate(b))
+
     assert (info.value.task, info.value.compensator) == ("a", "b")
 
 
 def test_a_signal_gate_cannot_have_a_compensator():
     with pytest.raises(DagBuildError, match="signal gate and cannot have a compensator"):
+
         @dag
         def g(dg):
             dg.signal_gate("go").compensate(undo)
@@ -242,6 +264,7 @@ def test_a_signal_gate_cannot_have_a_compensator():
 
 def test_a_signal_gate_cannot_have_an_input_binding():
     with pytest.raises(DagBuildError, match="signal gate and cannot have an input binding"):
+
         @dag
         def g(dg):
             dg.signal_gate("go").input_from(dg.activity(a))
@@ -249,6 +272,7 @@ def test_a_signal_gate_cannot_have_an_input_binding():
 
 def test_a_mapped_node_needs_over():
     with pytest.raises(DagBuildError, match=r"needs \.over"):
+
         @dag
         def g(dg):
             dg.map_activity(cell)
@@ -256,6 +280,7 @@ def test_a_mapped_node_needs_over():
 
 def test_a_binding_and_a_mapped_upstream_are_mutually_exclusive():
     with pytest.raises(DagBuildError, match="mutually exclusive"):
+
         @dag
         def g(dg):
             up = dg.activity(split)
@@ -265,6 +290,7 @@ def test_a_binding_and_a_mapped_upstream_are_mutually_exclusive():
 @pytest.mark.parametrize("self_loop", [False, True])
 def test_a_cycle_is_rejected(self_loop):
     with pytest.raises(DagBuildError, match="cycle"):
+
         @dag
         def g(dg):
             na = dg.activity(a)
@@ -276,6 +302,7 @@ def test_a_cycle_is_rejected(self_loop):
 
 def test_duplicate_node_names_are_rejected():
     with pytest.raises(DagBuildError, match="two nodes are named 'a'"):
+
         @dag
         def g(dg):
             dg.activity(a)
@@ -284,6 +311,7 @@ def test_duplicate_node_names_are_rejected():
 
 def test_a_dag_without_nodes_is_rejected():
     with pytest.raises(DagBuildError, match="no nodes"):
+
         @dag
         def g(dg):
             pass
@@ -316,7 +344,9 @@ def test_preflight_rejects_an_unregistered_compensator_with_the_exact_message():
     register_into(registry, [a, shipping])
     with pytest.raises(UnregisteredActivity) as info:
         preflight(shipping.__harvest_workflow__.extra, registry)
-    assert str(info.value) == "dag 'shipping' references unregistered compensator 'release_stock' for task 'a'"
+    assert (
+        str(info.value) == "dag 'shipping' references unregistered compensator 'release_stock' for task 'a'"
+    )
     register_into(registry, [activity(name="release_stock")(lambda env: None)])
     preflight(shipping.__harvest_workflow__.extra, registry)  # now it boots
 
@@ -375,10 +405,16 @@ def test_compensator_receives_recorded_input_and_output():
     run.fail(id_of(run, "d"))
     run.run_to_end()
     env = envelopes(run)
-    assert env["a"] == {"dag_compensate": "a", "input": {"conf": {"order": 7}, "dag_task": "a"},
-                        "output": {"rsv": "rsv-9001"}}
-    assert env["b"] == {"dag_compensate": "b", "input": {"conf": {"order": 7}, "dag_task": "b"},
-                        "output": {"charge_id": "ch_abc123"}}
+    assert env["a"] == {
+        "dag_compensate": "a",
+        "input": {"conf": {"order": 7}, "dag_task": "a"},
+        "output": {"rsv": "rsv-9001"},
+    }
+    assert env["b"] == {
+        "dag_compensate": "b",
+        "input": {"conf": {"order": 7}, "dag_task": "b"},
+        "output": {"charge_id": "ch_abc123"},
+    }
 
 
 def test_compensator_of_a_bound_node_receives_the_bound_input():
@@ -439,6 +475,7 @@ def _failing_cell(sim, index):
         if x == value:
             raise RuntimeError(f"cell {x} down")
         return x * 10
+
     sim.behaviour["cell"] = body
 
 
@@ -489,7 +526,9 @@ def test_cancel_landing_mid_unwind_terminates_and_never_nd_blocks():
     assert run.status == "FAILED" and run.nd is None
     assert comps(run) == ["c"]  # comp_b and comp_a are never dispatched
     types = run.types()
-    assert types.count("WorkflowFailed") == 1 and types.index("WorkflowCancelled") < types.index("WorkflowFailed")
+    assert types.count("WorkflowFailed") == 1 and types.index("WorkflowCancelled") < types.index(
+        "WorkflowFailed"
+    )
     # the running comp_c's completion is still recorded, then the unwind fails past the seal
     assert types[types.index("WorkflowCancelled") + 1] == "ActivityCompleted"
     assert run.replay().nd is None
@@ -522,16 +561,18 @@ def test_compensator_failure_surfaces_saga_compensation_failed():
     assert comps(run) == ["c", "b", "a"]  # continue-not-abort
     assert run.status == "FAILED" and unwind_failed(run)
     message = outcome(run).message
-    assert message.startswith(f"saga compensation failed after original error: {DAG_FAILED}; "
-                              "compensation errors: [")
+    assert message.startswith(
+        f"saga compensation failed after original error: {DAG_FAILED}; compensation errors: ["
+    )
     assert "undo b down" in message
     assert markers(run) == ["saga_compensated:1", "saga_compensation_failed:1"]
 
 
 def test_two_failing_compensators_collect_both_errors_and_page_once():
     sim = new_sim(failing=["d"])
-    sim.behaviour["undo"] = lambda env: boom(f"undo {env['dag_compensate']}")(env) \
-        if env["dag_compensate"] in ("a", "c") else None
+    sim.behaviour["undo"] = lambda env: (
+        boom(f"undo {env['dag_compensate']}")(env) if env["dag_compensate"] in ("a", "c") else None
+    )
     run = sim.start("diamond", {}).run_to_end()
     message = outcome(run).message
     assert unwind_failed(run) and comps(run) == ["c", "b", "a"]
@@ -572,8 +613,15 @@ def test_failing_dag_without_compensators_emits_no_saga_commands_or_metrics():
 
 def test_compensation_is_recorded_as_ordinary_activity_events_only():
     run = new_sim(failing=["d"]).start("diamond", {}).run_to_end()
-    ordinary = {"WorkflowStarted", "ActivityScheduled", "ActivityStarted", "ActivityCompleted",
-                "ActivityFailed", "MarkerRecorded", "WorkflowFailed"}
+    ordinary = {
+        "WorkflowStarted",
+        "ActivityScheduled",
+        "ActivityStarted",
+        "ActivityCompleted",
+        "ActivityFailed",
+        "MarkerRecorded",
+        "WorkflowFailed",
+    }
     assert set(run.types()) <= ordinary
     comp_events = [e for e in run.scheduled() if e.compensation]
     assert len(comp_events) == 3
@@ -642,8 +690,7 @@ def test_an_unwind_resumed_mid_flight_dispatches_only_the_remaining_compensation
     assert [type(cmd) for cmd in first.commands] == [RecordMarker, ScheduleActivity]
     run.complete(id_of(run, "undo", "c"), None)
     second = run.decide()
-    assert [(type(cmd), cmd.input["dag_compensate"]) for cmd in second.commands] == [
-        (ScheduleActivity, "b")]
+    assert [(type(cmd), cmd.input["dag_compensate"]) for cmd in second.commands] == [(ScheduleActivity, "b")]
     run.complete(id_of(run, "undo", "b"), None)
     run.run_to_end()
     assert comps(run) == ["c", "b", "a"]

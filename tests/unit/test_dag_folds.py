@@ -25,10 +25,15 @@ def envelope(node: str) -> dict[str, Any]:
 
 
 def test_a_completion_wins_over_an_earlier_failure():
-    h = history(ev.WorkflowStarted("d"), ev.ActivityScheduled("1", "a", {}),
-                ev.ActivityStarted("1", 1, "w"), ev.ActivityFailed("1", "RuntimeError", "boom", 1),
-                ev.ActivityStarted("1", 2, "w"), ev.ActivityCompleted("1", "out", 2),
-                ev.ActivityFailed("1", "RuntimeError", "late", 3))
+    h = history(
+        ev.WorkflowStarted("d"),
+        ev.ActivityScheduled("1", "a", {}),
+        ev.ActivityStarted("1", 1, "w"),
+        ev.ActivityFailed("1", "RuntimeError", "boom", 1),
+        ev.ActivityStarted("1", 2, "w"),
+        ev.ActivityCompleted("1", "out", 2),
+        ev.ActivityFailed("1", "RuntimeError", "late", 3),
+    )
     (d,) = fold_dispatches(h).dispatches
     assert (d.outcome, d.error_type, d.error) == ("succeeded", None, None)
     assert isinstance(d.result, ev.ActivityCompleted) and d.result.output == "out"
@@ -36,12 +41,19 @@ def test_a_completion_wins_over_an_earlier_failure():
 
 
 def test_without_a_completion_the_last_failure_decides():
-    h = history(ev.WorkflowStarted("d"), ev.ActivityScheduled("1", "a", {}),
-                ev.ActivityFailed("1", "RuntimeError", "first", 1),
-                ev.ActivityFailed("1", "StartToCloseTimeout", "second", 2))
+    h = history(
+        ev.WorkflowStarted("d"),
+        ev.ActivityScheduled("1", "a", {}),
+        ev.ActivityFailed("1", "RuntimeError", "first", 1),
+        ev.ActivityFailed("1", "StartToCloseTimeout", "second", 2),
+    )
     (d,) = fold_dispatches(h).dispatches
     assert (d.outcome, d.error_type, d.error, d.finished_at) == (
-        "timed_out", "StartToCloseTimeout", "second", h[3].recorded_at)
+        "timed_out",
+        "StartToCloseTimeout",
+        "second",
+        h[3].recorded_at,
+    )
     assert not d.started  # no ActivityStarted: the body provably never ran
 
 
@@ -53,20 +65,32 @@ def test_a_dispatch_with_no_result_is_open():
 
 def test_a_compensator_dispatch_is_never_read_as_a_forward_node():
     # v1 compensated "reserve" with "release"; a later version declares a forward node "release"
-    h = history(ev.WorkflowStarted("d"), ev.ActivityScheduled("1", "reserve", {}),
-                ev.ActivityCompleted("1", "r"), ev.ActivityScheduled("2", "release", envelope("reserve")),
-                ev.ActivityCompleted("2", None))
+    h = history(
+        ev.WorkflowStarted("d"),
+        ev.ActivityScheduled("1", "reserve", {}),
+        ev.ActivityCompleted("1", "r"),
+        ev.ActivityScheduled("2", "release", envelope("reserve")),
+        ev.ActivityCompleted("2", None),
+    )
     fold = fold_dispatches(h)
     assert [d.activity_name for d in fold.forward()] == ["reserve"]
     assert "release" not in fold.forward_by_name()
     (comp,) = fold.compensations()
-    assert (comp.activity_id, comp.compensates, comp.forward, comp.outcome) == ("2", "reserve", False, "succeeded")
+    assert (comp.activity_id, comp.compensates, comp.forward, comp.outcome) == (
+        "2",
+        "reserve",
+        False,
+        "succeeded",
+    )
     assert [x.seq for x in forward_dispatches(h)] == [1]
 
 
 def test_an_envelope_naming_nothing_dispatched_before_it_is_forward():
-    h = history(ev.WorkflowStarted("d"), ev.ActivityScheduled("1", "release", envelope("reserve")),
-                ev.ActivityScheduled("2", "reserve", {}))
+    h = history(
+        ev.WorkflowStarted("d"),
+        ev.ActivityScheduled("1", "release", envelope("reserve")),
+        ev.ActivityScheduled("2", "reserve", {}),
+    )
     fold = fold_dispatches(h)
     assert [d.activity_name for d in fold.forward()] == ["release", "reserve"]
     assert fold.compensations() == []
@@ -74,9 +98,14 @@ def test_an_envelope_naming_nothing_dispatched_before_it_is_forward():
 
 def test_a_compensation_of_a_carried_node_is_a_compensation_dispatch_everywhere():
     carried = {"a": {"input": {}, "output": "A"}}
-    h = history(ev.WorkflowStarted("d", {}, carried, "src"), ev.ActivityScheduled("1", "b", {}),
-                ev.ActivityFailed("1", "RuntimeError", "boom"), ev.MarkerRecorded("saga_compensated:1"),
-                ev.ActivityScheduled("2", "undo", envelope("a")), ev.ActivityCompleted("2", None))
+    h = history(
+        ev.WorkflowStarted("d", {}, carried, "src"),
+        ev.ActivityScheduled("1", "b", {}),
+        ev.ActivityFailed("1", "RuntimeError", "boom"),
+        ev.MarkerRecorded("saga_compensated:1"),
+        ev.ActivityScheduled("2", "undo", envelope("a")),
+        ev.ActivityCompleted("2", None),
+    )
     fold = fold_dispatches(h)
     assert fold.carried == ("a",)
     assert [d.compensates for d in fold.compensations()] == ["a"]

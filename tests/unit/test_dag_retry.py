@@ -49,21 +49,29 @@ def test_a_run_that_never_unwound_is_retryable():
 
 def test_signal_one_alone_marker_followed_by_a_started_dispatch():
     # the dispatch after the marker is not envelope-shaped (e.g. its envelope was erased)
-    h = history(*FORWARD, MarkerRecorded("saga_compensated:1"),
-                ActivityScheduled("3", "undo", {"_harvest_erased": True}, compensation=True),
-                ActivityStarted("3", 1, "w"))
+    h = history(
+        *FORWARD,
+        MarkerRecorded("saga_compensated:1"),
+        ActivityScheduled("3", "undo", {"_harvest_erased": True}, compensation=True),
+        ActivityStarted("3", 1, "w"),
+    )
     assert compensation_executed(h)
 
 
 def test_signal_two_alone_a_started_envelope_naming_a_dispatched_node_without_marker():
-    h = history(*FORWARD, SignalReceived("stray"), ActivityScheduled("3", "undo", env("a")),
-                ActivityStarted("3", 1, "w"))
+    h = history(
+        *FORWARD,
+        SignalReceived("stray"),
+        ActivityScheduled("3", "undo", env("a")),
+        ActivityStarted("3", 1, "w"),
+    )
     assert compensation_executed(h)
 
 
 def test_a_bare_marker_with_no_dispatch_after_it_stays_retryable():
-    assert not compensation_executed(history(*FORWARD, MarkerRecorded("saga_compensated:1"),
-                                             MarkerRecorded("saga_compensation_failed:1")))
+    assert not compensation_executed(
+        history(*FORWARD, MarkerRecorded("saga_compensated:1"), MarkerRecorded("saga_compensation_failed:1"))
+    )
 
 
 def test_a_dispatched_but_never_started_compensator_is_not_a_rollback():
@@ -109,17 +117,24 @@ def chain_history(*extra):
         WorkflowStarted("chain", {"k": 1}),
         ActivityScheduled("1", "a", {"conf": {"k": 1}, "dag_task": "a"}),
         ActivityScheduled("2", "side", {"conf": {"k": 1}, "dag_task": "side"}),
-        ActivityStarted("1", 1, "w"), ActivityCompleted("1", "A"),
-        ActivityStarted("2", 1, "w"), ActivityCompleted("2", "S"),
-        ActivityScheduled("3", "b", "A"), ActivityStarted("3", 1, "w"),
-        ActivityFailed("3", "RuntimeError", "b broke"), *extra)
+        ActivityStarted("1", 1, "w"),
+        ActivityCompleted("1", "A"),
+        ActivityStarted("2", 1, "w"),
+        ActivityCompleted("2", "S"),
+        ActivityScheduled("3", "b", "A"),
+        ActivityStarted("3", 1, "w"),
+        ActivityFailed("3", "RuntimeError", "b broke"),
+        *extra,
+    )
 
 
 def test_plan_carries_every_succeeded_node_not_downstream_of_the_retry_node():
     plan = plan_retry(chain.__harvest_workflow__.extra, chain_history())
     assert plan.retry_from == "b"
-    assert plan.carried == {"a": {"input": {"conf": {"k": 1}, "dag_task": "a"}, "output": "A"},
-                            "side": {"input": {"conf": {"k": 1}, "dag_task": "side"}, "output": "S"}}
+    assert plan.carried == {
+        "a": {"input": {"conf": {"k": 1}, "dag_task": "a"}, "output": "A"},
+        "side": {"input": {"conf": {"k": 1}, "dag_task": "side"}, "output": "S"},
+    }
     assert plan.rerun == ["b", "c"]
 
 
@@ -146,10 +161,15 @@ def test_a_forked_run_dispatches_only_what_was_not_carried_and_feeds_carried_out
 
 
 def test_in_a_forked_run_a_compensation_of_a_carried_node_is_still_a_compensation():
-    h = history(WorkflowStarted("chain", {"k": 1}, {"a": {"input": {}, "output": "A"}}, "src"),
-                ActivityScheduled("1", "b", "A"), ActivityStarted("1", 1, "w"),
-                ActivityFailed("1", "RuntimeError", "again"), SignalReceived("stray"),
-                ActivityScheduled("2", "undo", env("a")), ActivityStarted("2", 1, "w"))
+    h = history(
+        WorkflowStarted("chain", {"k": 1}, {"a": {"input": {}, "output": "A"}}, "src"),
+        ActivityScheduled("1", "b", "A"),
+        ActivityStarted("1", 1, "w"),
+        ActivityFailed("1", "RuntimeError", "again"),
+        SignalReceived("stray"),
+        ActivityScheduled("2", "undo", env("a")),
+        ActivityStarted("2", 1, "w"),
+    )
     assert compensation_executed(h)
 
 
@@ -157,11 +177,24 @@ def test_the_run_graph_of_a_forked_run_shows_carried_nodes_succeeded():
     from harvest_celery._dag.graph import build_run_graph
     from harvest_celery._store.store import Execution
 
-    h = history(WorkflowStarted("chain", {"k": 1}, {"a": {"input": {}, "output": "A"},
-                                                    "side": {"input": {}, "output": "S"}}, "src"),
-                ActivityScheduled("1", "b", "A"), ActivityStarted("1", 1, "w"), ActivityCompleted("1", "B"))
-    execution = Execution("new", "chain", "RUNNING", None, None, None, T, T, None, None, None, None, None,
-                          0, None, 4)
+    h = history(
+        WorkflowStarted(
+            "chain",
+            {"k": 1},
+            {"a": {"input": {}, "output": "A"}, "side": {"input": {}, "output": "S"}},
+            "src",
+        ),
+        ActivityScheduled("1", "b", "A"),
+        ActivityStarted("1", 1, "w"),
+        ActivityCompleted("1", "B"),
+    )
+    execution = Execution(
+        "new", "chain", "RUNNING", None, None, None, T, T, None, None, None, None, None, 0, None, 4
+    )
     graph = build_run_graph(chain.__harvest_workflow__.extra, execution, h)
     assert {n["node_name"]: n["status"] for n in graph["nodes"]} == {
-        "a": "succeeded", "side": "succeeded", "b": "succeeded", "c": "pending"}
+        "a": "succeeded",
+        "side": "succeeded",
+        "b": "succeeded",
+        "c": "pending",
+    }

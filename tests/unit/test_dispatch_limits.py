@@ -20,8 +20,9 @@ class RecordingApp(Celery):  # a real Celery app whose broker call is recorded, 
 
 def test_a_deadline_becomes_soft_and_hard_time_limits():
     app = RecordingApp()
-    CeleryDispatcher(app).send(Message("charge", "payments", ["r", "1", 1], "r:1:1",
-                                             {TIME_LIMIT_HEADER: 10.0}))
+    CeleryDispatcher(app).send(
+        Message("charge", "payments", ["r", "1", 1], "r:1:1", {TIME_LIMIT_HEADER: 10.0})
+    )
     CeleryDispatcher(app).send(Message("charge", "payments", ["r", "2", 1], "r:2:1", None))
     assert app.sent[0]["soft_time_limit"] == 10.0 and app.sent[0]["time_limit"] == 15.0
     assert "soft_time_limit" not in app.sent[1] and app.sent[1]["queue"] == "payments"

@@ -85,8 +85,9 @@ async def _step(ctx: Any, step: dict[str, Any]) -> Any:
 async def _saga(ctx: Any, step: dict[str, Any]) -> str:
     saga = Saga(ctx)
     for n in step["steps"]:
-        await saga.step(lambda n=n: ctx.execute_activity(ACTS[n], n),
-                        lambda value: ctx.execute_activity("p_undo", value))
+        await saga.step(
+            lambda n=n: ctx.execute_activity(ACTS[n], n), lambda value: ctx.execute_activity("p_undo", value)
+        )
     if ctx.is_cancelled():
         await saga.compensate_all()
         raise Cancelled(ctx.cancellation_reason() or "cancelled")
@@ -103,17 +104,26 @@ async def prop_program(ctx: Any, program: list[dict[str, Any]]) -> Any:
 def programs() -> st.SearchStrategy[list[dict[str, Any]]]:
     leaf = st.one_of(
         st.builds(lambda n, c: {"k": "act", "n": n, "catch": c}, st.integers(0, 3), st.booleans()),
-        st.builds(lambda s, c: {"k": "signal", "name": s, "cancellable": c}, st.sampled_from(SIGNALS),
-                  st.booleans()),
+        st.builds(
+            lambda s, c: {"k": "signal", "name": s, "cancellable": c}, st.sampled_from(SIGNALS), st.booleans()
+        ),
         st.builds(lambda s: {"k": "sleep", "s": s}, st.sampled_from([0, 1, 30])),
-        st.builds(lambda ns, u, c: {"k": "saga", "steps": ns, "unwind": u, "catch": c},
-                  st.lists(st.integers(0, 3), min_size=1, max_size=3), st.booleans(), st.booleans()),
+        st.builds(
+            lambda ns, u, c: {"k": "saga", "steps": ns, "unwind": u, "catch": c},
+            st.lists(st.integers(0, 3), min_size=1, max_size=3),
+            st.booleans(),
+            st.booleans(),
+        ),
     )
+
     def compound(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
         inner = st.lists(children, min_size=1, max_size=2)
         return st.one_of(
-            st.builds(lambda ms, c: {"k": "gather", "members": ms, "catch": c},
-                      st.lists(inner, min_size=1, max_size=3), st.booleans()),
+            st.builds(
+                lambda ms, c: {"k": "gather", "members": ms, "catch": c},
+                st.lists(inner, min_size=1, max_size=3),
+                st.booleans(),
+            ),
             st.builds(lambda i, t: {"k": "patch", "id": i, "then": t}, st.sampled_from(["p1", "p2"]), inner),
             st.builds(lambda a, b: {"k": "rand", "a": a, "b": b}, inner, inner),
         )
@@ -139,8 +149,9 @@ def _options(run: SimRun) -> list[tuple[str, str]]:
             out.append(("start", a.activity_id))
     if run.status == RUNNING:
         fired = {e.timer_id for e in events if isinstance(e, ev.TimerFired)}
-        out += [("fire", e.timer_id) for e in events
-                if isinstance(e, ev.TimerStarted) and e.timer_id not in fired]
+        out += [
+            ("fire", e.timer_id) for e in events if isinstance(e, ev.TimerStarted) and e.timer_id not in fired
+        ]
         out += [("signal", s) for s in SIGNALS]
     return out
 
@@ -163,8 +174,9 @@ def _act(run: SimRun, verb: str, arg: str) -> None:
         run.request_cancellation("driver")  # type: ignore[attr-defined]
 
 
-def drive(run: SimRun, choose: Any, cancel_at: int | None = None, request_at: int | None = None,
-          max_moves: int = 30) -> list[tuple[str, str]]:
+def drive(
+    run: SimRun, choose: Any, cancel_at: int | None = None, request_at: int | None = None, max_moves: int = 30
+) -> list[tuple[str, str]]:
     """Play the world until the run has an outcome, nothing can move, or ``max_moves``; returns
     the moves made. ``choose(options)`` picks one; the run is cancelled (sealed) at move
     ``cancel_at``, and asked to cancel (cooperatively) at move ``request_at``."""
@@ -229,8 +241,7 @@ def deadline(seconds: float = 3.0) -> Iterator[None]:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         if outer:
-            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 0.001),
-                             interval)
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 0.001), interval)
 
 
 def cold(history: list[ev.HistoryEvent], execution_id: str) -> Decision:
@@ -244,8 +255,7 @@ COMMANDS = ev.COMMAND_EVENTS
 
 # deadline=None: hypothesis's own deadline only flags slow examples after they return; the
 # SIGALRM deadline above is what stops a hang. database=None: nothing written into the tree.
-PROPS = settings(deadline=None, max_examples=80, database=None,
-                 suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(deadline=None, max_examples=80, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 # ── valid histories ──────────────────────────────────────────────────────────────────────────
@@ -261,12 +271,14 @@ def test_a_recorded_history_replays_deterministically(rec: Recorded):
         probe = run.replay()
     assert first == second == again
     assert first.nd is None
-    assert fresh.history[:len(run.history)] == run.history  # same events, same times
+    assert fresh.history[: len(run.history)] == run.history  # same events, same times
     if has_outcome(run.events):
         assert first.commands == [] and first.outcome is not None
     # the probe never records: same non-marker commands, same outcome
     assert probe.nd is None and probe.outcome == first.outcome
-    assert [c for c in probe.commands if not _is_marker(c)] == [c for c in first.commands if not _is_marker(c)]
+    assert [c for c in probe.commands if not _is_marker(c)] == [
+        c for c in first.commands if not _is_marker(c)
+    ]
 
 
 def _is_marker(command: Any) -> bool:
@@ -321,24 +333,38 @@ def _rebuild(items: list[dict[str, Any]], like: list[ev.HistoryEvent]) -> list[e
     return [ev.HistoryEvent(i, ev.event_from_data(d), times[i]) for i, d in enumerate(items)]
 
 
-TEXT_FIELDS = {"ActivityScheduled": ["activity_name", "activity_id"], "MarkerRecorded": ["name"],
-               "TimerStarted": ["timer_id"], "TimerFired": ["timer_id"], "SignalReceived": ["name"],
-               "ActivityCompleted": ["activity_id"], "ActivityFailed": ["activity_id", "error_type"],
-               "ActivityStarted": ["activity_id"]}
+TEXT_FIELDS = {
+    "ActivityScheduled": ["activity_name", "activity_id"],
+    "MarkerRecorded": ["name"],
+    "TimerStarted": ["timer_id"],
+    "TimerFired": ["timer_id"],
+    "SignalReceived": ["name"],
+    "ActivityCompleted": ["activity_id"],
+    "ActivityFailed": ["activity_id", "error_type"],
+    "ActivityStarted": ["activity_id"],
+}
 
 
 def mutations(items: list[dict[str, Any]]) -> st.SearchStrategy[tuple[str, Any]]:
     n = len(items)
-    commands = [i for i, d in enumerate(items) if d["type"] in ("ActivityScheduled", "MarkerRecorded",
-                                                               "TimerStarted")]
+    commands = [
+        i for i, d in enumerate(items) if d["type"] in ("ActivityScheduled", "MarkerRecorded", "TimerStarted")
+    ]
     options: list[st.SearchStrategy[tuple[str, Any]]] = []
     if len(commands) >= 2:
-        options.append(st.tuples(st.just("swap"), st.lists(st.sampled_from(commands), min_size=2,
-                                                           max_size=2, unique=True)))
+        options.append(
+            st.tuples(
+                st.just("swap"), st.lists(st.sampled_from(commands), min_size=2, max_size=2, unique=True)
+            )
+        )
     scheduled = [i for i in commands if items[i]["type"] == "ActivityScheduled"]
     if scheduled:
-        options.append(st.tuples(st.just("rename"), st.tuples(st.sampled_from(scheduled),
-                                                              st.sampled_from([*ACTS, "p_undo", "gone"]))))
+        options.append(
+            st.tuples(
+                st.just("rename"),
+                st.tuples(st.sampled_from(scheduled), st.sampled_from([*ACTS, "p_undo", "gone"])),
+            )
+        )
     if n > 1:
         options.append(st.tuples(st.just("drop"), st.integers(1, n - 1)))
     options += [

@@ -32,8 +32,10 @@ def app(db, capsys):
 def state(url):
     """Every run's status, erasure and full history (what a refused erasure must leave alone)."""
     store = Store(url)
-    return {x.id: (x.status, x.erased_at, repr([h.event for h in store.history(x.id)]))
-            for x in store.list(limit=1000)}
+    return {
+        x.id: (x.status, x.erased_at, repr([h.event for h in store.history(x.id)]))
+        for x in store.list(limit=1000)
+    }
 
 
 def holds_secret(h, run_id):

@@ -31,7 +31,9 @@ T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 # one of each type, every payload field holding the secret
 SAMPLES: dict[str, ev.Event] = {
-    "WorkflowStarted": ev.WorkflowStarted("wf", {"card": SECRET}, {"n": {"input": SECRET, "output": 1}}, "src"),
+    "WorkflowStarted": ev.WorkflowStarted(
+        "wf", {"card": SECRET}, {"n": {"input": SECRET, "output": 1}}, "src"
+    ),
     "ActivityScheduled": ev.ActivityScheduled("1", "charge", {"card": SECRET}, "payments", False),
     "ActivityStarted": ev.ActivityStarted("1", 1, "worker-1"),
     "ActivityCompleted": ev.ActivityCompleted("1", {"receipt": SECRET}, 1),
@@ -54,13 +56,25 @@ INPUT = {"SignalReceived", "WorkflowCancelRequested"}
 TERMINAL = {"WorkflowCompleted", "WorkflowFailed"}
 # positions a command matcher can meet (past position 0): commands, signals, the cancel seal,
 # and a WorkflowStarted anywhere but first (a corrupt history diverges against it)
-CANDIDATES = {"ActivityScheduled", "MarkerRecorded", "TimerStarted", "SignalReceived", "WorkflowCancelled",
-              "WorkflowStarted"}
+CANDIDATES = {
+    "ActivityScheduled",
+    "MarkerRecorded",
+    "TimerStarted",
+    "SignalReceived",
+    "WorkflowCancelled",
+    "WorkflowStarted",
+}
 # of those, what the command matcher steps over (the saga marker's drained-signal check sees it)
 SKIPPED_BY_COMMANDS = {"SignalReceived"}
 # what Session.advance accepts after the session's own commands
-ADVANCE = {"ActivityStarted", "ActivityCompleted", "ActivityFailed", "TimerFired", "SignalReceived",
-           "WorkflowCancelRequested"}
+ADVANCE = {
+    "ActivityStarted",
+    "ActivityCompleted",
+    "ActivityFailed",
+    "TimerFired",
+    "SignalReceived",
+    "WorkflowCancelRequested",
+}
 PAYLOADS = {
     "WorkflowStarted": ("input", "carried"),
     "ActivityScheduled": ("input",),
@@ -112,8 +126,12 @@ def test_every_type_has_a_sample() -> None:
 
 
 def test_the_families_are_todays() -> None:
-    for derived, today in ((ev.COMMAND_EVENTS, COMMAND), (ev.RESULT_EVENTS, RESULT),
-                           (ev.INPUT_EVENTS, INPUT), (ev.TERMINAL_EVENTS, TERMINAL)):
+    for derived, today in (
+        (ev.COMMAND_EVENTS, COMMAND),
+        (ev.RESULT_EVENTS, RESULT),
+        (ev.INPUT_EVENTS, INPUT),
+        (ev.TERMINAL_EVENTS, TERMINAL),
+    ):
         assert isinstance(derived, tuple)  # usable with isinstance
         assert names(derived) == today
 
@@ -163,17 +181,25 @@ def test_advance_accepts_todays_set(name: str) -> None:
     decision = session.advance(new, EngineConfig())
     assert (decision is not None) == (name in ADVANCE)
     if decision is not None:  # the warm path is the full replay's answer
-        fresh = Session(DEFINITION, Activation("r-1", "wf", history([SAMPLES["WorkflowStarted"], SAMPLES[name]])),
-                        registry())
+        fresh = Session(
+            DEFINITION,
+            Activation("r-1", "wf", history([SAMPLES["WorkflowStarted"], SAMPLES[name]])),
+            registry(),
+        )
         assert decision == fresh.decision
         assert session.replay.candidates == fresh.replay.candidates
 
 
 def _state(replay: Replay) -> dict[str, Any]:
-    return {"results": sorted(replay.results), "fired": sorted(replay.fired_timers),
-            "buffered": {k: list(v) for k, v in replay.signal_buffer.items()},
-            "request": replay.cancel_request, "seal": replay.seal_delivered,
-            "consumed": sorted(replay.consumed), "time": replay.current_time}
+    return {
+        "results": sorted(replay.results),
+        "fired": sorted(replay.fired_timers),
+        "buffered": {k: list(v) for k, v in replay.signal_buffer.items()},
+        "request": replay.cancel_request,
+        "seal": replay.seal_delivered,
+        "consumed": sorted(replay.consumed),
+        "time": replay.current_time,
+    }
 
 
 def test_deliver_every_type() -> None:
@@ -187,11 +213,19 @@ def test_deliver_every_type() -> None:
         assert after["time"] == T0 + timedelta(seconds=index)
         changed[type(events[index]).type] = {k for k in before if k != "time" and before[k] != after[k]}
     assert changed == {
-        "WorkflowStarted": set(), "ActivityScheduled": set(), "ActivityStarted": set(),
-        "ActivityCompleted": {"results"}, "ActivityFailed": {"results"}, "MarkerRecorded": set(),
-        "SignalReceived": {"buffered"}, "TimerStarted": set(), "TimerFired": {"fired"},
-        "WorkflowCancelled": {"seal"}, "WorkflowCancelRequested": {"request"},
-        "WorkflowCompleted": set(), "WorkflowFailed": set(),
+        "WorkflowStarted": set(),
+        "ActivityScheduled": set(),
+        "ActivityStarted": set(),
+        "ActivityCompleted": {"results"},
+        "ActivityFailed": {"results"},
+        "MarkerRecorded": set(),
+        "SignalReceived": {"buffered"},
+        "TimerStarted": set(),
+        "TimerFired": {"fired"},
+        "WorkflowCancelled": {"seal"},
+        "WorkflowCancelRequested": {"request"},
+        "WorkflowCompleted": set(),
+        "WorkflowFailed": set(),
     }
 
 
@@ -299,36 +333,46 @@ DECLARED = {  # name: (family, terminal, cursor, advance)
 
 
 def test_each_type_declares_what_it_is() -> None:
-    got = {name: (cls.family.value, cls.terminal, cls.cursor.value, cls.advance)
-           for name, cls in ev.EVENT_TYPES.items()}
+    got = {
+        name: (cls.family.value, cls.terminal, cls.cursor.value, cls.advance)
+        for name, cls in ev.EVENT_TYPES.items()
+    }
     assert got == DECLARED
     assert ev.EVENT_CLASSES == tuple(ev.EVENT_TYPES.values()) and set(ev.EVENT_CLASSES) == set(
-        typing.get_args(ev.AnyEvent))
+        typing.get_args(ev.AnyEvent)
+    )
     mine = {cls for cls in ev.Event.__subclasses__() if cls.__module__ == ev.__name__}
     assert mine == set(ev.EVENT_CLASSES)
 
 
 def test_a_class_without_declarations_fails_at_creation() -> None:
     with pytest.raises(TypeError, match="family"):
+
         @dataclasses.dataclass(frozen=True)
         class Bare(ev.Event):  # type: ignore[call-arg]
             type: ClassVar[str] = "Bare"
 
     with pytest.raises(TypeError, match="family"):  # a subclass of a member declares again
+
         class Louder(ev.SignalReceived):  # type: ignore[call-arg]
             type: ClassVar[str] = "Louder"
 
 
-@pytest.mark.parametrize(("family", "terminal", "cursor", "advance", "says"), [
-    (ev.Family.RESULT, False, ev.Cursor.MATCHED, False, "command events, and only they"),
-    (ev.Family.COMMAND, False, ev.Cursor.HELD, False, "command events, and only they"),
-    (ev.Family.RESULT, True, ev.Cursor.STEPPED_OVER, False, "terminal"),
-    (ev.Family.LIFECYCLE, False, ev.Cursor.IN_THE_WAY, True, "Session.advance"),
-    ("input", False, ev.Cursor.HELD, True, "must be a Family"),
-])
-def test_contradictory_declarations_fail_at_creation(family: Any, terminal: bool, cursor: Any, advance: bool,
-                                                     says: str) -> None:
+@pytest.mark.parametrize(
+    ("family", "terminal", "cursor", "advance", "says"),
+    [
+        (ev.Family.RESULT, False, ev.Cursor.MATCHED, False, "command events, and only they"),
+        (ev.Family.COMMAND, False, ev.Cursor.HELD, False, "command events, and only they"),
+        (ev.Family.RESULT, True, ev.Cursor.STEPPED_OVER, False, "terminal"),
+        (ev.Family.LIFECYCLE, False, ev.Cursor.IN_THE_WAY, True, "Session.advance"),
+        ("input", False, ev.Cursor.HELD, True, "must be a Family"),
+    ],
+)
+def test_contradictory_declarations_fail_at_creation(
+    family: Any, terminal: bool, cursor: Any, advance: bool, says: str
+) -> None:
     with pytest.raises(TypeError, match=says):
+
         class Odd(ev.Event, family=family, terminal=terminal, cursor=cursor, advance=advance):
             type: ClassVar[str] = "Odd"
 
@@ -353,6 +397,7 @@ def test_the_registry_check() -> None:
     with pytest.raises(TypeError, match="a stored name twice"):
         ev.check_closed_set((*ev.EVENT_CLASSES, Again))
     with pytest.raises(TypeError, match="declares no stored type name"):
+
         class Nameless(ev.Event, family=ev.Family.INPUT, terminal=False, cursor=ev.Cursor.HELD, advance=True):
             pass
 

@@ -23,8 +23,14 @@ def test_celeryconfig_matches_configure_dedicated_celery_app() -> None:
     spec.loader.exec_module(module)
     app = Celery("probe", set_as_current=False)
     configure_dedicated_celery_app(app)
-    for key in ("task_acks_late", "task_reject_on_worker_lost", "worker_prefetch_multiplier",
-                "task_default_queue", "task_ignore_result", "broker_connection_retry_on_startup"):
+    for key in (
+        "task_acks_late",
+        "task_reject_on_worker_lost",
+        "worker_prefetch_multiplier",
+        "task_default_queue",
+        "task_ignore_result",
+        "broker_connection_retry_on_startup",
+    ):
         assert getattr(module, key) == app.conf[key], key
 
 
@@ -41,7 +47,9 @@ def test_compose_services() -> None:
     except ImportError:
         pytest.skip("PyYAML not installed")
     services = yaml.safe_load(text)["services"]
-    assert {"postgres", "redis", "migrate", "decision-worker", "activity-worker", "api", "flower"} <= set(services)
+    assert {"postgres", "redis", "migrate", "decision-worker", "activity-worker", "api", "flower"} <= set(
+        services
+    )
     assert services["migrate"]["command"] == ["harvest", "db", "upgrade"]
     assert "-Q harvest,default" in " ".join(services["decision-worker"]["command"])
     assert "-Q payments,inventory,pricing,default" in " ".join(services["activity-worker"]["command"])

@@ -3,9 +3,21 @@
 import harvest_celery
 
 CONTRACT = {
-    "Harvest", "activity", "workflow", "dag", "WorkflowContext", "Saga", "DagBuilder",
-    "RetryPolicy", "CollectAll", "FailFast",
-    "HarvestError", "Cancelled", "NonDeterministic", "SagaCompensationFailed", "PayloadTooLarge",
+    "Harvest",
+    "activity",
+    "workflow",
+    "dag",
+    "WorkflowContext",
+    "Saga",
+    "DagBuilder",
+    "RetryPolicy",
+    "CollectAll",
+    "FailFast",
+    "HarvestError",
+    "Cancelled",
+    "NonDeterministic",
+    "SagaCompensationFailed",
+    "PayloadTooLarge",
 }
 
 
@@ -16,17 +28,64 @@ def test_the_design_contract_names_are_exported():
 
 
 def test_the_exported_list_is_exactly_this():
-    assert sorted(harvest_celery.__all__) == sorted([
-        "ActivityContext", "ActivityError", "BodyInterrupted", "AsyncHarvest", "Cancelled", "Codec", "CollectAll", "CompensatorNameCollidesWithNode", "CorruptHistory", "DagBuildError",
-        "DagBuilder", "DagTaskFailed", "DuplicateRegistration", "ExecutionAlreadyExists",
-        "ExecutionNotFound", "FailFast", "ForksHoldCopies", "FernetCodec", "FileSystemPayloadStore", "Harvest",
-        "HarvestError", "InvalidExecutionId", "InvalidState", "NonDeterministic", "NotInActivity", "NotInWorkflow", "PayloadCodecError",
-        "PayloadNotSerializable", "PayloadStore", "PayloadStoreError", "PayloadTooLarge", "PostgresPayloadStore",
-        "RedactedActivityError", "RegistrationError", "RetryPolicy", "RetryRefused", "StartToCloseTimeout", "Timings", "UnknownEventType", "UnknownNode", "Saga", "SagaCompensationFailed", "UnknownActivity",
-        "UnknownWorkflow", "UnregisteredActivity", "WorkflowCancelledError", "WorkflowContext",
-        "WorkflowFailed", "activity", "activity_context", "configure_celery",
-        "configure_dedicated_celery_app", "dag", "workflow",
-    ])
+    assert sorted(harvest_celery.__all__) == sorted(
+        [
+            "ActivityContext",
+            "ActivityError",
+            "BodyInterrupted",
+            "AsyncHarvest",
+            "Cancelled",
+            "Codec",
+            "CollectAll",
+            "CompensatorNameCollidesWithNode",
+            "CorruptHistory",
+            "DagBuildError",
+            "DagBuilder",
+            "DagTaskFailed",
+            "DuplicateRegistration",
+            "ExecutionAlreadyExists",
+            "ExecutionNotFound",
+            "FailFast",
+            "ForksHoldCopies",
+            "FernetCodec",
+            "FileSystemPayloadStore",
+            "Harvest",
+            "HarvestError",
+            "InvalidExecutionId",
+            "InvalidState",
+            "NonDeterministic",
+            "NotInActivity",
+            "NotInWorkflow",
+            "PayloadCodecError",
+            "PayloadNotSerializable",
+            "PayloadStore",
+            "PayloadStoreError",
+            "PayloadTooLarge",
+            "PostgresPayloadStore",
+            "RedactedActivityError",
+            "RegistrationError",
+            "RetryPolicy",
+            "RetryRefused",
+            "StartToCloseTimeout",
+            "Timings",
+            "UnknownEventType",
+            "UnknownNode",
+            "Saga",
+            "SagaCompensationFailed",
+            "UnknownActivity",
+            "UnknownWorkflow",
+            "UnregisteredActivity",
+            "WorkflowCancelledError",
+            "WorkflowContext",
+            "WorkflowFailed",
+            "activity",
+            "activity_context",
+            "configure_celery",
+            "configure_dedicated_celery_app",
+            "dag",
+            "workflow",
+        ]
+    )
 
 
 def test_the_exported_list_is_sorted():
@@ -43,6 +102,9 @@ def test_every_error_is_a_harvest_error():
 def test_every_error_in_the_tree_is_exported():
     from harvest_celery import _errors
 
-    tree = {name for name, obj in vars(_errors).items()
-            if isinstance(obj, type) and issubclass(obj, _errors.HarvestError)}
+    tree = {
+        name
+        for name, obj in vars(_errors).items()
+        if isinstance(obj, type) and issubclass(obj, _errors.HarvestError)
+    }
     assert tree <= set(harvest_celery.__all__)

@@ -57,8 +57,7 @@ async def tf_retries(ctx: WorkflowContext, x: Any) -> Any:
 
 @pytest.fixture
 def h(tmp_path) -> Harvest:
-    harvest = Harvest(f"sqlite:///{tmp_path / 'f.db'}",
-                      timings=None).register(tf_flaky, tf_bug, tf_retries)
+    harvest = Harvest(f"sqlite:///{tmp_path / 'f.db'}", timings=None).register(tf_flaky, tf_bug, tf_retries)
     harvest.migrate()
     return harvest
 
@@ -79,7 +78,9 @@ def test_every_attempts_error_is_kept_not_only_the_last(h):
         h.result(rid, timeout=10)
     errors = [e for e in h.store.attempt_errors(rid) if e.activity_id == "1"]
     assert [(e.attempt, e.error_type, e.message) for e in errors] == [
-        (1, "ConnectionError", "down for db"), (2, "ConnectionError", "down for db")]
+        (1, "ConnectionError", "down for db"),
+        (2, "ConnectionError", "down for db"),
+    ]
     assert all("in tf_flaky" in e.traceback for e in errors)
 
 

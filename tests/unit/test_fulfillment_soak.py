@@ -13,8 +13,11 @@ from harvest_celery.testing import Simulator
 def test_fulfillment_dag_leaves_zero_uncompensated_side_effects_across_1000_runs():
     rng = random.Random(801)
     sim = Simulator(fulfillment)
-    forward = {"reserve_stock": fulfillment.reserve_stock, "capture_payment": fulfillment.capture_payment,
-               "print_label": fulfillment.print_label}
+    forward = {
+        "reserve_stock": fulfillment.reserve_stock,
+        "capture_payment": fulfillment.capture_payment,
+        "print_label": fulfillment.print_label,
+    }
     fail_at: dict[str, str | None] = {}
 
     def failing(name: str, fn):
@@ -22,6 +25,7 @@ def test_fulfillment_dag_leaves_zero_uncompensated_side_effects_across_1000_runs
             if fail_at["current"] == name:
                 raise RuntimeError(f"{name} failed")
             return fn(value)
+
         return body
 
     for name, fn in forward.items():
@@ -40,8 +44,11 @@ def test_fulfillment_dag_leaves_zero_uncompensated_side_effects_across_1000_runs
             if run.status != "RUNNING" or len(run.history) == before:
                 break
         outcomes[run.status] += 1
-        live = {k: v for k, v in fulfillment.STATE.items()
-                if k.endswith(f"-soak{i}") and v in ("reserved", "captured", "printed")}
+        live = {
+            k: v
+            for k, v in fulfillment.STATE.items()
+            if k.endswith(f"-soak{i}") and v in ("reserved", "captured", "printed")
+        }
         if run.status == "COMPLETED":
             assert fail_at["current"] is None
             assert set(live.values()) == {"reserved", "captured", "printed"}
@@ -49,5 +56,7 @@ def test_fulfillment_dag_leaves_zero_uncompensated_side_effects_across_1000_runs
             assert run.status == "FAILED" and fail_at["current"] is not None
             assert live == {}, (i, fail_at["current"], live)
             assert run.replay().nd is None
-        assert run.types().count("MarkerRecorded") == (1 if fail_at["current"] not in (None, "reserve_stock") else 0)
+        assert run.types().count("MarkerRecorded") == (
+            1 if fail_at["current"] not in (None, "reserve_stock") else 0
+        )
     assert outcomes["COMPLETED"] > 200 and outcomes["FAILED"] > 600

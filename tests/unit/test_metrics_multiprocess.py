@@ -22,6 +22,7 @@ def test_counters_from_several_processes_are_aggregated(tmp_path):
         from harvest_celery._runtime.metrics import exposition
         print(exposition()[0].decode())
     """)
-    text = subprocess.run([sys.executable, "-c", reader], env=env, check=True, capture_output=True,
-                          text=True).stdout
+    text = subprocess.run(
+        [sys.executable, "-c", reader], env=env, check=True, capture_output=True, text=True
+    ).stdout
     assert 'harvest_saga_compensated_total{workflow="checkout"} 6.0' in text

@@ -16,7 +16,12 @@ def test_migrating_an_empty_sqlite_database_gives_the_models_schema(tmp_path):
     upgrade(url)
     engine = sa.create_engine(url)
     with engine.connect() as conn:
-        assert compare_metadata(MigrationContext.configure(conn, opts={"version_table": "harvest_alembic_version"}), metadata) == []
+        assert (
+            compare_metadata(
+                MigrationContext.configure(conn, opts={"version_table": "harvest_alembic_version"}), metadata
+            )
+            == []
+        )
     engine.dispose()
 
 

@@ -58,8 +58,12 @@ def section(out: str, label: str) -> list[str]:
 
 def test_the_demos_retry_shows_the_failed_attempt_between_its_two_starts(demo):
     lines = section(demo[0], "c")
-    first = next(i for i, x in enumerate(lines) if "ActivityStarted" in x and "reserve_inventory #2 attempt=1" in x)
-    second = next(i for i, x in enumerate(lines) if "ActivityStarted" in x and "reserve_inventory #2 attempt=2" in x)
+    first = next(
+        i for i, x in enumerate(lines) if "ActivityStarted" in x and "reserve_inventory #2 attempt=1" in x
+    )
+    second = next(
+        i for i, x in enumerate(lines) if "ActivityStarted" in x and "reserve_inventory #2 attempt=2" in x
+    )
     between = lines[first + 1 : second]
     assert len(between) == 1, between
     assert "reserve_inventory #2 attempt=1 RuntimeError: no stock for order 3" in between[0]
@@ -85,7 +89,9 @@ def test_show_cuts_every_attempts_traceback_at_a_frame_with_the_failure_in_its_t
     for i in heads:
         assert errors[i + 1].strip().startswith('File "'), errors[i : i + 3]
     timeline = out[out.index("timeline:") : out.index("errors (every attempt):")].splitlines()
-    assert any("attempt=1 RuntimeError: no stock for order 3" in x and "ActivityFailed" not in x for x in timeline)
+    assert any(
+        "attempt=1 RuntimeError: no stock for order 3" in x and "ActivityFailed" not in x for x in timeline
+    )
 
 
 def test_render_errors_starts_each_traceback_at_its_innermost_frame():
@@ -103,8 +109,13 @@ def test_render_errors_starts_each_traceback_at_its_innermost_frame():
         "        raise RuntimeError(f\"no stock for order {order['order_id']}\")",
         "    RuntimeError: no stock for order 3",
     ]
-    chained = TRACEBACK + "\nDuring handling of the above exception, another exception occurred:\n\n" + TRACEBACK
-    assert render_errors([SimpleNamespace(**{**vars(error), "traceback": chained})])[1:] == render_errors([error])[1:]
+    chained = (
+        TRACEBACK + "\nDuring handling of the above exception, another exception occurred:\n\n" + TRACEBACK
+    )
+    assert (
+        render_errors([SimpleNamespace(**{**vars(error), "traceback": chained})])[1:]
+        == render_errors([error])[1:]
+    )
     bare = SimpleNamespace(**{**vars(error), "traceback": "RuntimeError: no stock\n"})  # no frame at all
     assert render_errors([bare])[1:] == ["    RuntimeError: no stock"]
 
@@ -139,7 +150,10 @@ def test_list_into_head_prints_the_first_line_and_nothing_on_stderr(demo, tmp_pa
     """``harvest list | head -n 1`` over more runs than a pipe holds: the reader takes one line and
     closes while harvest is still writing."""
     url = f"sqlite:///{tmp_path / 'crowded.db'}"
-    with sqlite3.connect(demo[1].removeprefix("sqlite:///")) as source, sqlite3.connect(tmp_path / "crowded.db") as copy:
+    with (
+        sqlite3.connect(demo[1].removeprefix("sqlite:///")) as source,
+        sqlite3.connect(tmp_path / "crowded.db") as copy,
+    ):
         source.backup(copy)  # the demo's database is in WAL mode: a file copy could miss rows
     engine = sa.create_engine(url)
     runs = sa.Table("harvest_executions", sa.MetaData(), autoload_with=engine)

@@ -50,13 +50,27 @@ def legacy_rows(run_id):
     adopted task's (its input as the argument, the ids in a header), an engine-native
     activity's and a decision's."""
     return [
-        {"task_name": "shop.charge", "queue": "payments", "args": [{"card": f"{run_id}-secret"}],
-         "headers": {"harvest": {"execution_id": run_id, "activity_id": "1", "attempt": 1}},
-         "task_id": f"{run_id}:1:1"},
-        {"task_name": "card_check", "queue": "default", "args": [run_id, "2", 1], "headers": None,
-         "task_id": f"{run_id}:2:1"},
-        {"task_name": "harvest.decide", "queue": "harvest", "args": [run_id], "headers": None,
-         "task_id": f"decide:{run_id}:1.5"},
+        {
+            "task_name": "shop.charge",
+            "queue": "payments",
+            "args": [{"card": f"{run_id}-secret"}],
+            "headers": {"harvest": {"execution_id": run_id, "activity_id": "1", "attempt": 1}},
+            "task_id": f"{run_id}:1:1",
+        },
+        {
+            "task_name": "card_check",
+            "queue": "default",
+            "args": [run_id, "2", 1],
+            "headers": None,
+            "task_id": f"{run_id}:2:1",
+        },
+        {
+            "task_name": "harvest.decide",
+            "queue": "harvest",
+            "args": [run_id],
+            "headers": None,
+            "task_id": f"decide:{run_id}:1.5",
+        },
     ]
 
 
@@ -107,17 +121,36 @@ def test_migration_0006_backfills_the_execution_id_of_rows_left_by_an_older_buil
     url = f"sqlite:///{tmp_path / 'm.db'}"
     upgrade(url, "0005d")
     engine = sa.create_engine(url)
-    old_outbox = sa.table("harvest_outbox", sa.column("task_name"), sa.column("queue"),
-                          sa.column("args", sa.JSON()), sa.column("headers", sa.JSON()),
-                          sa.column("task_id"), sa.column("created_at"))
+    old_outbox = sa.table(
+        "harvest_outbox",
+        sa.column("task_name"),
+        sa.column("queue"),
+        sa.column("args", sa.JSON()),
+        sa.column("headers", sa.JSON()),
+        sa.column("task_id"),
+        sa.column("created_at"),
+    )
     with engine.begin() as conn:
         for run_id in ("a", "a:b"):
             conn.execute(old_outbox.insert(), [{**r, "created_at": utcnow()} for r in legacy_rows(run_id)])
-        conn.execute(old_outbox.insert().values(task_name="odd", queue="q", args=[], headers=None,
-                                                task_id="odd", created_at=utcnow()))
+        conn.execute(
+            old_outbox.insert().values(
+                task_name="odd", queue="q", args=[], headers=None, task_id="odd", created_at=utcnow()
+            )
+        )
     upgrade(url)
     with engine.connect() as conn:
-        got = {r.task_id: r.execution_id for r in conn.execute(sa.select(outbox.c.task_id, outbox.c.execution_id))}
+        got = {
+            r.task_id: r.execution_id
+            for r in conn.execute(sa.select(outbox.c.task_id, outbox.c.execution_id))
+        }
     engine.dispose()
-    assert got == {"a:1:1": "a", "a:2:1": "a", "decide:a:1.5": "a", "a:b:1:1": "a:b",
-                   "a:b:2:1": "a:b", "decide:a:b:1.5": "a:b", "odd": None}
+    assert got == {
+        "a:1:1": "a",
+        "a:2:1": "a",
+        "decide:a:1.5": "a",
+        "a:b:1:1": "a:b",
+        "a:b:2:1": "a:b",
+        "decide:a:b:1.5": "a:b",
+        "odd": None,
+    }

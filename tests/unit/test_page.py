@@ -59,14 +59,27 @@ class History:
         self.add(ev.WorkflowStarted("diamond", {"secret": SECRET}))
 
     def add(self, event: ev.Event) -> History:
-        self.events.append(ev.HistoryEvent(len(self.events) + 1, event,
-                                           T0 + timedelta(seconds=len(self.events))))
+        self.events.append(
+            ev.HistoryEvent(len(self.events) + 1, event, T0 + timedelta(seconds=len(self.events)))
+        )
         return self
 
-    def run(self, aid: str, name: str, input: Any = None, *, fail: str | None = None,
-            attempts: int = 1, open: bool = False, compensation: bool = False) -> History:
-        self.add(ev.ActivityScheduled(aid, name, input if input is not None else {"secret": SECRET},
-                                      compensation=compensation))
+    def run(
+        self,
+        aid: str,
+        name: str,
+        input: Any = None,
+        *,
+        fail: str | None = None,
+        attempts: int = 1,
+        open: bool = False,
+        compensation: bool = False,
+    ) -> History:
+        self.add(
+            ev.ActivityScheduled(
+                aid, name, input if input is not None else {"secret": SECRET}, compensation=compensation
+            )
+        )
         for attempt in range(1, attempts + 1):
             self.add(ev.ActivityStarted(aid, attempt, "w1"))
         if open:
@@ -90,10 +103,23 @@ def failed_diamond() -> History:
 
 def execution(status: str = "FAILED", run_id: str = "run-1", workflow_type: str = "diamond") -> Execution:
     return Execution(
-        id=run_id, workflow_type=workflow_type, status=status, input=None, result=None, error=None,
-        created_at=T0, updated_at=T0, closed_at=None if status == "RUNNING" else T0 + timedelta(seconds=20),
-        cancelled_at=None, cancel_reason=None, nd_blocked_at=None, nd_block_reason=None,
-        nd_block_count=0, nd_details=None, history_length=0)
+        id=run_id,
+        workflow_type=workflow_type,
+        status=status,
+        input=None,
+        result=None,
+        error=None,
+        created_at=T0,
+        updated_at=T0,
+        closed_at=None if status == "RUNNING" else T0 + timedelta(seconds=20),
+        cancelled_at=None,
+        cancel_reason=None,
+        nd_blocked_at=None,
+        nd_block_reason=None,
+        nd_block_count=0,
+        nd_details=None,
+        history_length=0,
+    )
 
 
 def page_for(h: History, status: str = "FAILED") -> str:
@@ -142,15 +168,17 @@ class Dom(HTMLParser):
         return {a["data-node"]: a for t, a in self.tags if t == "g" and a.get("data-node")}  # type: ignore[misc]
 
     def edges(self) -> list[tuple[str | None, str | None]]:
-        return [(a.get("data-from"), a.get("data-to")) for t, a in self.tags
-                if t == "path" and "edge" in (a.get("class") or "")]
+        return [
+            (a.get("data-from"), a.get("data-to"))
+            for t, a in self.tags
+            if t == "path" and "edge" in (a.get("class") or "")
+        ]
 
 
 # ── compensation marking ─────────────────────────────────────────────────────────────────────
 def test_a_compensated_diamond_marks_the_three_undone_nodes():
     h = failed_diamond()
-    assert compensation_states(h.events) == {"dia_c": COMPENSATED, "dia_b": COMPENSATED,
-                                             "dia_a": COMPENSATED}
+    assert compensation_states(h.events) == {"dia_c": COMPENSATED, "dia_b": COMPENSATED, "dia_a": COMPENSATED}
     assert compensated_nodes(h.events) == {"dia_a", "dia_b", "dia_c"}
 
 
@@ -181,13 +209,18 @@ def test_a_run_without_an_unwind_marks_nothing():
     assert compensated_nodes(h.events) == set()
     dom = Dom(page_for(h.add(ev.WorkflowCompleted({"ok": True})), "COMPLETED"))
     assert {n: a["data-compensation"] for n, a in dom.nodes().items()} == dict.fromkeys(
-        ["dia_a", "dia_b", "dia_c", "dia_d"], "none")
+        ["dia_a", "dia_b", "dia_c", "dia_d"], "none"
+    )
 
 
 # ── layout ───────────────────────────────────────────────────────────────────────────────────
 def test_levels_are_longest_paths_over_depends_on():
-    nodes = [{"node_name": "a", "depends_on": []}, {"node_name": "b", "depends_on": ["a"]},
-             {"node_name": "c", "depends_on": ["a", "b"]}, {"node_name": "z", "depends_on": ["ghost"]}]
+    nodes = [
+        {"node_name": "a", "depends_on": []},
+        {"node_name": "b", "depends_on": ["a"]},
+        {"node_name": "c", "depends_on": ["a", "b"]},
+        {"node_name": "z", "depends_on": ["ghost"]},
+    ]
     assert node_levels(nodes) == {"a": 0, "b": 1, "c": 2, "z": 0}
 
 
@@ -207,8 +240,12 @@ def test_the_page_draws_forward_nodes_only_with_statuses_and_edges():
     assert list(nodes) == ["dia_a", "dia_b", "dia_c", "dia_d"]  # never undo_node
     assert [a["data-status"] for a in nodes.values()] == ["succeeded", "succeeded", "succeeded", "failed"]
     assert [a["data-compensation"] for a in nodes.values()] == [COMPENSATED] * 3 + ["none"]
-    assert sorted(dom.edges()) == [("dia_a", "dia_b"), ("dia_a", "dia_c"), ("dia_b", "dia_d"),
-                                   ("dia_c", "dia_d")]
+    assert sorted(dom.edges()) == [
+        ("dia_a", "dia_b"),
+        ("dia_a", "dia_c"),
+        ("dia_b", "dia_d"),
+        ("dia_c", "dia_d"),
+    ]
     badges = [a.get("data-badge") for t, a in dom.tags if t == "g" and a.get("data-badge")]
     assert badges == [COMPENSATED] * 3
     assert any(t == "marker" and a.get("id") == "arrow" for t, a in dom.tags)
@@ -230,8 +267,18 @@ def test_the_header_legend_and_timeline():
     assert state["data-state"] == "FAILED"
     assert "2024-01-01 00:00:00.000 UTC" in text and "2024-01-01 00:00:20.000 UTC" in text
     legend = [a["data-legend"] for t, a in dom.tags if t == "li" and a.get("data-legend")]
-    assert legend == ["succeeded", "failed", "timed_out", "cancelled", "running", "pending", "skipped",
-                      COMPENSATED, COMPENSATING, COMPENSATION_FAILED]
+    assert legend == [
+        "succeeded",
+        "failed",
+        "timed_out",
+        "cancelled",
+        "running",
+        "pending",
+        "skipped",
+        COMPENSATED,
+        COMPENSATING,
+        COMPENSATION_FAILED,
+    ]
     timeline = dom.texts["pre#timeline"]
     assert "MarkerRecorded" in timeline and "saga_compensated:1" in timeline
     assert timeline.splitlines() == render_timeline(failed_diamond().events)
@@ -272,17 +319,37 @@ def test_no_payload_outside_the_timeline():
 def test_every_string_is_escaped():
     evil = '<script>alert("x")</script>'
     graph: dict[str, Any] = {
-        "run_id": f'run"{evil}', "dag_name": f"dag{evil}", "state": f"FAILED{evil}",
-        "started_at": T0, "finished_at": None,
+        "run_id": f'run"{evil}',
+        "dag_name": f"dag{evil}",
+        "state": f"FAILED{evil}",
+        "started_at": T0,
+        "finished_at": None,
         "nodes": [
-            {"node_name": f'n"1{evil}', "status": f'failed"{evil}', "depends_on": [], "started_at": T0,
-             "finished_at": None, "attempts": 1, "error_type": f"E{evil}", "error": f"msg {evil}"},
-            {"node_name": "n2&", "status": "pending", "depends_on": [f'n"1{evil}'], "started_at": None,
-             "finished_at": None, "attempts": 0, "error_type": None, "error": None},
+            {
+                "node_name": f'n"1{evil}',
+                "status": f'failed"{evil}',
+                "depends_on": [],
+                "started_at": T0,
+                "finished_at": None,
+                "attempts": 1,
+                "error_type": f"E{evil}",
+                "error": f"msg {evil}",
+            },
+            {
+                "node_name": "n2&",
+                "status": "pending",
+                "depends_on": [f'n"1{evil}'],
+                "started_at": None,
+                "finished_at": None,
+                "attempts": 0,
+                "error_type": None,
+                "error": None,
+            },
         ],
     }
-    text = render_dag_page(graph, [f"  1  +0.000s  WorkflowStarted  x input={evil}</pre>"],
-                           {f'n"1{evil}': f"compensated{evil}"})
+    text = render_dag_page(
+        graph, [f"  1  +0.000s  WorkflowStarted  x input={evil}</pre>"], {f'n"1{evil}': f"compensated{evil}"}
+    )
     assert "<script>alert" not in text and 'alert("x")' not in text
     assert "</pre>\n" not in text and text.count("</pre>") == 1
     dom = Dom(text)
@@ -316,8 +383,9 @@ class FakeHarvest:
 
 def client() -> TestClient:
     h = failed_diamond()
-    harvest = FakeHarvest({"run-1": (execution(), h.events),
-                           "plain-1": (execution("COMPLETED", "plain-1", "plain"), [])})
+    harvest = FakeHarvest(
+        {"run-1": (execution(), h.events), "plain-1": (execution("COMPLETED", "plain-1", "plain"), [])}
+    )
     app = FastAPI()
     register_pages(app, harvest)
     return TestClient(app)
@@ -333,10 +401,15 @@ def test_the_page_is_served_as_html():
 
 def test_unknown_dag_non_dag_other_dags_run_and_bad_ids_are_html_errors():
     c = client()
-    for path, code in [("/ui/dags/nope/runs/run-1", 404), ("/ui/dags/plain/runs/plain-1", 404),
-                       ("/ui/dags/diamond/runs/plain-1", 404), ("/ui/dags/diamond/runs/missing", 404),
-                       ("/ui/dags/diamond/runs/%20", 400), (f"/ui/dags/diamond/runs/{'x' * 201}", 400),
-                       ("/ui/dags/diamond/runs/a%00b", 400)]:
+    for path, code in [
+        ("/ui/dags/nope/runs/run-1", 404),
+        ("/ui/dags/plain/runs/plain-1", 404),
+        ("/ui/dags/diamond/runs/plain-1", 404),
+        ("/ui/dags/diamond/runs/missing", 404),
+        ("/ui/dags/diamond/runs/%20", 400),
+        (f"/ui/dags/diamond/runs/{'x' * 201}", 400),
+        ("/ui/dags/diamond/runs/a%00b", 400),
+    ]:
         resp = c.get(path)
         assert resp.status_code == code, path
         assert resp.headers["content-type"].startswith("text/html"), path

@@ -49,8 +49,10 @@ NO_STORE = EngineConfig(max_activity_input_bytes=CAP)
 
 
 # ── the pipeline's answer mirrors what it writes ──────────────────────────────────────────────
-@pytest.mark.parametrize("value,offloaded", [("s" * 150, True), ("s" * 50, False), (None, False),
-                                             ({"_harvest_erased": True}, False)])
+@pytest.mark.parametrize(
+    "value,offloaded",
+    [("s" * 150, True), ("s" * 50, False), (None, False), ({"_harvest_erased": True}, False)],
+)
 def test_offloads_answers_what_encode_value_does(value, offloaded):
     payloads = offloading(threshold=100)
     assert payloads.offloads(value) is offloaded
@@ -103,8 +105,9 @@ def test_an_over_cap_forward_input_a_store_takes_is_dispatched_whole():
 def test_without_a_store_an_over_cap_forward_input_is_refused_as_before():
     run = Simulator(uploads, upload, config=NO_STORE).start("uploads", "x" * 500).run_to_end()
     assert run.scheduled() == []
-    assert run.events[-1].result == ("refused: payload too large: input of activity 'upload' is "
-                                     f"502 bytes, over the cap of {CAP} bytes")
+    assert run.events[-1].result == (
+        f"refused: payload too large: input of activity 'upload' is 502 bytes, over the cap of {CAP} bytes"
+    )
 
 
 def test_an_over_cap_input_a_store_keeps_inline_is_still_refused():

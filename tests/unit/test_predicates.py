@@ -51,15 +51,14 @@ STATE = {
         "operator_live": "an operator action appends at the locked run's next seq",
     },
     "closed_at": _all("set with a terminal status; status is what the predicates read"),
-    "cancelled_at": {**_all(READS),
-                     "operator_live": "a seal sets a terminal status, which status refuses"},
+    "cancelled_at": {**_all(READS), "operator_live": "a seal sets a terminal status, which status refuses"},
     "cancel_requested_at": {
         "accepts_results": "a run asked to cancel is still RUNNING and records results",
         "decidable": "its decision is how the workflow sees the request",
         "fast_path": READS,
         "eager_claim": "a cancelling run may still schedule durable work",
         "operator_live": "operators act on a cancelling run as on a running one "
-                         "(request_cancellation checks it itself, for idempotence)",
+        "(request_cancellation checks it itself, for idempotence)",
     },
     "decision_requested_at": {
         "accepts_results": "a pending decision reads the results recorded before it runs",
@@ -76,8 +75,7 @@ STATE = {
         "operator_live": "operators may cancel or terminate an nd-blocked run",
     },
     "nd_block_count": _all("the nd backoff's counter; nd_blocked_at says whether it is blocked"),
-    "nd_retry_at": {**_all("the sweeper's nd backoff clock, not a state that refuses"),
-                    "fast_path": READS},
+    "nd_retry_at": {**_all("the sweeper's nd backoff clock, not a state that refuses"), "fast_path": READS},
     "erased_at": {**_all(READS), "operator_live": "erasure is for terminal runs only (status)"},
     "paused_at": {
         "accepts_results": "a paused run still records results; its decisions wait",
@@ -96,7 +94,8 @@ def test_every_column_of_the_runs_table_is_classified():
     columns = set(executions.c.keys())
     assert set(NOT_STATE) | set(STATE) == columns, (
         f"unclassified: {sorted(columns - set(NOT_STATE) - set(STATE))}; "
-        f"gone: {sorted(set(NOT_STATE) | set(STATE) - columns)}")
+        f"gone: {sorted(set(NOT_STATE) | set(STATE) - columns)}"
+    )
     assert not set(NOT_STATE) & set(STATE)
     assert all(reason.strip() for reason in NOT_STATE.values())
 
@@ -112,8 +111,8 @@ def test_each_predicate_reads_exactly_the_columns_classified_as_read(pred):
         verdict = verdicts[pred.name]
         assert verdict.strip(), (column, pred.name)
         assert (verdict == READS) == (column in pred.columns), (
-            f"{pred.name} {'reads' if column in pred.columns else 'ignores'} {column}, "
-            f"classified: {verdict}")
+            f"{pred.name} {'reads' if column in pred.columns else 'ignores'} {column}, classified: {verdict}"
+        )
     assert pred.columns <= set(STATE)
     assert pred.columns <= set(executions.c.keys())
 
@@ -170,8 +169,10 @@ def test_fast_path_refuses_a_change_of_each_run_column_alone(term):
     assert p.fast_path.refusing(row, _task(), next_seq=7, sticky_queue=None, attempt=2) == [term]
 
 
-@pytest.mark.parametrize("changes", [{"status": TaskStatus.SCHEDULED.value}, {"attempt": 3},
-                                     {"status": TaskStatus.COMPLETED.value}])
+@pytest.mark.parametrize(
+    "changes",
+    [{"status": TaskStatus.SCHEDULED.value}, {"attempt": 3}, {"status": TaskStatus.COMPLETED.value}],
+)
 def test_fast_path_refuses_a_task_row_another_attempt_owns(changes):
     row = RunRow.assumed("r", "W", 7, None)
     refused = p.fast_path.refusing(row, _task(**changes), next_seq=7, sticky_queue=None, attempt=2)

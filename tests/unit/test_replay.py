@@ -318,7 +318,11 @@ def test_catching_nondeterministic_still_records_nd():
 def test_gather_dispatches_every_member_in_argument_order_in_one_decision():
     run = sim_with(fan_flat).start("fan_flat")
     decision = run.decide()
-    assert [(c.activity_id, c.activity_name) for c in decision.commands] == [("1", "a"), ("2", "b"), ("3", "c")]
+    assert [(c.activity_id, c.activity_name) for c in decision.commands] == [
+        ("1", "a"),
+        ("2", "b"),
+        ("3", "c"),
+    ]
     assert all(isinstance(c, ScheduleActivity) for c in decision.commands)
     run.complete("3", "C")
     run.complete("1", "A")
@@ -503,7 +507,9 @@ def test_unknown_activity_and_unserializable_payload_are_rejected_before_anythin
     assert run.events[-1] == ev.WorkflowCompleted(["UnknownActivity", "PayloadNotSerializable"])
 
 
-@pytest.mark.parametrize("what,error_type", [("unknown", "UnknownActivity"), ("set", "PayloadNotSerializable")])
+@pytest.mark.parametrize(
+    "what,error_type", [("unknown", "UnknownActivity"), ("set", "PayloadNotSerializable")]
+)
 def test_uncaught_pre_dispatch_rejection_fails_the_run_with_nothing_scheduled(what, error_type):
     run = sim_with(rejection_uncaught).start("rejection_uncaught", what)
     run.decide()
@@ -519,7 +525,9 @@ def test_payload_too_large_with_a_small_cap():
     result = run.events[-1].result
     assert result["what"] == "input of activity 'a'"
     assert result["size"] == 102 and result["cap"] == 16
-    assert result["message"] == "payload too large: input of activity 'a' is 102 bytes, over the cap of 16 bytes"
+    assert (
+        result["message"] == "payload too large: input of activity 'a' is 102 bytes, over the cap of 16 bytes"
+    )
     under = sim.start("too_large", 10, execution_id="run-2").run_to_end()
     assert under.events[-1].result == "dispatched" and scheduled_names(under) == ["a"]
 
@@ -534,8 +542,13 @@ SAMPLE_ARGS = {
     "PayloadNotSerializable": ("input of activity 'a'", "set is not JSON"),
     "ActivityError": ("charge", "RuntimeError", "card declined", 3),
     "WorkflowFailed": ("run-1", "ActivityError", "boom"),
-    "WorkflowCancelledError": ("run-1", "customer asked", "SagaCompensationFailed: saga compensation "
-                               "failed after original error: x", "failed", {"refunded": ["ch_1"]}),
+    "WorkflowCancelledError": (
+        "run-1",
+        "customer asked",
+        "SagaCompensationFailed: saga compensation failed after original error: x",
+        "failed",
+        {"refunded": ["ch_1"]},
+    ),
     "NotInActivity": ("harvest_celery.activity_context()",),
     "RegistrationError": ("bad registration",),
     "UnknownWorkflow": ("nope",),
@@ -565,8 +578,11 @@ SAMPLE_ARGS = {
 
 def _error_classes():
     return sorted(
-        (cls for _, cls in inspect.getmembers(_errors, inspect.isclass)
-         if issubclass(cls, HarvestError) and cls.__module__ == _errors.__name__),
+        (
+            cls
+            for _, cls in inspect.getmembers(_errors, inspect.isclass)
+            if issubclass(cls, HarvestError) and cls.__module__ == _errors.__name__
+        ),
         key=lambda c: c.__name__,
     )
 
@@ -591,13 +607,17 @@ def test_errors_pickle_round_trip_keeping_fields_and_str(cls):
     assert type(back) is cls
     assert isinstance(back, HarvestError)
     assert str(back) == str(err) and str(err)
-    assert {k: _comparable(v) for k, v in vars(back).items()} == {k: _comparable(v) for k, v in vars(err).items()}
+    assert {k: _comparable(v) for k, v in vars(back).items()} == {
+        k: _comparable(v) for k, v in vars(err).items()
+    }
     assert back.args == err.args
 
 
 def test_saga_compensation_failed_pickles_its_nested_errors():
-    err = SagaCompensationFailed(ActivityError("reserve", "RuntimeError", "out of stock"),
-                                 [ActivityError("refund", "RuntimeError", "gateway down")])
+    err = SagaCompensationFailed(
+        ActivityError("reserve", "RuntimeError", "out of stock"),
+        [ActivityError("refund", "RuntimeError", "gateway down")],
+    )
     back = pickle.loads(pickle.dumps(err))
     assert isinstance(back.original_error, ActivityError)
     assert back.original_error.activity_name == "reserve"
@@ -652,7 +672,9 @@ async def big_then_small(ctx, blob):
 def test_lowering_the_cap_never_strands_a_dispatch_already_recorded():
     from harvest_celery._core.engine import EngineConfig
 
-    sim = Simulator(big_then_small, upload, notify_done, config=EngineConfig(max_activity_input_bytes=1_000_000))
+    sim = Simulator(
+        big_then_small, upload, notify_done, config=EngineConfig(max_activity_input_bytes=1_000_000)
+    )
     run = sim.start("big_then_small", "x" * 50_000)
     run.decide()
     run.execute(run.open_activities()[0])

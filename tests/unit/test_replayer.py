@@ -49,10 +49,12 @@ def record(app: Any) -> dict[str, str]:
     """Histories recorded by the first build: two completed runs, one open run waiting for a
     signal, one cancelled run whose durable compensations diverged against the cancel."""
     h = app.harvest
-    runs = {"done-1": h.start_workflow("rp_order", {"n": 1}, execution_id="done-1"),
-            "done-2": h.start_workflow("rp_order", {"n": 2}, execution_id="done-2"),
-            "open": h.start_workflow("rp_order", {"wait": True}, execution_id="open"),
-            "cancelled": h.start_workflow("rp_cancel", {}, execution_id="cancelled")}
+    runs = {
+        "done-1": h.start_workflow("rp_order", {"n": 1}, execution_id="done-1"),
+        "done-2": h.start_workflow("rp_order", {"n": 2}, execution_id="done-2"),
+        "open": h.start_workflow("rp_order", {"wait": True}, execution_id="open"),
+        "cancelled": h.start_workflow("rp_cancel", {}, execution_id="cancelled"),
+    }
     h.cancel_workflow_execution("cancelled", reason="ops")
     assert [h.describe(r).status for r in runs] == ["COMPLETED", "COMPLETED", "RUNNING", "CANCELLED"]
     return runs
@@ -63,7 +65,11 @@ def test_an_unchanged_workflow_replays_ok_and_strict_exits_zero(app, capsys):
     report = WorkflowReplayer(app.harvest).replay_database()
     assert isinstance(report, ReplayReport) and report.passed
     assert sorted((r.execution_id, r.result) for r in report.runs) == [
-        ("cancelled", "ok"), ("done-1", "ok"), ("done-2", "ok"), ("open", "ok")]
+        ("cancelled", "ok"),
+        ("done-1", "ok"),
+        ("done-2", "ok"),
+        ("open", "ok"),
+    ]
     code, out, err = cli(capsys, "replay", "--strict")
     assert code == 0 and err == ""
     assert "replayed 4 runs: 4 ok, 0 diverged, 0 errors, 0 skipped" in out
@@ -75,8 +81,9 @@ def test_the_pinned_cancel_divergence_is_not_drift(app):
     assert failed == "WorkflowFailed"  # SagaCompensationFailed: "... got WorkflowCancelled"
     assert "got WorkflowCancelled" in app.harvest.describe("cancelled").error["message"]
     history = app.harvest.history("cancelled")
-    probe = replay_history(app.harvest.registry.workflow("rp_cancel"), "cancelled", history,
-                           app.harvest.registry)
+    probe = replay_history(
+        app.harvest.registry.workflow("rp_cancel"), "cancelled", history, app.harvest.registry
+    )
     assert probe.nd is None and probe.commands == []  # a sealed run records no divergence
     [verdict] = WorkflowReplayer(app.harvest).replay_database(ids=["cancelled"]).runs
     assert verdict.result == "ok", verdict.line()
@@ -88,11 +95,16 @@ def test_a_reordered_workflow_fails_strict_and_is_only_reported_in_canary(app, c
     assert not report.passed and {r.execution_id for r in report.diverged} == {"done-1", "done-2", "open"}
     verdict = report.diverged[0]
     assert (verdict.expected, verdict.actual, verdict.event_index) == (
-        "ActivityScheduled(rp_b)", "ActivityScheduled(rp_a)", 1)
+        "ActivityScheduled(rp_b)",
+        "ActivityScheduled(rp_a)",
+        1,
+    )
     code, out, _ = cli(capsys, "replay", "--strict", "--workflow", "rp_order", build="swapped")
     assert code == 1
-    assert "DIVERGED done-1 (rp_order, 11 events): expected ActivityScheduled(rp_b), got " \
-           "ActivityScheduled(rp_a) at event 1" in out
+    assert (
+        "DIVERGED done-1 (rp_order, 11 events): expected ActivityScheduled(rp_b), got "
+        "ActivityScheduled(rp_a) at event 1" in out
+    )
     assert "0 ok, 3 diverged" in out and "strict: failing" in out
     code, out, _ = cli(capsys, "replay", "--canary", "--workflow", "rp_order", build="swapped")
     assert code == 0 and "3 diverged" in out and "canary: reported only" in out
@@ -132,7 +144,10 @@ def test_export_then_replay_from_the_file_round_trips(app, db, capsys, tmp_path)
     assert stat.S_IMODE(out.stat().st_mode) == 0o600
     document = json.loads(out.read_text())
     assert (document["execution_id"], document["workflow_type"], document["status"]) == (
-        "done-1", "rp_order", "COMPLETED")
+        "done-1",
+        "rp_order",
+        "COMPLETED",
+    )
     first = document["events"][0]
     assert set(first) == {"seq", "type", "data", "recorded_at"}
     assert first["type"] == "WorkflowStarted" and first["data"]["input"] == {"n": 1}
@@ -149,7 +164,10 @@ def test_export_then_replay_from_the_file_round_trips(app, db, capsys, tmp_path)
     from_db = WorkflowReplayer(app.swapped).replay_database(ids=["done-1"]).runs[0]
     from_file = WorkflowReplayer(app.swapped.registry).replay_files([out]).runs[0]
     assert (from_db.expected, from_db.actual, from_db.event_index) == (
-        from_file.expected, from_file.actual, from_file.event_index)
+        from_file.expected,
+        from_file.actual,
+        from_file.event_index,
+    )
 
 
 def test_an_export_holds_payloads_decoded_and_a_wrong_key_is_an_error_verdict(app, db, tmp_path):
@@ -167,7 +185,8 @@ def test_an_export_holds_payloads_decoded_and_a_wrong_key_is_an_error_verdict(ap
     assert document["events"][0]["data"]["input"] == {"card": "4242"}  # decoded in the export
     assert WorkflowReplayer(sealed).replay_database().passed
     wrong = Harvest(url, codec=FernetCodec({"k1": Fernet.generate_key()}, "k1")).register(
-        *app.ACTIVITIES, app.order_v1)
+        *app.ACTIVITIES, app.order_v1
+    )
     [verdict] = WorkflowReplayer(wrong).replay_database().runs
     assert verdict.result == "error" and "PayloadCodecError" in str(verdict.reason)
 
@@ -179,8 +198,12 @@ def test_unreadable_exports_are_errors_not_crashes(app, capsys, tmp_path):
     unknown["events"][3]["type"] = unknown["events"][3]["data"]["type"] = "ActivityTeleported"
     gap = json.loads(json.dumps(good))
     del gap["events"][2]
-    files = {"unknown.json": json.dumps(unknown), "gap.json": json.dumps(gap),
-             "broken.json": "{not json", "list.json": json.dumps([good, {"format": "other"}])}
+    files = {
+        "unknown.json": json.dumps(unknown),
+        "gap.json": json.dumps(gap),
+        "broken.json": "{not json",
+        "list.json": json.dumps([good, {"format": "other"}]),
+    }
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     report = WorkflowReplayer(app.harvest.registry).replay_files(sorted(tmp_path.glob("*.json")))
@@ -215,9 +238,12 @@ def _database(path: str) -> list[str]:
 
 
 def _counters() -> dict[Any, float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for counter in METRICS.counters.values() for metric in counter.collect()
-            for s in metric.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for counter in METRICS.counters.values()
+        for metric in counter.collect()
+        for s in metric.samples
+    }
 
 
 def test_a_replay_writes_nothing(app, db, capsys, tmp_path):
@@ -226,8 +252,11 @@ def test_a_replay_writes_nothing(app, db, capsys, tmp_path):
     app.harvest.signal("open", "go")
     path = db.removeprefix("sqlite:///")
     before, counters = _database(path), _counters()
-    markers = sum(h.describe().startswith("MarkerRecorded") for r in ("done-1", "cancelled", "open")
-                  for h in app.harvest.history(r))
+    markers = sum(
+        h.describe().startswith("MarkerRecorded")
+        for r in ("done-1", "cancelled", "open")
+        for h in app.harvest.history(r)
+    )
     assert markers == 2  # the cancelled run's saga_compensated:1 and saga_compensation_failed:1
     for build in ("harvest", "swapped", "longer"):
         cli(capsys, "replay", "--canary", build=build)
@@ -238,8 +267,7 @@ def test_a_replay_writes_nothing(app, db, capsys, tmp_path):
     assert _counters() == counters
 
 
-@settings(deadline=None, max_examples=60, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, max_examples=60, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_histories_replay_ok_and_a_visible_reorder_is_always_reported(data):
     """On the property tests' random histories (tests/unit/test_engine_properties.py): every

@@ -38,8 +38,17 @@ class History:
     def at(self, seq: int) -> datetime:
         return self.events[seq].recorded_at
 
-    def run(self, aid: str, name: str, input: Any = None, *, fail: str | None = None,
-            error_type: str = "RuntimeError", attempts: int = 1, open: bool = False) -> History:
+    def run(
+        self,
+        aid: str,
+        name: str,
+        input: Any = None,
+        *,
+        fail: str | None = None,
+        error_type: str = "RuntimeError",
+        attempts: int = 1,
+        open: bool = False,
+    ) -> History:
         self.add(ev.ActivityScheduled(aid, name, input if input is not None else {"secret": SECRET}))
         for attempt in range(1, attempts + 1):
             self.add(ev.ActivityStarted(aid, attempt, "w1"))
@@ -56,10 +65,23 @@ class History:
 
 def execution(status: str = "FAILED", **kw: Any) -> Execution:
     fields: dict[str, Any] = dict(
-        id="run-1", workflow_type="diamond", status=status, input=None, result=None, error=None,
-        created_at=T0, updated_at=T0, closed_at=None if status == "RUNNING" else T0 + timedelta(minutes=1),
-        cancelled_at=None, cancel_reason=None, nd_blocked_at=None, nd_block_reason=None,
-        nd_block_count=0, nd_details=None, history_length=0)
+        id="run-1",
+        workflow_type="diamond",
+        status=status,
+        input=None,
+        result=None,
+        error=None,
+        created_at=T0,
+        updated_at=T0,
+        closed_at=None if status == "RUNNING" else T0 + timedelta(minutes=1),
+        cancelled_at=None,
+        cancel_reason=None,
+        nd_blocked_at=None,
+        nd_block_reason=None,
+        nd_block_count=0,
+        nd_details=None,
+        history_length=0,
+    )
     fields.update(kw)
     return Execution(**fields)
 
@@ -96,23 +118,41 @@ def test_a_compensated_diamond_shows_the_four_forward_nodes_only():
     assert graph["nodes"][3]["error_type"] == "RuntimeError"
     assert graph["nodes"][3]["error"] == "dia_d failed"
     assert {k: graph[k] for k in ("run_id", "dag_name", "state")} == {
-        "run_id": "run-1", "dag_name": "diamond", "state": "FAILED"}
+        "run_id": "run-1",
+        "dag_name": "diamond",
+        "state": "FAILED",
+    }
 
 
 def test_the_graph_never_carries_a_payload():
     graph = build_run_graph(diamond_def(), execution(), compensated_diamond().events)
     assert SECRET not in json.dumps(graph, default=str)
     assert set(graph) == {"run_id", "dag_name", "state", "started_at", "finished_at", "nodes"}
-    assert all(set(n) == {"node_name", "status", "depends_on", "started_at", "finished_at", "attempts",
-                          "error_type", "error"} for n in graph["nodes"])
+    assert all(
+        set(n)
+        == {
+            "node_name",
+            "status",
+            "depends_on",
+            "started_at",
+            "finished_at",
+            "attempts",
+            "error_type",
+            "error",
+        }
+        for n in graph["nodes"]
+    )
 
 
 def test_compensation_dispatches_are_recognised_by_history_alone():
     h = compensated_diamond()
     forward = [x.event.activity_name for x in forward_dispatches(h.events)]  # type: ignore[attr-defined]
     assert forward == ["dia_a", "dia_b", "dia_c", "dia_d"]
-    comp = next(x.event for x in h.events if isinstance(x.event, ev.ActivityScheduled)
-                and x.event.activity_name == "undo_node")
+    comp = next(
+        x.event
+        for x in h.events
+        if isinstance(x.event, ev.ActivityScheduled) and x.event.activity_name == "undo_node"
+    )
     assert is_compensation_dispatch(comp, {"dia_a", "dia_b", "dia_c"})
     assert not is_compensation_dispatch(comp, {"dia_a", "dia_b"})  # names dia_c: not dispatched
 

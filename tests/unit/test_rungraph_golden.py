@@ -41,5 +41,7 @@ def test_the_run_graph_response_is_the_golden_one(client, case):
 
 
 def test_the_cases_cover_every_status_a_recorded_run_reaches():
-    seen = {node["status"] for case in CASES for node in json.loads((HERE / f"{case}.json").read_bytes())["nodes"]}
+    seen = {
+        node["status"] for case in CASES for node in json.loads((HERE / f"{case}.json").read_bytes())["nodes"]
+    }
     assert seen == {"succeeded", "failed", "timed_out", "cancelled", "running", "pending", "skipped"}

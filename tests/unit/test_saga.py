@@ -34,8 +34,16 @@ void_label = activity(name="void_label")(lambda label_id: None)
 confirm_order = activity(name="confirm_order")(lambda ids: "confirmed")
 shred_label = activity(name="shred_label")(lambda label_id: None)
 
-ACTIVITIES = (charge_payment, refund_payment, reserve_inventory, release_reservation, print_label,
-              void_label, confirm_order, shred_label)
+ACTIVITIES = (
+    charge_payment,
+    refund_payment,
+    reserve_inventory,
+    release_reservation,
+    print_label,
+    void_label,
+    confirm_order,
+    shred_label,
+)
 
 # in-memory compensations append here (they re-run on every replay, by contract)
 UNDONE: list = []
@@ -43,12 +51,17 @@ UNDONE: list = []
 
 # ── workflows ─────────────────────────────────────────────────────────────────────────────────
 async def _three_steps(ctx, saga, order, label_undo=void_label):
-    c = await saga.step(lambda: ctx.execute_activity(charge_payment, order),
-                        lambda cid: ctx.execute_activity(refund_payment, cid))
-    r = await saga.step(lambda: ctx.execute_activity(reserve_inventory, order),
-                        lambda rid: ctx.execute_activity(release_reservation, rid))
-    lbl = await saga.step(lambda: ctx.execute_activity(print_label, order),
-                          lambda lid: ctx.execute_activity(label_undo, lid))
+    c = await saga.step(
+        lambda: ctx.execute_activity(charge_payment, order),
+        lambda cid: ctx.execute_activity(refund_payment, cid),
+    )
+    r = await saga.step(
+        lambda: ctx.execute_activity(reserve_inventory, order),
+        lambda rid: ctx.execute_activity(release_reservation, rid),
+    )
+    lbl = await saga.step(
+        lambda: ctx.execute_activity(print_label, order), lambda lid: ctx.execute_activity(label_undo, lid)
+    )
     return [c, r, lbl]
 
 
@@ -61,8 +74,11 @@ async def checkout(ctx, order):
         await saga.step(lambda: ctx.execute_activity(confirm_order, ids))
     except SagaCompensationFailed as err:
         if order.get("catch"):
-            return {"caught": str(err), "original": str(err.original_error),
-                    "errors": [str(e) for e in err.compensation_errors]}
+            return {
+                "caught": str(err),
+                "original": str(err.original_error),
+                "errors": [str(e) for e in err.compensation_errors],
+            }
         raise
     except ActivityError as err:
         if order.get("catch"):
@@ -78,8 +94,11 @@ async def manual_unwind(ctx, order):
     try:
         await saga.compensate_all()
     except SagaCompensationFailed as err:
-        return {"original": err.original_error, "errors": [str(e) for e in err.compensation_errors],
-                "message": str(err)}
+        return {
+            "original": err.original_error,
+            "errors": [str(e) for e in err.compensation_errors],
+            "message": str(err),
+        }
     return "unwound"
 
 
@@ -107,8 +126,10 @@ async def cancel_pattern(ctx, order):
 @workflow
 async def cancel_inside_step(ctx, order):
     saga = Saga(ctx)
-    await saga.step(lambda: ctx.execute_activity(charge_payment, order),
-                    lambda cid: ctx.execute_activity(refund_payment, cid))
+    await saga.step(
+        lambda: ctx.execute_activity(charge_payment, order),
+        lambda cid: ctx.execute_activity(refund_payment, cid),
+    )
     if not ctx.is_cancelled():
         await ctx.wait_signal("approve")
 
@@ -136,13 +157,18 @@ async def push_then_maybe_unwind(ctx, order):
 @workflow
 async def after_error(ctx, order):
     saga = Saga(ctx)
-    await saga.step(lambda: ctx.execute_activity(charge_payment, order),
-                    lambda cid: ctx.execute_activity(refund_payment, cid))
+    await saga.step(
+        lambda: ctx.execute_activity(charge_payment, order),
+        lambda cid: ctx.execute_activity(refund_payment, cid),
+    )
     try:
         await saga.compensate_all_after(ValueError("business rule violated"))
     except SagaCompensationFailed as err:
-        return {"type": "SagaCompensationFailed", "original": type(err.original_error).__name__,
-                "message": str(err)}
+        return {
+            "type": "SagaCompensationFailed",
+            "original": type(err.original_error).__name__,
+            "message": str(err),
+        }
     except ValueError as err:
         return {"type": "ValueError", "message": str(err)}
     return "not raised"
@@ -155,8 +181,10 @@ async def empty_then_real(ctx, order):
     if order.get("only_empty"):
         return "nothing"
     saga = Saga(ctx)
-    await saga.step(lambda: ctx.execute_activity(charge_payment, order),
-                    lambda cid: ctx.execute_activity(refund_payment, cid))
+    await saga.step(
+        lambda: ctx.execute_activity(charge_payment, order),
+        lambda cid: ctx.execute_activity(refund_payment, cid),
+    )
     await saga.compensate_all()
     return "one unwind"
 
@@ -164,12 +192,16 @@ async def empty_then_real(ctx, order):
 @workflow
 async def two_unwinds(ctx, order):
     first = Saga(ctx)
-    await first.step(lambda: ctx.execute_activity(charge_payment, order),
-                     lambda cid: ctx.execute_activity(refund_payment, cid))
+    await first.step(
+        lambda: ctx.execute_activity(charge_payment, order),
+        lambda cid: ctx.execute_activity(refund_payment, cid),
+    )
     await first.compensate_all()
     second = Saga(ctx)
-    await second.step(lambda: ctx.execute_activity(reserve_inventory, order),
-                      lambda rid: ctx.execute_activity(release_reservation, rid))
+    await second.step(
+        lambda: ctx.execute_activity(reserve_inventory, order),
+        lambda rid: ctx.execute_activity(release_reservation, rid),
+    )
     try:
         await second.compensate_all()
     except SagaCompensationFailed:
@@ -184,6 +216,7 @@ def new_sim(*workflows, failing=()):
     def boom(name):
         def fail(_):
             raise RuntimeError(f"{name} down")
+
         return fail
 
     for name in failing:
@@ -235,12 +268,18 @@ def test_saga_runs_compensations_in_reverse_order_when_later_step_fails():
     run = new_sim(checkout, failing=["confirm_order"]).start("checkout", {"o": 1}).run_to_end()
     assert compensation_names(run) == ["void_label", "release_reservation", "refund_payment"]
     comps = [e for e in run.scheduled() if e.compensation]
-    assert [(e.input, e.queue) for e in comps] == [("lbl_1", "default"), ("rsv_1", "inventory"),
-                                                   ("ch_1", "payments")]
+    assert [(e.input, e.queue) for e in comps] == [
+        ("lbl_1", "default"),
+        ("rsv_1", "inventory"),
+        ("ch_1", "payments"),
+    ]
     # a successful rollback re-raises the failed step's own error
     assert run.status == "FAILED"
     assert outcome(run).error_type == "ActivityError"
-    assert outcome(run).message == "activity confirm_order failed after 1 attempt(s): RuntimeError: confirm_order down"
+    assert (
+        outcome(run).message
+        == "activity confirm_order failed after 1 attempt(s): RuntimeError: confirm_order down"
+    )
 
 
 def test_successful_rollback_reraises_the_steps_own_error_to_the_author():
@@ -266,13 +305,17 @@ def test_saga_reports_compensation_failures_with_original_error_and_keeps_unwind
     assert run.status == "FAILED"
     assert outcome(run).error_type == "SagaCompensationFailed"
     original = "activity confirm_order failed after 1 attempt(s): RuntimeError: confirm_order down"
-    comp_err = "activity release_reservation failed after 1 attempt(s): RuntimeError: release_reservation down"
+    comp_err = (
+        "activity release_reservation failed after 1 attempt(s): RuntimeError: release_reservation down"
+    )
     assert outcome(run).message == (
         f"saga compensation failed after original error: {original}; compensation errors: [{comp_err}]"
     )
     caught = sim.start("checkout", {"catch": 1}, execution_id="run-2").run_to_end()
     assert outcome(caught).result == {
-        "caught": outcome(run).message, "original": original, "errors": [comp_err],
+        "caught": outcome(run).message,
+        "original": original,
+        "errors": [comp_err],
     }
 
 
@@ -282,8 +325,10 @@ def test_saga_compensate_all_reports_failures_when_compensations_fail():
     assert compensation_names(run) == ["void_label", "release_reservation", "refund_payment"]
     result = outcome(run).result
     assert result["original"] == "manual compensation requested"
-    errs = ["activity void_label failed after 1 attempt(s): RuntimeError: void_label down",
-            "activity refund_payment failed after 1 attempt(s): RuntimeError: refund_payment down"]
+    errs = [
+        "activity void_label failed after 1 attempt(s): RuntimeError: void_label down",
+        "activity refund_payment failed after 1 attempt(s): RuntimeError: refund_payment down",
+    ]
     assert result["errors"] == errs  # unwind (LIFO) order
     assert result["message"] == (
         "saga compensation failed after original error: manual compensation requested; "
@@ -344,9 +389,11 @@ def test_known_limitation_durable_compensation_after_recorded_cancel_fails_and_i
     assert run.metrics == [COMPENSATED, FAILED_METRIC]
     failed = outcome(run)
     assert failed.error_type == "SagaCompensationFailed"
-    assert failed.message.startswith("saga compensation failed after original error: manual compensation requested;")
-    assert ("expected ActivityScheduled(release_reservation), got WorkflowCancelled" in failed.message)
-    assert ("expected ActivityScheduled(refund_payment), got WorkflowCancelled" in failed.message)
+    assert failed.message.startswith(
+        "saga compensation failed after original error: manual compensation requested;"
+    )
+    assert "expected ActivityScheduled(release_reservation), got WorkflowCancelled" in failed.message
+    assert "expected ActivityScheduled(refund_payment), got WorkflowCancelled" in failed.message
     assert run.status == "CANCELLED"
     run.decide()  # replays observe both markers and stay silent
     assert run.metrics == [COMPENSATED, FAILED_METRIC] and run.nd is None
@@ -376,7 +423,8 @@ def test_saga_compensation_idempotency_under_replay():
     events = [
         ev.WorkflowStarted("cancel_pattern", {"o": 1}),
         ev.ActivityScheduled("1", "charge_payment", {"o": 1}, "payments"),
-        ev.ActivityStarted("1", 1, "w"), ev.ActivityCompleted("1", "ch_RECORDED"),
+        ev.ActivityStarted("1", 1, "w"),
+        ev.ActivityCompleted("1", "ch_RECORDED"),
         ev.ActivityScheduled("2", "reserve_inventory", {"o": 1}, "inventory"),
         ev.ActivityStarted("2", 1, "w"),
         ev.WorkflowCancelled("ops"),
@@ -418,8 +466,11 @@ def test_saga_compensated_metric_emitted_once_across_crash_replay():
 
 
 def test_saga_compensation_failed_metric_distinct_and_once():
-    run = new_sim(checkout, failing=["confirm_order", "void_label", "refund_payment"]).start(
-        "checkout", {"o": 1}).run_to_end()
+    run = (
+        new_sim(checkout, failing=["confirm_order", "void_label", "refund_payment"])
+        .start("checkout", {"o": 1})
+        .run_to_end()
+    )
     assert markers(run) == ["saga_compensated:1", "saga_compensation_failed:1"]
     assert run.metrics == [COMPENSATED, FAILED_METRIC]  # one failure sample for two failed comps
     i_failed = run.types().index("WorkflowFailed")
@@ -431,8 +482,11 @@ def test_saga_compensation_failed_metric_distinct_and_once():
 
 
 def test_saga_compensation_failed_emitted_even_when_author_catches_error():
-    run = new_sim(checkout, failing=["confirm_order", "refund_payment"]).start(
-        "checkout", {"catch": 1}).run_to_end()
+    run = (
+        new_sim(checkout, failing=["confirm_order", "refund_payment"])
+        .start("checkout", {"catch": 1})
+        .run_to_end()
+    )
     assert run.status == "COMPLETED"
     assert "caught" in outcome(run).result
     assert run.metrics == [COMPENSATED, FAILED_METRIC]
@@ -466,16 +520,21 @@ def test_pre_801_history_mid_unwind_replays_clean_and_uncounted():
     events = [
         ev.WorkflowStarted("checkout", {"o": 1}),
         ev.ActivityScheduled("1", "charge_payment", {"o": 1}, "payments"),
-        ev.ActivityStarted("1", 1, "w"), ev.ActivityCompleted("1", "ch_1"),
+        ev.ActivityStarted("1", 1, "w"),
+        ev.ActivityCompleted("1", "ch_1"),
         ev.ActivityScheduled("2", "reserve_inventory", {"o": 1}, "inventory"),
-        ev.ActivityStarted("2", 1, "w"), ev.ActivityCompleted("2", "rsv_1"),
+        ev.ActivityStarted("2", 1, "w"),
+        ev.ActivityCompleted("2", "rsv_1"),
         ev.ActivityScheduled("3", "print_label", {"o": 1}, "default"),
-        ev.ActivityStarted("3", 1, "w"), ev.ActivityCompleted("3", "lbl_1"),
+        ev.ActivityStarted("3", 1, "w"),
+        ev.ActivityCompleted("3", "lbl_1"),
         ev.ActivityScheduled("4", "confirm_order", ["ch_1", "rsv_1", "lbl_1"], "default"),
-        ev.ActivityStarted("4", 1, "w"), ev.ActivityFailed("4", "RuntimeError", "down"),
+        ev.ActivityStarted("4", 1, "w"),
+        ev.ActivityFailed("4", "RuntimeError", "down"),
         # recorded before the markers existed: no saga_compensated:1 here
         ev.ActivityScheduled("5", "void_label", "lbl_1", "default"),
-        ev.ActivityStarted("5", 1, "w"), ev.ActivityCompleted("5", None),
+        ev.ActivityStarted("5", 1, "w"),
+        ev.ActivityCompleted("5", None),
         ev.ActivityScheduled("6", "release_reservation", "rsv_1", "inventory"),
     ]
     run = new_sim(checkout).run_from_history("checkout", events)
@@ -616,7 +675,8 @@ def test_probe_replay_of_a_marker_less_cancelled_history_counts_nothing():
     events = [
         ev.WorkflowStarted("cancel_pattern", {"o": 1}),
         ev.ActivityScheduled("1", "charge_payment", {"o": 1}, "payments"),
-        ev.ActivityStarted("1", 1, "w"), ev.ActivityCompleted("1", "ch_1"),
+        ev.ActivityStarted("1", 1, "w"),
+        ev.ActivityCompleted("1", "ch_1"),
         ev.ActivityScheduled("2", "reserve_inventory", {"o": 1}, "inventory"),
         ev.ActivityStarted("2", 1, "w"),
         ev.WorkflowCancelled("ops"),

@@ -19,40 +19,65 @@ STATEMENT = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH|LISTEN|NOTIFY)\b"
 def _strings(path: Path) -> list[str]:
     """The string literals of a module (f-string parts included), docstrings left out."""
     tree = ast.parse(path.read_text())
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-                  and node.body and isinstance(node.body[0], ast.Expr)
-                  and isinstance(node.body[0].value, ast.Constant)}
-    return [node.value for node in ast.walk(tree) if isinstance(node, ast.Constant)
-            and isinstance(node.value, str) and id(node) not in docstrings]
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    ]
 
 
 def test_no_raw_statement_outside_the_sql_module():
-    offenders = [f"{path.name}: {text.strip()[:40]!r}" for path in sorted(STORE.glob("*.py"))
-                 if path.name != "sql.py" for text in _strings(path) if STATEMENT.match(text)]
+    offenders = [
+        f"{path.name}: {text.strip()[:40]!r}"
+        for path in sorted(STORE.glob("*.py"))
+        if path.name != "sql.py"
+        for text in _strings(path)
+        if STATEMENT.match(text)
+    ]
     assert offenders == []
 
 
 def test_no_dialect_test_outside_the_dialect_module():
-    offenders = [str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
-                 if path.name != "dialect.py" and "dml_ctes" in path.read_text()]
+    offenders = [
+        str(path.relative_to(PACKAGE))
+        for path in PACKAGE.rglob("*.py")
+        if path.name != "dialect.py" and "dml_ctes" in path.read_text()
+    ]
     assert offenders == []
 
 
 def test_no_status_is_spelled_out_in_the_store():
     """Statuses come from the constants (``lifecycle.RUN_STATUSES``, ``names.TASK_STATUSES``): no
     run status as a bare string, no status compared with a literal, none quoted in SQL text."""
-    offenders = [f"{path.name}: {text!r}" for path in sorted(STORE.glob("*.py"))
-                 for text in _strings(path) if text in RUN_STATUSES]
+    offenders = [
+        f"{path.name}: {text!r}"
+        for path in sorted(STORE.glob("*.py"))
+        for text in _strings(path)
+        if text in RUN_STATUSES
+    ]
     quoted = re.compile("'(" + "|".join(RUN_STATUSES + TASK_STATUSES) + ")'")
     for path in sorted(STORE.glob("*.py")):
         offenders += [f"{path.name}: {m.group(0)}" for text in _strings(path) for m in quoted.finditer(text)]
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Compare) and any(
+            if (
+                isinstance(node, ast.Compare)
+                and any(
                     isinstance(side, ast.Attribute) and side.attr == "status"
-                    for side in (node.left, *node.comparators)) and any(
+                    for side in (node.left, *node.comparators)
+                )
+                and any(
                     isinstance(side, ast.Constant) and isinstance(side.value, str)
-                    for side in (node.left, *node.comparators)):
+                    for side in (node.left, *node.comparators)
+                )
+            ):
                 offenders.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
     assert offenders == []
 

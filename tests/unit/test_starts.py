@@ -73,11 +73,19 @@ def started_events(h: Harvest, run_id: str) -> int:
 
 
 # ── ids ─────────────────────────────────────────────────────────────────────────────────────
-@pytest.mark.parametrize("bad, why", [
-    ("order:1", "':'"), ("a/b", "'/'"), ("line\nbreak", "control character"),
-    ("bell\x07", "control character"), ("nul\x00", "control character"), ("   ", "empty"),
-    ("x" * 201, "at most 200"), (42, "a string"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        ("order:1", "':'"),
+        ("a/b", "'/'"),
+        ("line\nbreak", "control character"),
+        ("bell\x07", "control character"),
+        ("nul\x00", "control character"),
+        ("   ", "empty"),
+        ("x" * 201, "at most 200"),
+        (42, "a string"),
+    ],
+)
 def test_an_id_that_cannot_name_a_run_is_refused_and_writes_nothing(tmp_path, bad, why):
     h = make(tmp_path)
     with pytest.raises(InvalidExecutionId, match=why) as caught:
@@ -149,8 +157,9 @@ def test_post_workflows_takes_the_id_reuse_policy(api):
     h, client = api
 
     def start(input: Any, run_id: str, **extra: Any) -> Any:
-        return client.post("/workflows", json={"workflow": "st_flow", "input": input,
-                                                "execution_id": run_id, **extra})
+        return client.post(
+            "/workflows", json={"workflow": "st_flow", "input": input, "execution_id": run_id, **extra}
+        )
 
     assert start(1, "r1").status_code == 201
     assert start(1, "r1").json() == {"execution_id": "r1"}  # the default: idempotent
@@ -167,8 +176,9 @@ def test_post_workflows_takes_the_id_reuse_policy(api):
 @pytest.mark.parametrize("bad", ["sometimes", "", None, 1, ["reject"]])
 def test_post_workflows_refuses_an_unknown_id_reuse_and_writes_nothing(api, bad):
     h, client = api
-    resp = client.post("/workflows", json={"workflow": "st_flow", "input": 1, "execution_id": "r1",
-                                           "id_reuse": bad})
+    resp = client.post(
+        "/workflows", json={"workflow": "st_flow", "input": 1, "execution_id": "r1", "id_reuse": bad}
+    )
     assert resp.status_code == 422 and resp.json()["error"] == "ValidationError"
     assert "id_reuse" in json.dumps(resp.json()["detail"])
     assert run_ids(h) == []
@@ -330,12 +340,19 @@ def test_dbapi_connections_are_recognised_by_driver_and_transaction_state():
 
 
 # ── errors over HTTP, and the async client ──────────────────────────────────────────────────
-@pytest.mark.parametrize("exc, status", [
-    (ExecutionNotFound("r"), 404), (UnknownWorkflow("w"), 404),
-    (ExecutionAlreadyExists("r", "w", "input"), 409), (InvalidState("r", "COMPLETED", "cancel"), 409),
-    (RetryRefused("r", "running", "no"), 409), (PayloadStoreError("gone"), 503),
-    (InvalidExecutionId("a:b", "no"), 400), (HarvestError("other"), 400),
-])
+@pytest.mark.parametrize(
+    "exc, status",
+    [
+        (ExecutionNotFound("r"), 404),
+        (UnknownWorkflow("w"), 404),
+        (ExecutionAlreadyExists("r", "w", "input"), 409),
+        (InvalidState("r", "COMPLETED", "cancel"), 409),
+        (RetryRefused("r", "running", "no"), 409),
+        (PayloadStoreError("gone"), 503),
+        (InvalidExecutionId("a:b", "no"), 400),
+        (HarvestError("other"), 400),
+    ],
+)
 def test_each_error_has_one_http_status_and_body(exc, status):
     assert http_status(exc) == status
     body = error_body(exc)
@@ -381,9 +398,11 @@ def test_request_cancellation_sync_and_async_alike(tmp_path):
                 await client.request_cancellation("nobody")
             return [first, again, (row.status, row.display_status)]
 
-    sync = [h.request_cancellation("sync", reason="customer asked"),
-            h.request_cancellation("sync", reason="again"),
-            (h.describe("sync").status, h.describe("sync").display_status)]
+    sync = [
+        h.request_cancellation("sync", reason="customer asked"),
+        h.request_cancellation("sync", reason="again"),
+        (h.describe("sync").status, h.describe("sync").display_status),
+    ]
     assert sync == asyncio.run(scenario()) == [True, False, ("RUNNING", "CANCELLING")]
     for run_id in ("sync", "async"):  # one request recorded, its reason the first one's
         requests = [e.event for e in h.history(run_id) if e.event.type == "WorkflowCancelRequested"]
@@ -416,12 +435,15 @@ def test_list_time_filters_sync_and_async_alike(tmp_path):
     h.start_workflow("st_other", 1, "late")
     created = {r.id: r.created_at for r in h.list()}
     assert created["early"] < middle <= created["late"]
-    cases = [({"created_after": middle}, ["late"]), ({"created_before": middle}, ["early"]),
-             ({"created_after": created["late"]}, ["late"]),  # inclusive
-             ({"created_before": created["late"]}, ["early"]),  # exclusive
-             ({"created_after": created["early"], "created_before": middle}, ["early"]),
-             ({"created_after": middle, "created_before": middle}, []),
-             ({}, ["late", "early"])]  # newest first
+    cases = [
+        ({"created_after": middle}, ["late"]),
+        ({"created_before": middle}, ["early"]),
+        ({"created_after": created["late"]}, ["late"]),  # inclusive
+        ({"created_before": created["late"]}, ["early"]),  # exclusive
+        ({"created_after": created["early"], "created_before": middle}, ["early"]),
+        ({"created_after": middle, "created_before": middle}, []),
+        ({}, ["late", "early"]),
+    ]  # newest first
 
     async def scenario() -> list[list[str]]:
         async with AsyncHarvest(h) as client:

@@ -25,7 +25,9 @@ def flaky_undo(x):
 @workflow
 async def mixed(ctx: WorkflowContext, data: dict) -> list:
     saga = Saga(ctx)
-    first = await saga.step(lambda: ctx.execute_activity(step, "a"), lambda v: ctx.execute_activity(step, f"undo-{v}"))
+    first = await saga.step(
+        lambda: ctx.execute_activity(step, "a"), lambda v: ctx.execute_activity(step, f"undo-{v}")
+    )
     pair = await ctx.gather(ctx.execute_activity(step, "b"), ctx.execute_activity(step, "c"))
     if ctx.patched("v2"):
         await ctx.sleep(5)

@@ -59,7 +59,8 @@ async def waits(ctx: WorkflowContext, data):
 @pytest.fixture
 def h(tmp_path):
     harvest = Harvest(f"sqlite:///{tmp_path / 'h.db'}").register(
-        checkout, charge, refund, order, notify, decline, waits)
+        checkout, charge, refund, order, notify, decline, waits
+    )
     harvest.migrate()
     harvest._inline = None  # deliver messages by hand
     harvest.runtime.dispatcher = InlineDispatcher()
@@ -114,7 +115,8 @@ def test_a_stale_sweeper_pass_never_fails_a_row_the_cancel_already_failed(h):
     assert "ActivityFailed" not in types(h, run_id)
     pump(h)
     assert h.describe(run_id).status == "CANCELLED" and not any(
-        t == "MarkerRecorded" for t in types(h, run_id))  # no rollback was set off
+        t == "MarkerRecorded" for t in types(h, run_id)
+    )  # no rollback was set off
 
 
 def test_a_retry_policy_that_overflows_is_capped_and_the_sweep_goes_on(h):
@@ -204,8 +206,11 @@ def test_erasure_scrubs_error_messages_that_may_quote_the_input(h):
     pump(h)
     assert "4111-1111" in str(h.describe(run_id).error)
     h.erase_payloads(run_id)
-    dump = str([e.event for e in h.store.history(run_id)]) + str(h.describe(run_id).error) + str(
-        h.store.activity_rows(run_id))
+    dump = (
+        str([e.event for e in h.store.history(run_id)])
+        + str(h.describe(run_id).error)
+        + str(h.store.activity_rows(run_id))
+    )
     assert "4111-1111" not in dump
     assert h.describe(run_id).error["type"] == "ActivityError"  # the type survives
 
@@ -239,8 +244,11 @@ def test_a_late_heartbeat_never_revives_an_expired_lease(h):
     assert h.runtime.claim(run_id, "1", 1) is not None
     expired_at = utcnow() - timedelta(seconds=5)
     with h.store.begin() as tx:  # the lease ran out while the heartbeat thread was stalled
-        tx.conn.execute(activity_tasks.update().where(activity_tasks.c.execution_id == run_id)
-                        .values(lease_expires_at=expired_at))
+        tx.conn.execute(
+            activity_tasks.update()
+            .where(activity_tasks.c.execution_id == run_id)
+            .values(lease_expires_at=expired_at)
+        )
     h.runtime.leases.renew([(run_id, "1", 1)])  # the stalled beat finally runs
     with h.store.begin() as tx:
         assert sweeps.expired_leases(tx, utcnow()) == [(run_id, "1", 1)]  # still the sweeper's

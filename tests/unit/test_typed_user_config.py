@@ -16,8 +16,15 @@ MODULE = ROOT / "tests" / "unit" / "typed_user_config.py"
 
 
 def _mypy(path: Path) -> tuple[str, int]:
-    out, err, status = api.run(["--no-error-summary", "--follow-imports=silent",
-                                "--config-file", str(ROOT / "pyproject.toml"), str(path)])
+    out, err, status = api.run(
+        [
+            "--no-error-summary",
+            "--follow-imports=silent",
+            "--config-file",
+            str(ROOT / "pyproject.toml"),
+            str(path),
+        ]
+    )
     return out + err, status
 
 

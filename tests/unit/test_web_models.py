@@ -34,11 +34,15 @@ def raised_reasons() -> dict[str, str]:
             if not (isinstance(node, ast.Call) and _called_name(node.func) == "RetryRefused"):
                 continue
             where = f"{path.relative_to(PACKAGE)}:{node.lineno}"
-            reason = node.args[1] if len(node.args) > 1 else next(
-                (k.value for k in node.keywords if k.arg == "reason"), None)
+            reason = (
+                node.args[1]
+                if len(node.args) > 1
+                else next((k.value for k in node.keywords if k.arg == "reason"), None)
+            )
             assert isinstance(reason, ast.Constant) and isinstance(reason.value, str), (
                 f"{where}: a RetryRefused reason that is not a string literal cannot be checked "
-                "against the API model")
+                "against the API model"
+            )
             reasons.setdefault(reason.value, where)
     return reasons
 
@@ -58,7 +62,8 @@ def test_the_source_scan_finds_the_raisers():
 def test_the_retry_refused_body_accepts_every_reason_retry_refused_carries(reason):
     assert reason in typing.get_args(RetryRefusalReason), (
         f"RetryRefused reason {reason!r} ({raised_reasons().get(reason, 'documented')}) is missing "
-        "from harvest_celery._web.models.RetryRefusalReason")
+        "from harvest_celery._web.models.RetryRefusalReason"
+    )
     body = RetryRefusedBody.model_validate({"error": "RetryRefused", "detail": "refused", "reason": reason})
     assert body.reason == reason
 

@@ -51,8 +51,21 @@ def checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def wheel(checkout: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-         "-q", "-w", str(out), str(checkout)])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(out),
+            str(checkout),
+        ]
+    )
     (built,) = out.glob("harvest_celery-*.whl")
     return built
 
@@ -62,14 +75,29 @@ def fresh_venv(where: Path) -> Path:
     dependencies) appended to its path. Returns its python."""
     venv.EnvBuilder(with_pip=False).create(where)
     python = where / "bin" / "python"
-    purelib = run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip()
+    purelib = run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+    ).stdout.strip()
     (Path(purelib) / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return python
 
 
 def install(python: Path, *target: str) -> None:
-    run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-index", "--no-deps",
-         "--no-build-isolation", *target])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-build-isolation",
+            *target,
+        ]
+    )
 
 
 WHERE = """
@@ -159,7 +187,9 @@ def test_only_the_demo_imports_the_examples_and_nothing_imports_workflows():
     importers = set()
     for path in PACKAGE.rglob("*.py"):
         for _, module, names in _imports(path):
-            if module.startswith("harvest_celery.examples") or (module == "harvest_celery" and "examples" in names):
+            if module.startswith("harvest_celery.examples") or (
+                module == "harvest_celery" and "examples" in names
+            ):
                 importers.add(path.relative_to(ROOT).as_posix())
     assert importers == {"harvest_celery/_demo.py"}
     for folder in ("harvest_celery", "tests", "benchmarks", "workflows"):

@@ -16,7 +16,10 @@ class Base64Codec:
     codec_id = "b64"
 
     def encode(self, value: Any) -> dict[str, Any]:
-        return {"_harvest_codec": self.codec_id, "data": base64.b64encode(json.dumps(value).encode()).decode()}
+        return {
+            "_harvest_codec": self.codec_id,
+            "data": base64.b64encode(json.dumps(value).encode()).decode(),
+        }
 
     def decode(self, envelope: dict[str, Any]) -> Any:
         return json.loads(base64.b64decode(envelope["data"]))
@@ -39,10 +42,19 @@ class MemoryStore:
 
 
 def make(database_url: str, store: MemoryStore) -> Harvest:
-    return Harvest(database_url, codec=Base64Codec(), payload_store=store, offload_threshold=64,
-                   timings=Timings(redispatch_after=5.0), celery_error_detail="type", pool_size=2)
+    return Harvest(
+        database_url,
+        codec=Base64Codec(),
+        payload_store=store,
+        offload_threshold=64,
+        timings=Timings(redispatch_after=5.0),
+        celery_error_detail="type",
+        pool_size=2,
+    )
 
 
 def the_shipped_ones(database_url: str, root: str) -> list[Harvest]:
-    return [Harvest(database_url, payload_store=PostgresPayloadStore()),
-            Harvest(database_url, payload_store=FileSystemPayloadStore(root))]
+    return [
+        Harvest(database_url, payload_store=PostgresPayloadStore()),
+        Harvest(database_url, payload_store=FileSystemPayloadStore(root)),
+    ]

@@ -10,8 +10,9 @@ url = config.get_main_option("sqlalchemy.url") or ""
 
 
 def run_migrations_offline() -> None:
-    context.configure(url=url, target_metadata=metadata, literal_binds=True,
-                      version_table="harvest_alembic_version")
+    context.configure(
+        url=url, target_metadata=metadata, literal_binds=True, version_table="harvest_alembic_version"
+    )
     with context.begin_transaction():
         context.run_migrations()
 
@@ -19,9 +20,12 @@ def run_migrations_offline() -> None:
 def run_migrations_online() -> None:
     engine = create_engine(url, poolclass=pool.NullPool)
     with engine.connect() as connection:
-        context.configure(connection=connection, target_metadata=metadata,
-                          version_table="harvest_alembic_version",
-                          render_as_batch=connection.dialect.name == "sqlite")
+        context.configure(
+            connection=connection,
+            target_metadata=metadata,
+            version_table="harvest_alembic_version",
+            render_as_batch=connection.dialect.name == "sqlite",
+        )
         with context.begin_transaction():
             context.run_migrations()
     engine.dispose()

@@ -84,9 +84,15 @@ class ConsoleActions:
         self.harvest = harvest
         self.auth = auth
         self.table: dict[str, Callable[[str, dict[str, str]], str]] = {
-            "cancel": self.cancel, "terminate": self.terminate, "pause": self.pause,
-            "resume": self.resume, "signal": self.signal, "reset": self.reset, "erase": self.erase,
-            "retry": self.retry}
+            "cancel": self.cancel,
+            "terminate": self.terminate,
+            "pause": self.pause,
+            "resume": self.resume,
+            "signal": self.signal,
+            "reset": self.reset,
+            "erase": self.erase,
+            "retry": self.retry,
+        }
         if hasattr(harvest, "request_cancellation"):
             self.table["request-cancel"] = self.request_cancel
 
@@ -136,24 +142,31 @@ class ConsoleActions:
         from_node = form.get("from_node", "").strip() or None
         if from_node is not None:
             check_name(from_node, "a node name")
-        answer = self.harvest.retry_dag_run(x.workflow_type, run_id, from_node,
-                                            new_execution_id=_new_id(form))
+        answer = self.harvest.retry_dag_run(
+            x.workflow_type, run_id, from_node, new_execution_id=_new_id(form)
+        )
         return str(answer["run_id"])
 
     # ── the endpoint ─────────────────────────────────────────────────────────────────────────
     def failure(self, page: Page | None, status: int, message: str, run_id: str) -> HTMLResponse:
         body = error_body(status, message, back=run_href(run_id))
         if page is None:
-            return HTMLResponse(document(None, f"{status}", body), status_code=status,
-                                headers=SECURITY_HEADERS)
+            return HTMLResponse(
+                document(None, f"{status}", body), status_code=status, headers=SECURITY_HEADERS
+            )
         return page.respond(f"{status}", body, status=status)
 
     def perform(self, request: Request, run_id: str, action: str, form: dict[str, str]) -> Response:
         """Check the session and its CSRF token, run the action, redirect to the run."""
         session = self.auth.session(request)
         if not self.auth.csrf_ok(session, form.get(CSRF_FIELD)):
-            return self.failure(None, 403, "this form is not from a current console session (a missing "
-                                "or wrong CSRF token, or you are signed out): nothing was changed", run_id)
+            return self.failure(
+                None,
+                403,
+                "this form is not from a current console session (a missing "
+                "or wrong CSRF token, or you are signed out): nothing was changed",
+                run_id,
+            )
         page = Page(request, self.auth, session)
         handler = self.table.get(action)
         if handler is None:
@@ -170,19 +183,25 @@ class ConsoleActions:
 
 def render_retry_preview(page: Page, run_id: str, from_node: str | None, plan: dict[str, Any]) -> str:
     """The dry run of a DAG retry, and the form that confirms it."""
+
     def names(items: list[str]) -> str:
         return "".join(f"<li>{e(n)}</li>" for n in items) or "<li class=muted>none</li>"
 
-    confirm = page.form(run_href(run_id, "/retry"),
-                        f'<input type="hidden" name="from_node" value="{e(from_node or "")}">'
-                        '<input type="text" name="new_execution_id" maxlength="200" '
-                        'placeholder="new run id (optional)" aria-label="new run id">'
-                        '<button type="submit" id="confirm-retry">Confirm retry</button>',
-                        cls="action wide", form_id="form-retry-confirm")
-    return (f'<p class="crumbs"><a href="/console">Runs</a> / <a href="{e(run_href(run_id))}">'
-            f'{e(run_id)}</a> /</p><h1>Retry preview <span class="muted small">(dry run: nothing '
-            f'forked yet)</span></h1><section id="retry-plan"><p>retry from '
-            f'<b id="retry-from">{e(plan["retry_from"])}</b></p>'
-            f'<h3>carried over (not re-run)</h3><ul id="carried">{names(plan["carried"])}</ul>'
-            f'<h3>re-run</h3><ul id="rerun">{names(plan["rerun"])}</ul>{confirm}'
-            f'<p><a href="{e(run_href(run_id))}">Back to the run</a></p></section>')
+    confirm = page.form(
+        run_href(run_id, "/retry"),
+        f'<input type="hidden" name="from_node" value="{e(from_node or "")}">'
+        '<input type="text" name="new_execution_id" maxlength="200" '
+        'placeholder="new run id (optional)" aria-label="new run id">'
+        '<button type="submit" id="confirm-retry">Confirm retry</button>',
+        cls="action wide",
+        form_id="form-retry-confirm",
+    )
+    return (
+        f'<p class="crumbs"><a href="/console">Runs</a> / <a href="{e(run_href(run_id))}">'
+        f'{e(run_id)}</a> /</p><h1>Retry preview <span class="muted small">(dry run: nothing '
+        f'forked yet)</span></h1><section id="retry-plan"><p>retry from '
+        f'<b id="retry-from">{e(plan["retry_from"])}</b></p>'
+        f'<h3>carried over (not re-run)</h3><ul id="carried">{names(plan["carried"])}</ul>'
+        f'<h3>re-run</h3><ul id="rerun">{names(plan["rerun"])}</ul>{confirm}'
+        f'<p><a href="{e(run_href(run_id))}">Back to the run</a></p></section>'
+    )

@@ -19,9 +19,11 @@ from harvest_celery._web.pages import GRAPH_CSS
 
 HERE = Path(__file__).resolve().parent.parent / "static"
 MEDIA = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
-DOCS_CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-            "img-src 'self' data:; connect-src 'self'; font-src 'self' data:; base-uri 'none'; "
-            "form-action 'self'; frame-ancestors 'none'")
+DOCS_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; font-src 'self' data:; base-uri 'none'; "
+    "form-action 'self'; frame-ancestors 'none'"
+)
 
 
 def swagger_dir() -> Path | None:
@@ -45,14 +47,16 @@ def static_files() -> dict[str, tuple[bytes, str]]:
 
 
 def swagger_page(title: str, csrf: str) -> str:
-    return ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            '<link rel="icon" href="data:,">'
-            f'<link rel="stylesheet" href="{STATIC}/swagger/swagger-ui.css">'
-            f'<title>{e(title)} · API docs</title></head><body>'
-            f'<div id="swagger-ui" data-openapi="/openapi.json" data-csrf="{e(csrf)}"></div>'
-            f'<script src="{STATIC}/swagger/swagger-ui-bundle.js"></script>'
-            f'<script src="{STATIC}/docs.js"></script></body></html>')
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<link rel="icon" href="data:,">'
+        f'<link rel="stylesheet" href="{STATIC}/swagger/swagger-ui.css">'
+        f"<title>{e(title)} · API docs</title></head><body>"
+        f'<div id="swagger-ui" data-openapi="/openapi.json" data-csrf="{e(csrf)}"></div>'
+        f'<script src="{STATIC}/swagger/swagger-ui-bundle.js"></script>'
+        f'<script src="{STATIC}/docs.js"></script></body></html>'
+    )
 
 
 def plain_docs(spec: dict[str, Any]) -> str:
@@ -60,9 +64,13 @@ def plain_docs(spec: dict[str, Any]) -> str:
     rows = []
     for path, item in spec.get("paths", {}).items():
         for method, op in item.items():
-            rows.append(f'<tr><td class="mono">{e(method.upper())}</td><td class="mono">{e(path)}</td>'
-                        f'<td>{e(op.get("summary", ""))}</td><td>{e(op.get("description", ""))}</td></tr>')
-    return (f'<h1>{e(spec.get("info", {}).get("title", "API"))}</h1>'
-            '<p>The OpenAPI document is at <a href="/openapi.json">/openapi.json</a>.</p>'
-            '<table class="grid" id="operations"><thead><tr><th>method</th><th>path</th>'
-            f'<th>summary</th><th>description</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+            rows.append(
+                f'<tr><td class="mono">{e(method.upper())}</td><td class="mono">{e(path)}</td>'
+                f"<td>{e(op.get('summary', ''))}</td><td>{e(op.get('description', ''))}</td></tr>"
+            )
+    return (
+        f"<h1>{e(spec.get('info', {}).get('title', 'API'))}</h1>"
+        '<p>The OpenAPI document is at <a href="/openapi.json">/openapi.json</a>.</p>'
+        '<table class="grid" id="operations"><thead><tr><th>method</th><th>path</th>'
+        f"<th>summary</th><th>description</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )

@@ -22,14 +22,26 @@ from fastapi.responses import HTMLResponse
 from harvest_celery._web.auth import CSRF_FIELD, Auth, Session
 
 STATIC = "/console/static"
-CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-       "img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; "
-       "frame-ancestors 'none'")
-SECURITY_HEADERS = {"Content-Security-Policy": CSP, "X-Frame-Options": "DENY",
-                    "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin",
-                    "Cache-Control": "no-store"}
-STATUS_CLASS = {"RUNNING": "running", "COMPLETED": "completed", "FAILED": "failed",
-                "CANCELLED": "cancelled", "TERMINATED": "terminated", "CANCELLING": "cancelling"}
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; "
+    "frame-ancestors 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+STATUS_CLASS = {
+    "RUNNING": "running",
+    "COMPLETED": "completed",
+    "FAILED": "failed",
+    "CANCELLED": "cancelled",
+    "TERMINATED": "terminated",
+    "CANCELLING": "cancelling",
+}
 
 
 def e(value: Any) -> str:
@@ -58,7 +70,9 @@ def snippet(value: Any, limit: int = 400) -> str:
 
 def badge(status: str) -> str:
     key = status.split(" ")[0]
-    return f'<span class="badge st-{STATUS_CLASS.get(key, "other")}" data-status="{e(key)}">{e(status)}</span>'
+    return (
+        f'<span class="badge st-{STATUS_CLASS.get(key, "other")}" data-status="{e(key)}">{e(status)}</span>'
+    )
 
 
 @dataclass
@@ -74,19 +88,22 @@ class Page:
     def csrf(self) -> str:
         return self.auth.csrf_token(self.session)
 
-    def form(self, action: str, inner: str, *, cls: str = "", method: str = "post",
-             form_id: str = "") -> str:
+    def form(self, action: str, inner: str, *, cls: str = "", method: str = "post", form_id: str = "") -> str:
         """A form posting to ``action`` with the session's CSRF token."""
         ident = f' id="{e(form_id)}"' if form_id else ""
-        hidden = (f'<input type="hidden" name="{CSRF_FIELD}" value="{e(self.csrf)}">'
-                  if method == "post" else "")
-        return (f'<form method="{method}" action="{e(action)}" class="{e(cls)}"{ident}>'
-                f'{hidden}{inner}</form>')
+        hidden = (
+            f'<input type="hidden" name="{CSRF_FIELD}" value="{e(self.csrf)}">' if method == "post" else ""
+        )
+        return f'<form method="{method}" action="{e(action)}" class="{e(cls)}"{ident}>{hidden}{inner}</form>'
 
-    def respond(self, title: str, body: str, *, status: int = 200, live: str = "",
-                version: str = "") -> HTMLResponse:
-        response = HTMLResponse(document(self, title, body, live=live, version=version), status_code=status,
-                                headers=SECURITY_HEADERS)
+    def respond(
+        self, title: str, body: str, *, status: int = 200, live: str = "", version: str = ""
+    ) -> HTMLResponse:
+        response = HTMLResponse(
+            document(self, title, body, live=live, version=version),
+            status_code=status,
+            headers=SECURITY_HEADERS,
+        )
         if self.session is not None and self.session.new:
             self.auth.set_cookie(response, self.request, self.session)
         return response
@@ -95,11 +112,14 @@ class Page:
 def _nav(page: Page) -> str:
     sign_out = ""
     if page.auth.enabled and page.session is not None:
-        sign_out = page.form("/console/logout", '<button type="submit" class="link">Sign out</button>',
-                             cls="signout")
-    return ('<nav class="top"><a class="brand" href="/console">harvest</a>'
-            '<a href="/console">Runs</a><a href="/docs">API docs</a>'
-            f'<span class="spacer"></span>{sign_out}</nav>')
+        sign_out = page.form(
+            "/console/logout", '<button type="submit" class="link">Sign out</button>', cls="signout"
+        )
+    return (
+        '<nav class="top"><a class="brand" href="/console">harvest</a>'
+        '<a href="/console">Runs</a><a href="/docs">API docs</a>'
+        f'<span class="spacer"></span>{sign_out}</nav>'
+    )
 
 
 def document(page: Page | None, title: str, body: str, *, live: str = "", version: str = "") -> str:
@@ -107,19 +127,23 @@ def document(page: Page | None, title: str, body: str, *, live: str = "", versio
     ``version``: the state it was rendered at (a change reloads the page)."""
     live_attr = f' data-live="{e(live)}" data-version="{e(version)}"' if live else ""
     nav = _nav(page) if page is not None else ""
-    return ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            '<link rel="icon" href="data:,">'
-            f'<link rel="stylesheet" href="{STATIC}/console.css">'
-            f'<link rel="stylesheet" href="{STATIC}/graph.css">'
-            f'<title>{e(title)} · harvest console</title></head>'
-            f'<body{live_attr}>{nav}<main>{body}</main>'
-            f'<script src="{STATIC}/console.js"></script></body></html>')
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<link rel="icon" href="data:,">'
+        f'<link rel="stylesheet" href="{STATIC}/console.css">'
+        f'<link rel="stylesheet" href="{STATIC}/graph.css">'
+        f"<title>{e(title)} · harvest console</title></head>"
+        f"<body{live_attr}>{nav}<main>{body}</main>"
+        f'<script src="{STATIC}/console.js"></script></body></html>'
+    )
 
 
 def error_body(status: int, message: str, back: str = "/console") -> str:
-    return (f'<section class="error-page"><h1>{status}</h1><p id="error" class="err">{e(message)}</p>'
-            f'<p><a href="{e(back)}">Back</a></p></section>')
+    return (
+        f'<section class="error-page"><h1>{status}</h1><p id="error" class="err">{e(message)}</p>'
+        f'<p><a href="{e(back)}">Back</a></p></section>'
+    )
 
 
 def table(headers: list[str], rows: list[str], *, cls: str = "", empty: str = "none") -> str:

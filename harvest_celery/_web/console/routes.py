@@ -59,14 +59,17 @@ class Console:
         if not self.auth.enabled:
             return RedirectResponse(safe_next(next), status_code=303)
         note = '<p class="err" id="login-error">That is not the token.</p>' if failed else ""
-        body = ('<section class="login"><h1>Sign in</h1><p>Paste the API token '
-                '(<code>HARVEST_API_TOKEN</code>).</p>'
-                f'{note}<form method="post" action="/console/login" id="login">'
-                f'<input type="hidden" name="next" value="{e(safe_next(next))}">'
-                '<input type="password" name="token" id="token" required autocomplete="current-password" '
-                'aria-label="API token"><button type="submit">Sign in</button></form></section>')
-        return HTMLResponse(document(None, "Sign in", body), status_code=401 if failed else 200,
-                            headers=SECURITY_HEADERS)
+        body = (
+            '<section class="login"><h1>Sign in</h1><p>Paste the API token '
+            "(<code>HARVEST_API_TOKEN</code>).</p>"
+            f'{note}<form method="post" action="/console/login" id="login">'
+            f'<input type="hidden" name="next" value="{e(safe_next(next))}">'
+            '<input type="password" name="token" id="token" required autocomplete="current-password" '
+            'aria-label="API token"><button type="submit">Sign in</button></form></section>'
+        )
+        return HTMLResponse(
+            document(None, "Sign in", body), status_code=401 if failed else 200, headers=SECURITY_HEADERS
+        )
 
     def login(self, request: Request, form: Form) -> Response:
         if not self.auth.token_matches(form.get("token")):
@@ -77,8 +80,11 @@ class Console:
 
     def logout(self, request: Request, form: Form) -> Response:
         if not self.auth.csrf_ok(self.auth.session(request), form.get("csrf_token")):
-            return HTMLResponse(document(None, "403", error_body(403, "not signed out: a wrong CSRF token")),
-                                status_code=403, headers=SECURITY_HEADERS)
+            return HTMLResponse(
+                document(None, "403", error_body(403, "not signed out: a wrong CSRF token")),
+                status_code=403,
+                headers=SECURITY_HEADERS,
+            )
         response = RedirectResponse("/console/login", status_code=303)
         self.auth.clear_cookie(response, request)
         return response
@@ -104,8 +110,11 @@ class Console:
             log.warning("run %s: the DAG graph cannot be drawn: %s", x.id, exc)
             return '<p class="empty">the graph cannot be drawn from this history</p>', None, None
         link = f"/ui/dags/{quote(x.workflow_type, safe='')}/runs/{quote(x.id, safe='')}"
-        return (render_graph(graph, compensation_states(history)),
-                [n["node_name"] for n in graph["nodes"]], link)
+        return (
+            render_graph(graph, compensation_states(history)),
+            [n["node_name"] for n in graph["nodes"]],
+            link,
+        )
 
     def run(self, request: Request, run_id: str, done: str | None = None) -> Response:
         page = self.page(request)
@@ -116,20 +125,37 @@ class Console:
             status = http_status(exc)
             message = f"no run with id {run_id!r}" if isinstance(exc, ExecutionNotFound) else str(exc)
             return page.respond(str(status), error_body(status, message), status=status)
-        view = build_run_view(history, self.harvest.store.attempt_errors(run_id), live=x.status not in TERMINAL_STATUSES)
+        view = build_run_view(
+            history, self.harvest.store.attempt_errors(run_id), live=x.status not in TERMINAL_STATUSES
+        )
         graph_html, nodes, link = self._graph(x, history)
-        body = render_run_page(page, x, history, view, graph_html=graph_html, dag_nodes=nodes,
-                               dag_link=link, done=done,
-                               can_request_cancel="request-cancel" in self.actions.table)
+        body = render_run_page(
+            page,
+            x,
+            history,
+            view,
+            graph_html=graph_html,
+            dag_nodes=nodes,
+            dag_link=link,
+            done=done,
+            can_request_cancel="request-cancel" in self.actions.table,
+        )
         live = run_href(run_id, "/state.json") if x.status == "RUNNING" else ""
         return page.respond(f"{x.workflow_type} {x.id}", body, live=live, version=_version(x))
 
     def state(self, request: Request, run_id: str) -> Response:
         self.page(request)
         x = self.harvest.describe(check_id(run_id))
-        return JSONResponse({"execution_id": x.id, "status": x.status, "display_status": x.display_status,
-                             "history_length": x.history_length, "version": _version(x)},
-                            headers={"Cache-Control": "no-store"})
+        return JSONResponse(
+            {
+                "execution_id": x.id,
+                "status": x.status,
+                "display_status": x.display_status,
+                "history_length": x.history_length,
+                "version": _version(x),
+            },
+            headers={"Cache-Control": "no-store"},
+        )
 
     def retry_preview(self, request: Request, run_id: str, from_node: str | None = None) -> Response:
         page = self.page(request)
@@ -139,8 +165,11 @@ class Console:
             plan = self.harvest.retry_dag_run(x.workflow_type, run_id, node, dry_run=True)
         except (HarvestError, ValueError) as exc:
             status = http_status(exc)
-            return page.respond(str(status), error_body(status, f"{type(exc).__name__}: {exc}",
-                                                        back=run_href(run_id)), status=status)
+            return page.respond(
+                str(status),
+                error_body(status, f"{type(exc).__name__}: {exc}", back=run_href(run_id)),
+                status=status,
+            )
         return page.respond("Retry preview", render_retry_preview(page, run_id, node, plan))
 
     def act(self, request: Request, run_id: str, action: str, form: Form) -> Response:
@@ -151,8 +180,11 @@ class Console:
         found = self.files.get(name)
         if found is None:
             return JSONResponse({"error": "NotFound", "detail": "no such file"}, status_code=404)
-        return Response(found[0], media_type=found[1],
-                        headers={"Cache-Control": "public, max-age=3600", "X-Content-Type-Options": "nosniff"})
+        return Response(
+            found[0],
+            media_type=found[1],
+            headers={"Cache-Control": "public, max-age=3600", "X-Content-Type-Options": "nosniff"},
+        )
 
     def docs(self, request: Request) -> Response:
         page = self.page(request)
@@ -176,8 +208,9 @@ class Console:
         r.add_api_route("/console/runs/{run_id}/retry", self.retry_preview, methods=["GET"])
         r.add_api_route("/console/runs/{run_id}/{action}", self.act, methods=["POST"])
         r.add_api_route("/docs", self.docs, methods=["GET"])
-        r.add_api_route("/openapi.json", self.openapi, methods=["GET"],
-                        dependencies=[self.auth.api_dependency()])
+        r.add_api_route(
+            "/openapi.json", self.openapi, methods=["GET"], dependencies=[self.auth.api_dependency()]
+        )
         return r
 
 

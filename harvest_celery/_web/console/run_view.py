@@ -95,11 +95,28 @@ class RunView:
 
 
 def _activity(a: core.Activity) -> Activity:
-    act = Activity(a.activity_id, a.activity_name, a.queue, a.compensation, a.seq, a.scheduled_at,
-                   input=a.input, output=a.output, status=a.status)
+    act = Activity(
+        a.activity_id,
+        a.activity_name,
+        a.queue,
+        a.compensation,
+        a.seq,
+        a.scheduled_at,
+        input=a.input,
+        output=a.output,
+        status=a.status,
+    )
     for t in a.attempts:
-        act.attempts[t.number] = Attempt(t.number, t.started_at, t.worker, t.status, t.finished_at,
-                                         t.error_type, t.message, recorded=t.finished_at is not None)
+        act.attempts[t.number] = Attempt(
+            t.number,
+            t.started_at,
+            t.worker,
+            t.status,
+            t.finished_at,
+            t.error_type,
+            t.message,
+            recorded=t.finished_at is not None,
+        )
     return act
 
 
@@ -112,14 +129,21 @@ def _add_error(view: RunView, acts: dict[str, Activity], err: Any) -> None:
         attempt.error_type = attempt.error_type or err.error_type
         attempt.message = attempt.message or err.message
         attempt.traceback = err.traceback
-    who = "workflow" if not err.activity_id else (
-        f"{act.name} #{err.activity_id}" if act is not None else f"activity #{err.activity_id}")
-    view.errors.append(ErrorRow(err.activity_id, who, err.attempt, err.error_type, err.message,
-                                err.traceback, err.recorded_at))
+    who = (
+        "workflow"
+        if not err.activity_id
+        else (f"{act.name} #{err.activity_id}" if act is not None else f"activity #{err.activity_id}")
+    )
+    view.errors.append(
+        ErrorRow(
+            err.activity_id, who, err.attempt, err.error_type, err.message, err.traceback, err.recorded_at
+        )
+    )
 
 
-def build_run_view(history: Sequence[ev.HistoryEvent], attempt_errors: Sequence[Any],
-                   live: bool | None = None) -> RunView:
+def build_run_view(
+    history: Sequence[ev.HistoryEvent], attempt_errors: Sequence[Any], live: bool | None = None
+) -> RunView:
     """Fold ``history`` and the run's ``AttemptError`` records into a ``RunView`` (``live`` as in
     ``fold_activities``: by default read from history)."""
     acts = {a.activity_id: _activity(a) for a in core.fold_activities(history, live)}

@@ -41,10 +41,14 @@ def run_graph(harvest: HarvestDep, name: DagNamePath, execution_id: ExecutionIdP
     return build_run_graph(definition.extra, execution, harvest.history(execution_id, strict=False))
 
 
-def retry(harvest: HarvestDep, name: DagNamePath, execution_id: ExecutionIdPath,
-          response: Response,
-          dry_run: Annotated[bool, Query(description="answer with the plan without forking")] = False,
-          body: RetryRequest | None = None) -> dict[str, Any]:
+def retry(
+    harvest: HarvestDep,
+    name: DagNamePath,
+    execution_id: ExecutionIdPath,
+    response: Response,
+    dry_run: Annotated[bool, Query(description="answer with the plan without forking")] = False,
+    body: RetryRequest | None = None,
+) -> dict[str, Any]:
     """Retry a failed DAG run from a node (default: its first failed node): a new run carries
     over the succeeded nodes and re-runs that node and everything downstream. Refused (409)
     for a run still running or completed, one that executed its compensation unwind, or one
@@ -58,8 +62,7 @@ def retry(harvest: HarvestDep, name: DagNamePath, execution_id: ExecutionIdPath,
     if new_id is not None:
         check_id(new_id, "the new execution id")
     _dag_run(harvest, name, execution_id)
-    answer = harvest.retry_dag_run(name, execution_id, from_node, dry_run=dry_run,
-                                   new_execution_id=new_id)
+    answer = harvest.retry_dag_run(name, execution_id, from_node, dry_run=dry_run, new_execution_id=new_id)
     if dry_run:
         response.status_code = 200
     return answer
@@ -69,21 +72,38 @@ def _retry_responses(guard: Guard) -> dict[int | str, dict[str, Any]]:
     return {
         **guard.responses(503),
         200: {"model": RetryResponse, "description": "a dry run: the plan, nothing forked"},
-        409: {"model": RetryRefusedBody,
-              "description": "the source run is running, completed, compensated or erased"},
+        409: {
+            "model": RetryRefusedBody,
+            "description": "the source run is running, completed, compensated or erased",
+        },
         400: {"model": ErrorBody, "description": "a malformed id, or a node the DAG does not declare"},
-        503: {"model": ErrorBody,
-              "description": "an offloaded payload needs a payload store that is not configured "
-                             "(the guard fails closed)"},
+        503: {
+            "model": ErrorBody,
+            "description": "an offloaded payload needs a payload store that is not configured "
+            "(the guard fails closed)",
+        },
     }
 
 
 def router(guard: Guard) -> APIRouter:
     """``GET /dags/{name}/runs/{id}`` and ``POST /dags/{name}/runs/{id}/retry`` (mutating)."""
     r = APIRouter()
-    r.add_api_route("/dags/{name}/runs/{execution_id}", run_graph, methods=["GET"],
-                    response_model=RunGraph, responses=error_responses(400, 404, 422), tags=["dags"])
-    r.add_api_route("/dags/{name}/runs/{execution_id}/retry", retry, methods=["POST"],
-                    status_code=201, response_model=RetryResponse, dependencies=guard.dependencies,
-                    responses=_retry_responses(guard), tags=["dags"])
+    r.add_api_route(
+        "/dags/{name}/runs/{execution_id}",
+        run_graph,
+        methods=["GET"],
+        response_model=RunGraph,
+        responses=error_responses(400, 404, 422),
+        tags=["dags"],
+    )
+    r.add_api_route(
+        "/dags/{name}/runs/{execution_id}/retry",
+        retry,
+        methods=["POST"],
+        status_code=201,
+        response_model=RetryResponse,
+        dependencies=guard.dependencies,
+        responses=_retry_responses(guard),
+        tags=["dags"],
+    )
     return r

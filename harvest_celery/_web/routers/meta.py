@@ -29,7 +29,9 @@ def healthz(harvest: HarvestDep) -> Any:
     try:
         harvest.store.ping()
     except Exception as exc:  # noqa: BLE001 - any failure means unhealthy
-        log.warning("healthz: the database does not answer: %s", f"{type(exc).__name__}: {exc}".splitlines()[0])
+        log.warning(
+            "healthz: the database does not answer: %s", f"{type(exc).__name__}: {exc}".splitlines()[0]
+        )
         return error_response(503, "DatabaseUnavailable", "the database does not answer")
     return {"status": "ok"}
 
@@ -38,10 +40,26 @@ def router(metrics_dependencies: Sequence[Any] = ()) -> APIRouter:
     """``GET /metrics`` (behind ``metrics_dependencies``: the app's auth) and ``GET /healthz``
     (open to all)."""
     r = APIRouter()
-    r.add_api_route("/metrics", metrics, methods=["GET"], response_class=Response, tags=["operations"],
-                    dependencies=list(metrics_dependencies),
-                    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-                                     "description": "Prometheus text exposition"}})
-    r.add_api_route("/healthz", healthz, methods=["GET"], response_model=Health, tags=["operations"],
-                    responses={503: {"model": ErrorBody, "description": "the database does not answer"}})
+    r.add_api_route(
+        "/metrics",
+        metrics,
+        methods=["GET"],
+        response_class=Response,
+        tags=["operations"],
+        dependencies=list(metrics_dependencies),
+        responses={
+            200: {
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+                "description": "Prometheus text exposition",
+            }
+        },
+    )
+    r.add_api_route(
+        "/healthz",
+        healthz,
+        methods=["GET"],
+        response_model=Health,
+        tags=["operations"],
+        responses={503: {"model": ErrorBody, "description": "the database does not answer"}},
+    )
     return r

@@ -31,8 +31,9 @@ def _pause_state(x: Execution) -> dict[str, Any]:
     return {"execution_id": x.id, "status": x.status, "paused_at": x.paused_at}
 
 
-def terminate(harvest: HarvestDep, execution_id: ExecutionIdPath,
-              body: TerminateRequest | None = None) -> dict[str, Any]:
+def terminate(
+    harvest: HarvestDep, execution_id: ExecutionIdPath, body: TerminateRequest | None = None
+) -> dict[str, Any]:
     """Seal a live run at once, TERMINATED, without the post-cancel decision (no workflow code
     runs; unstarted activities never run)."""
     check_id(execution_id)
@@ -66,8 +67,9 @@ def reset(harvest: HarvestDep, execution_id: ExecutionIdPath, body: ResetRequest
     return {"run_id": new_id, "forked_from": execution_id}
 
 
-def erase_payloads(harvest: HarvestDep, execution_id: ExecutionIdPath,
-                   body: EraseRequest | None = None) -> dict[str, Any]:
+def erase_payloads(
+    harvest: HarvestDep, execution_id: ExecutionIdPath, body: EraseRequest | None = None
+) -> dict[str, Any]:
     """PII erasure of a terminal run: every payload field is tombstoned, offloaded blobs are
     deleted; names, statuses and timings stay. Idempotent (a second call counts zero); 409 for
     a run that is not terminal, and for a run whose forks (reset, retry) still hold copies of
@@ -87,25 +89,51 @@ def router(guard: Guard) -> APIRouter:
     """``POST /workflows/{id}/`` terminate, pause, resume, reset and erase-payloads (mutating)."""
     r = APIRouter()
     for path, endpoint, response_model in (
-            ("/workflows/{execution_id}/terminate", terminate, TerminateResponse),
-            ("/workflows/{execution_id}/pause", pause, PauseResponse),
-            ("/workflows/{execution_id}/resume", resume, PauseResponse)):
-        r.add_api_route(path, endpoint, methods=["POST"], response_model=response_model,
-                        dependencies=guard.dependencies, responses=guard.responses(),
-                        tags=["workflows"])
-    r.add_api_route("/workflows/{execution_id}/reset", reset, methods=["POST"], status_code=201,
-                    response_model=ForkResponse, dependencies=guard.dependencies,
-                    responses=guard.responses(503), tags=["workflows"])
-    r.add_api_route("/workflows/{execution_id}/erase-payloads", erase_payloads, methods=["POST"],
-                    response_model=EraseResponse, dependencies=guard.dependencies,
-                    responses=guard.responses(), tags=["workflows"])
+        ("/workflows/{execution_id}/terminate", terminate, TerminateResponse),
+        ("/workflows/{execution_id}/pause", pause, PauseResponse),
+        ("/workflows/{execution_id}/resume", resume, PauseResponse),
+    ):
+        r.add_api_route(
+            path,
+            endpoint,
+            methods=["POST"],
+            response_model=response_model,
+            dependencies=guard.dependencies,
+            responses=guard.responses(),
+            tags=["workflows"],
+        )
+    r.add_api_route(
+        "/workflows/{execution_id}/reset",
+        reset,
+        methods=["POST"],
+        status_code=201,
+        response_model=ForkResponse,
+        dependencies=guard.dependencies,
+        responses=guard.responses(503),
+        tags=["workflows"],
+    )
+    r.add_api_route(
+        "/workflows/{execution_id}/erase-payloads",
+        erase_payloads,
+        methods=["POST"],
+        response_model=EraseResponse,
+        dependencies=guard.dependencies,
+        responses=guard.responses(),
+        tags=["workflows"],
+    )
     return r
 
 
 def admin_router(guard: Guard) -> APIRouter:
     """``POST /admin/purge`` (mutating)."""
     r = APIRouter()
-    r.add_api_route("/admin/purge", purge, methods=["POST"], response_model=PurgeResponse,
-                    dependencies=guard.dependencies, responses=guard.responses(),
-                    tags=["operations"])
+    r.add_api_route(
+        "/admin/purge",
+        purge,
+        methods=["POST"],
+        response_model=PurgeResponse,
+        dependencies=guard.dependencies,
+        responses=guard.responses(),
+        tags=["operations"],
+    )
     return r

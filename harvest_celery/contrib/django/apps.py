@@ -28,8 +28,9 @@ class HarvestConfig(AppConfig):
             from celery import signals
         except ImportError:  # pragma: no cover - celery is a dependency
             return
-        signals.celeryd_init.connect(_build_for_worker, weak=False,
-                                     dispatch_uid="harvest_celery.contrib.django")
+        signals.celeryd_init.connect(
+            _build_for_worker, weak=False, dispatch_uid="harvest_celery.contrib.django"
+        )
 
 
 def _build_for_worker(sender: Any = None, **_kw: Any) -> None:

@@ -19,27 +19,43 @@ class DjangoHarvest(Harvest):
         super().__init__(*args, **kwargs)
         self.database_alias = database_alias
 
-    def start_workflow(self, name: str, input: Any = None, execution_id: str | None = None, *,
-                       connection: Any = None, id_reuse: str = "idempotent") -> str:
+    def start_workflow(
+        self,
+        name: str,
+        input: Any = None,
+        execution_id: str | None = None,
+        *,
+        connection: Any = None,
+        id_reuse: str = "idempotent",
+    ) -> str:
         alias = self.database_alias
         if connection is not None or alias is None:
-            return super().start_workflow(name, input, execution_id, connection=connection,
-                                          id_reuse=id_reuse)
+            return super().start_workflow(name, input, execution_id, connection=connection, id_reuse=id_reuse)
         from django.db import connections, transaction
 
         django_connection = connections[alias]
         if django_connection.in_atomic_block:
-            return super().start_workflow(name, input, execution_id, connection=django_connection,
-                                          id_reuse=id_reuse)
+            return super().start_workflow(
+                name, input, execution_id, connection=django_connection, id_reuse=id_reuse
+            )
         with transaction.atomic(using=alias):
-            return super().start_workflow(name, input, execution_id, connection=django_connection,
-                                          id_reuse=id_reuse)
+            return super().start_workflow(
+                name, input, execution_id, connection=django_connection, id_reuse=id_reuse
+            )
 
-    def start_workflow_on_commit(self, name: str, input: Any = None, execution_id: str | None = None,
-                                 *, session: Any = None, using: str | None = None,
-                                 id_reuse: str = "idempotent") -> str:
+    def start_workflow_on_commit(
+        self,
+        name: str,
+        input: Any = None,
+        execution_id: str | None = None,
+        *,
+        session: Any = None,
+        using: str | None = None,
+        id_reuse: str = "idempotent",
+    ) -> str:
         """``Harvest.start_workflow_on_commit`` on Django's ``transaction.on_commit`` (database
         ``using``, default ``"default"``). With ``DATABASE_ALIAS`` set, prefer ``start_workflow``
         inside your atomic block: the start then commits or rolls back with your rows."""
-        return super().start_workflow_on_commit(name, input, execution_id, session=session,
-                                                using=using, id_reuse=id_reuse)
+        return super().start_workflow_on_commit(
+            name, input, execution_id, session=session, using=using, id_reuse=id_reuse
+        )

@@ -46,8 +46,20 @@ DEFAULTS: dict[str, Any] = {
 KEYWORD_KEYS = tuple(keyword.name.upper() for keyword in KEYWORDS if keyword.name.upper() not in DEFAULTS)
 DISCOVERED = ("workflows", "activities")
 # connection parameters of Django's OPTIONS that libpq understands (kept in the derived URL)
-_LIBPQ = {"sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword", "application_name",
-          "connect_timeout", "options", "target_session_attrs", "service", "passfile", "keepalives"}
+_LIBPQ = {
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "sslpassword",
+    "application_name",
+    "connect_timeout",
+    "options",
+    "target_session_attrs",
+    "service",
+    "passfile",
+    "keepalives",
+}
 _LOCAL = {None, "", "localhost", "127.0.0.1", "::1"}
 
 
@@ -86,14 +98,21 @@ def url_for_alias(alias: str) -> str:
     except KeyError:
         raise _improperly(f"DATABASE_ALIAS {alias!r} is not in DATABASES") from None
     if "postgresql" not in db.get("ENGINE", ""):
-        raise _improperly(f"DATABASE_ALIAS {alias!r} is {db.get('ENGINE')!r}: a start joins a "
-                          "Django transaction only on Postgres (use start_workflow_on_commit)")
+        raise _improperly(
+            f"DATABASE_ALIAS {alias!r} is {db.get('ENGINE')!r}: a start joins a "
+            "Django transaction only on Postgres (use start_workflow_on_commit)"
+        )
     options = db.get("OPTIONS") or {}
     query = {k: str(v) for k, v in options.items() if k in _LIBPQ and v is not None}
-    return URL.create("postgresql+psycopg2", username=db.get("USER") or None,
-                      password=db.get("PASSWORD") or None, host=db.get("HOST") or None,
-                      port=int(db["PORT"]) if db.get("PORT") else None, database=db.get("NAME"),
-                      query=query).render_as_string(hide_password=False)
+    return URL.create(
+        "postgresql+psycopg2",
+        username=db.get("USER") or None,
+        password=db.get("PASSWORD") or None,
+        host=db.get("HOST") or None,
+        port=int(db["PORT"]) if db.get("PORT") else None,
+        database=db.get("NAME"),
+        query=query,
+    ).render_as_string(hide_password=False)
 
 
 def same_database(a: str, b: str) -> bool:
@@ -112,13 +131,17 @@ def database_url(conf: dict[str, Any]) -> str:
     url, alias = conf["DATABASE_URL"], conf["DATABASE_ALIAS"]
     if alias is None:
         if not url:
-            raise _improperly("set HARVEST['DATABASE_URL'] (the harvest database) or "
-                              "HARVEST['DATABASE_ALIAS'] (a Django database that is the harvest database)")
+            raise _improperly(
+                "set HARVEST['DATABASE_URL'] (the harvest database) or "
+                "HARVEST['DATABASE_ALIAS'] (a Django database that is the harvest database)"
+            )
         return str(url)
     derived = url_for_alias(alias)
     if url and not same_database(str(url), derived):
-        raise _improperly(f"DATABASE_URL and DATABASE_ALIAS {alias!r} name different databases: "
-                          "a start joins the alias's transaction only if it is the harvest database")
+        raise _improperly(
+            f"DATABASE_URL and DATABASE_ALIAS {alias!r} name different databases: "
+            "a start joins the alias's transaction only if it is the harvest database"
+        )
     return str(url or derived)
 
 
@@ -183,8 +206,10 @@ def _ensure_django() -> None:
 
         django.setup()
     if not apps.models_ready:
-        raise _improperly("the Harvest was asked for while Django was still loading its apps; "
-                          "ask for it later (in a view, a task, or after AppConfig.ready)")
+        raise _improperly(
+            "the Harvest was asked for while Django was still loading its apps; "
+            "ask for it later (in a view, a task, or after AppConfig.ready)"
+        )
 
 
 def build(conf: dict[str, Any]) -> Harvest:
@@ -198,8 +223,9 @@ def build(conf: dict[str, Any]) -> Harvest:
     twice = sorted(set(keys) & set(options))
     if twice:
         raise _improperly(f"{', '.join(twice)} set both as a HARVEST key and in HARVEST['OPTIONS']")
-    harvest = DjangoHarvest(database_url(conf), celery_app, database_alias=conf["DATABASE_ALIAS"],
-                            **keys, **options)
+    harvest = DjangoHarvest(
+        database_url(conf), celery_app, database_alias=conf["DATABASE_ALIAS"], **keys, **options
+    )
     modules: list[Any] = discover() if conf["AUTODISCOVER"] else []
     modules += [resolve(m) for m in conf["MODULES"]]
     if modules:

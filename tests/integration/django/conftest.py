@@ -60,8 +60,12 @@ def django_worker(harvest_database: None) -> Iterator[Worker | None]:
     if CHILD:
         yield None  # the parent's worker is running
         return
-    worker = Worker("django", "dj_decide,dj_q", app="tests.integration.django.djproject",
-                    extra_env={"DJANGO_SETTINGS_MODULE": "tests.integration.django.settings"})
+    worker = Worker(
+        "django",
+        "dj_decide,dj_q",
+        app="tests.integration.django.djproject",
+        extra_env={"DJANGO_SETTINGS_MODULE": "tests.integration.django.settings"},
+    )
     worker.start()
     try:
         yield worker

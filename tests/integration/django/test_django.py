@@ -148,8 +148,10 @@ def test_settings_mistakes_are_improperly_configured(settings):
     settings.HARVEST = {"DATABSE_ALIAS": "default"}
     with pytest.raises(ImproperlyConfigured, match="unknown HARVEST key"):
         harvest_settings()
-    settings.HARVEST = {"DATABASE_ALIAS": "default",
-                        "DATABASE_URL": "postgresql+psycopg2://postgres@127.0.0.1:5432/another_db"}
+    settings.HARVEST = {
+        "DATABASE_ALIAS": "default",
+        "DATABASE_URL": "postgresql+psycopg2://postgres@127.0.0.1:5432/another_db",
+    }
     with pytest.raises(ImproperlyConfigured, match="name different databases"):
         database_url(harvest_settings())
     settings.HARVEST = {"DATABASE_ALIAS": "nope"}
@@ -162,10 +164,15 @@ def test_settings_mistakes_are_improperly_configured(settings):
 
 @pytest.mark.skipif(CHILD, reason="the child run is this test's own")
 def test_the_same_tests_pass_on_psycopg2(django_worker):
-    env = dict(os.environ, HARVEST_DJANGO_CHILD="1", HARVEST_DJANGO_DRIVER="psycopg2",
-               PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    env = dict(os.environ, HARVEST_DJANGO_CHILD="1", HARVEST_DJANGO_DRIVER="psycopg2", PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout
 
@@ -183,12 +190,19 @@ def test_manage_py_harvest_worker_runs_celery_on_the_projects_app(monkeypatch, t
     argv, env = execs[0]
     assert argv[argv.index("-A") + 1] == "harvest_celery._cli:celery_app"
     assert env["HARVEST_APP"] == "harvest_celery.contrib.django:get_harvest"
-    probe = ("from harvest_celery._cli import celery_app; "
-             "print(celery_app.main, sorted(t for t in celery_app.tasks if not t.startswith('celery.')))")
-    child = dict(os.environ, HARVEST_APP=env["HARVEST_APP"], PYTHONPATH=str(ROOT),
-                 DJANGO_SETTINGS_MODULE="tests.integration.django.settings")
-    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=child, capture_output=True,
-                         text=True, timeout=60)
+    probe = (
+        "from harvest_celery._cli import celery_app; "
+        "print(celery_app.main, sorted(t for t in celery_app.tasks if not t.startswith('celery.')))"
+    )
+    child = dict(
+        os.environ,
+        HARVEST_APP=env["HARVEST_APP"],
+        PYTHONPATH=str(ROOT),
+        DJANGO_SETTINGS_MODULE="tests.integration.django.settings",
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, env=child, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("djshop ")
     assert all(name in out.stdout for name in ("harvest.decide", "dj_charge", "dj_step"))

@@ -5,16 +5,17 @@ Revision ID: 0006
 Revises: 0005d
 Create Date: 2026-11-30
 """
+
 import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = '0006'
-down_revision = '0005d'
+revision = "0006"
+down_revision = "0005d"
 branch_labels = None
 depends_on = None
 
-_JSON = sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), 'postgresql')
+_JSON = sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql")
 
 
 def _execution_id(args, headers):
@@ -22,22 +23,27 @@ def _execution_id(args, headers):
     ``harvest`` header (its argument is the input); a decision's and an engine-native
     activity's first argument is the execution id. Kept here, frozen: a migration must not
     change when the package does (``records.outbox_execution_id`` is the live copy)."""
-    ref = headers.get('harvest') if isinstance(headers, dict) else None
-    if isinstance(ref, dict) and isinstance(ref.get('execution_id'), str):
-        return ref['execution_id']
+    ref = headers.get("harvest") if isinstance(headers, dict) else None
+    if isinstance(ref, dict) and isinstance(ref.get("execution_id"), str):
+        return ref["execution_id"]
     if isinstance(args, list) and args and isinstance(args[0], str):
         return args[0]
     return None
 
 
 def upgrade() -> None:
-    op.add_column('harvest_outbox', sa.Column('execution_id', sa.String(length=200), nullable=True))
-    op.create_index('ix_harvest_outbox_execution_id', 'harvest_outbox', ['execution_id'])
+    op.add_column("harvest_outbox", sa.Column("execution_id", sa.String(length=200), nullable=True))
+    op.create_index("ix_harvest_outbox_execution_id", "harvest_outbox", ["execution_id"])
     # Backfill the unsent rows an older build left (a handful: the relay sends and deletes them).
     # Rows an older worker writes after this migration, during a rolling deploy, have no
     # execution id; erasure derives it for them the same way.
-    outbox = sa.table('harvest_outbox', sa.column('id', sa.Integer()), sa.column('args', _JSON),
-                      sa.column('headers', _JSON), sa.column('execution_id', sa.String(200)))
+    outbox = sa.table(
+        "harvest_outbox",
+        sa.column("id", sa.Integer()),
+        sa.column("args", _JSON),
+        sa.column("headers", _JSON),
+        sa.column("execution_id", sa.String(200)),
+    )
     conn = op.get_bind()
     for row in conn.execute(sa.select(outbox.c.id, outbox.c.args, outbox.c.headers)).all():
         execution_id = _execution_id(row.args, row.headers)
@@ -46,5 +52,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.drop_index('ix_harvest_outbox_execution_id', table_name='harvest_outbox')
-    op.drop_column('harvest_outbox', 'execution_id')
+    op.drop_index("ix_harvest_outbox_execution_id", table_name="harvest_outbox")
+    op.drop_column("harvest_outbox", "execution_id")

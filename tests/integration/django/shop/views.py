@@ -15,17 +15,20 @@ def place_order(request: HttpRequest) -> JsonResponse:
     body = json.loads(request.body)
     with transaction.atomic():
         order = Order.objects.create(tag=body["tag"], total=body["total"])
-        run_id = harvest.start_workflow("dj_checkout", {"order_id": order.pk, "tag": body["tag"],
-                                                        "note": body.get("note", "")},
-                                        execution_id=f"order-{body['tag']}")
+        run_id = harvest.start_workflow(
+            "dj_checkout",
+            {"order_id": order.pk, "tag": body["tag"], "note": body.get("note", "")},
+            execution_id=f"order-{body['tag']}",
+        )
         if body.get("fail"):
             raise RuntimeError("the view failed after starting the workflow")
     return JsonResponse({"run_id": run_id, "order_id": order.pk}, status=202)
 
 
 def open_gate(request: HttpRequest, tag: str) -> JsonResponse:
-    return JsonResponse({"run_id": harvest.start_workflow("dj_gate", {"tag": tag},
-                                                          execution_id=f"gate-{tag}")}, status=202)
+    return JsonResponse(
+        {"run_id": harvest.start_workflow("dj_gate", {"tag": tag}, execution_id=f"gate-{tag}")}, status=202
+    )
 
 
 def cancel_run(request: HttpRequest, run_id: str) -> JsonResponse:

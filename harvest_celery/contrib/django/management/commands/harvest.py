@@ -37,8 +37,7 @@ class Command(BaseCommand):
     def handle(self, *args: str, **options: Any) -> None:
         code = run(list(args))
         if code:
-            raise CommandError(f"harvest {' '.join(args)} exited with status {code}",
-                               returncode=code)
+            raise CommandError(f"harvest {' '.join(args)} exited with status {code}", returncode=code)
 
 
 def _without_django_options(argv: list[str]) -> list[str]:
