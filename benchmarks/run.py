@@ -82,6 +82,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="B2: workflows in flight, comma-separated (1,4,16,64)",
     )
     p.add_argument("--repeats", type=int, help="B2: interleaved repeats per level (5; quick 3)")
+    p.add_argument(
+        "--b2-topology",
+        choices=("pair", "split"),
+        default="pair",
+        help="B2's workers: pair (2 processes, each every queue) or split (a decision "
+        "worker -Q harvest and an activity worker -Q default,bench)",
+    )
     p.add_argument("--min-jobs", type=int, help="B2: workflows per level at least (32; quick 8)")
     p.add_argument("--history-steps", type=int, help="B3: steps in the one long run (1000; quick 300)")
     p.add_argument("--fanout-cells", type=int, help="B4: mapped cells (1000; quick 200)")
