@@ -131,15 +131,16 @@ def choose(rt: Runtime, claim: Claim) -> tuple[Choice, Session | None]:
     session = rt.sessions.take(claim.execution_id)
     if session is None:
         return Choice(INLINE, "not_warm"), None
+    open_count = _open_activities(session)
     if claim.started_seq is None or claim.started_at is None or len(session.events) != claim.started_seq:
         choice = Choice(
             INLINE,
             "not_positioned",
             f"replay at {len(session.events)}, ActivityStarted at {claim.started_seq}",
         )
-    elif _open_activities(session) != 1:
+    elif open_count != 1:
         # other attempts may append meanwhile: their claims would fail the guard
-        choice = Choice(INLINE, "parallel_open", f"{_open_activities(session)} open")
+        choice = Choice(INLINE, "parallel_open", f"{open_count} open")
     else:
         return Choice(ONE_STATEMENT), session
     rt.sessions.restore(claim.execution_id, session)  # kept warm for the ordinary path
