@@ -4,30 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import uuid
-from contextlib import nullcontext
-from datetime import datetime
 from typing import Any, Literal
 
-from harvest_celery._core import events as ev
+from harvest_celery._client_ops import Operations
+from harvest_celery._client_reads import Reads
 from harvest_celery._core.ids import check_execution_id
 from harvest_celery._core.jsonvalues import check_json
-from harvest_celery._core.lifecycle import CANCELLED, COMPLETED, RUNNING, TERMINAL_STATUSES
-from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import ActivityDefinition, Registry, register_into
 from harvest_celery._core.retry import DEFAULT_RETRY, RetryPolicy
-from harvest_celery._dag import retry as dag_retry
 from harvest_celery._dag.builder import preflight, preflight_all
-from harvest_celery._dag.retry import COMPENSATED, compensation_executed, erased_refusal
-from harvest_celery._errors import (
-    ExecutionNotFound,
-    InvalidState,
-    RetryRefused,
-    UnknownWorkflow,
-    WorkflowCancelledError,
-    WorkflowFailed,
-)
 from harvest_celery._payloads.codec import Codec
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import PayloadStore
@@ -35,7 +21,7 @@ from harvest_celery._runtime import settings as config
 from harvest_celery._runtime.adopt import adopt
 from harvest_celery._runtime.celery import CeleryDispatcher, install, register_activity
 from harvest_celery._runtime.completion import fast_path_settings
-from harvest_celery._runtime.consumers import QueueConsumers, waiting_hints
+from harvest_celery._runtime.consumers import QueueConsumers
 from harvest_celery._runtime.inline import InlineDispatcher
 from harvest_celery._runtime.runtime import Runtime
 from harvest_celery._runtime.settings import configure_celery, configure_dedicated_celery_app
@@ -43,7 +29,7 @@ from harvest_celery._store import runs as ops
 from harvest_celery._store import starts
 from harvest_celery._store.appconn import after_session_commit, payloads_on, start_on
 from harvest_celery._store.migrate import upgrade
-from harvest_celery._store.records import AttemptError, CancelBranch, Execution, Timings, utcnow
+from harvest_celery._store.records import Timings, utcnow
 from harvest_celery._store.starts import check_policy
 from harvest_celery._store.store import Store
 
@@ -52,7 +38,7 @@ log = logging.getLogger("harvest_celery")
 EMBEDDED_URL = "sqlite:///harvest-embedded.db"
 
 
-class Harvest:
+class Harvest(Operations, Reads):
     """Start, signal, cancel and inspect durable workflows.
 
     With a ``celery_app``, activities and decisions are Celery tasks on that app (run
@@ -128,10 +114,6 @@ class Harvest:
             celery_app = Celery("harvest", broker=broker)
             configure_dedicated_celery_app(celery_app)
         return cls(database_url, celery_app, **kwargs)
-
-    @property
-    def embedded(self) -> bool:
-        return self._inline is not None
 
     # ── setup ────────────────────────────────────────────────────────────────────────────────
     def register(self, *objects: Any) -> Harvest:
@@ -348,253 +330,6 @@ class Harvest:
     def preflight(self) -> None:
         """Every DAG's activities and compensators are registered (run at worker boot)."""
         preflight_all(self.registry)
-
-    def _after(self, tx: Any) -> None:
-        self.runtime._after_commit(tx)
-        if self._inline is not None:
-            self.drain()
-
-    def terminate(self, execution_id: str, reason: str = "") -> None:
-        """Seal a live run at once, without the post-cancel decision (no workflow code runs)."""
-        with self.store.begin() as tx:
-            ops.terminate(tx, execution_id, reason, utcnow())
-        self._after(tx)
-
-    def pause(self, execution_id: str) -> None:
-        """Hold the run's decisions until ``resume`` (activities already running finish)."""
-        with self.store.begin() as tx:
-            ops.pause(tx, execution_id, utcnow())
-        self._after(tx)
-
-    def resume(self, execution_id: str) -> None:
-        with self.store.begin() as tx:
-            ops.resume(tx, execution_id, utcnow(), self.runtime.settings.decision_queue)
-        self._after(tx)
-
-    def reset(self, execution_id: str, to_seq: int, new_execution_id: str | None = None) -> str:
-        """Fork a new run from the first ``to_seq`` events of this one (a live source is
-        terminated); returns the new run's id."""
-        self.store.get(execution_id)
-        new_id = check_execution_id(new_execution_id or f"{execution_id}-reset-{uuid.uuid4().hex[:8]}")
-        with self.store.begin() as tx:
-            ops.reset(
-                tx,
-                execution_id,
-                new_id,
-                to_seq,
-                self.registry,
-                utcnow(),
-                self.runtime.settings.decision_queue,
-            )
-        self._after(tx)
-        return new_id
-
-    def retry_dag_run(
-        self,
-        dag_name: str,
-        execution_id: str,
-        from_node: str | None = None,
-        *,
-        dry_run: bool = False,
-        new_execution_id: str | None = None,
-    ) -> dict[str, Any]:
-        """Retry a failed DAG run from a node (default: its first failed node): a new run that
-        carries over the succeeded nodes and re-runs that node and everything downstream.
-
-        Raises ``RetryRefused`` for a run that is still running or completed, that executed its
-        compensation unwind, or whose payloads were erased; ``UnknownNode``; and a payload error
-        when the history cannot be fully decoded (it fails closed).
-        """
-        definition = self.registry.workflow(dag_name)
-        if definition.kind != "dag":
-            raise UnknownWorkflow(dag_name)
-        row = self.store.get(execution_id)
-        if row.workflow_type != dag_name:
-            raise ExecutionNotFound(execution_id)
-        if row.erased_at is not None:
-            raise erased_refusal(execution_id)  # the fast path; rechecked under the fork's lock
-        if row.status == RUNNING:
-            raise RetryRefused(execution_id, "running", f"run {execution_id} is still running")
-        if row.status == COMPLETED:
-            raise RetryRefused(execution_id, "completed", f"run {execution_id} completed: nothing to retry")
-        if row.forked_to is not None and not dry_run:
-            raise RetryRefused(
-                execution_id,
-                "retried",
-                f"run {execution_id} was already retried as {row.forked_to}; retry that run instead",
-            )
-        history = self.store.history(execution_id, strict=True)  # decode before filtering
-        if compensation_executed(history):
-            raise RetryRefused(execution_id, "compensated", COMPENSATED)
-        plan = dag_retry.plan_retry(definition.extra, history, from_node)
-        answer: dict[str, Any] = {
-            "source_run_id": execution_id,
-            "retry_from": plan.retry_from,
-            "carried": sorted(plan.carried),
-            "rerun": plan.rerun,
-        }
-        if dry_run:
-            return {**answer, "run_id": None, "dry_run": True}
-        new_id = check_execution_id(new_execution_id or f"{execution_id}-retry-{uuid.uuid4().hex[:8]}")
-        started = history[0].event
-        conf = getattr(started, "input", None)
-        with self.store.begin() as tx:
-            ops.fork_dag_run(
-                tx, execution_id, new_id, conf, plan.carried, utcnow(), self.runtime.settings.decision_queue
-            )
-        self._after(tx)
-        return {**answer, "run_id": new_id, "dry_run": False}
-
-    def erase_payloads(self, execution_id: str, *, with_forks: bool = False) -> dict[str, Any]:
-        """Tombstone every payload field of a terminal run (PII erasure): the run stays readable
-        (names, statuses, timings), its inputs and outputs are gone, offloaded blobs deleted.
-
-        Forks made by ``reset`` or ``retry_dag_run`` hold copies of the run's payloads (and it of
-        theirs): while one of that fork family is not erased, this raises ``ForksHoldCopies``
-        naming them and writes nothing, unless ``with_forks=True``, which erases every run of
-        the family in one transaction (``forks`` in the answer lists the others)."""
-        return self.store.erase(execution_id, with_forks=with_forks)
-
-    def purge(self, older_than_days: float, batch: int = 500) -> dict[str, int]:
-        """Retention: delete terminal runs closed more than ``older_than_days`` ago."""
-        return self.store.purge(older_than_days, batch)
-
-    # ── reads ────────────────────────────────────────────────────────────────────────────────
-    def describe(self, execution_id: str) -> Execution:
-        return self.store.get(execution_id)
-
-    def stuck(self, execution_id: str) -> list[dict[str, Any]] | None:
-        """What a RUNNING run waits on that no live worker will take: each open activity on a
-        queue no live worker consumes (``{"kind": "activity", "activity", "queue",
-        "waiting_seconds"}``), and a pending decision request when none consumes the decision
-        queue (``{"kind": "decision", "queue", "waiting_seconds"}``). ``[]``: nothing is (or the
-        run is not running); None: cannot tell (embedded mode, or the workers could not be asked).
-
-        Asks the workers (a broadcast that waits ~1 s) at most every ~15 s per ``Harvest``, and
-        only when the run has open work; never raises for that. Not part of ``describe``."""
-        consumers = self._consumers
-        if consumers is None:
-            return None
-        status, requested_at, updated_at = self.store.decision_request(execution_id)
-        if status != RUNNING:
-            return []
-        rows = [
-            r for r in self.store.activity_rows(execution_id) if r["status"] == TaskStatus.SCHEDULED.value
-        ]
-        if not rows and requested_at is None:
-            return []
-        consumed = consumers.queues()
-        if consumed is None:
-            return None
-        first_attempts = [r["event_seq"] for r in rows if r["queue"] not in consumed and r["attempt"] <= 1]
-        scheduled_at = {}
-        if first_attempts:  # when each was scheduled: its ActivityScheduled's time
-            with self.store.begin() as tx:
-                scheduled_at = {seq: at for seq, _, at in tx.raw_history(execution_id, min(first_attempts))}
-        decision = (
-            None
-            if requested_at is None
-            else (self.runtime.settings.decision_queue, min(requested_at, updated_at))
-        )
-        return waiting_hints(rows, consumed, utcnow(), scheduled_at=scheduled_at, decision=decision)
-
-    def history(self, execution_id: str, *, strict: bool = True) -> list[ev.HistoryEvent]:
-        """The run's events, decoded. ``strict=False`` (read-only views) leaves a payload that
-        cannot be decoded raw instead of raising."""
-        self.store.get(execution_id)
-        return self.store.history(execution_id, strict=strict)
-
-    def attempt_errors(self, execution_id: str) -> list[AttemptError]:
-        """Every failed attempt's error with its traceback, oldest first (activity "" and
-        attempt 0: the workflow's own failure). Raises ``ExecutionNotFound``."""
-        self.store.status(execution_id)
-        return self.store.attempt_errors(execution_id)
-
-    def list(
-        self,
-        *,
-        status: str | None = None,
-        workflow: str | None = None,
-        nd_blocked: bool | None = None,
-        limit: int = 100,
-        offset: int = 0,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-    ) -> list[Execution]:
-        """Runs, newest first, without their payloads (``input`` and ``result`` are None);
-        ``created_after``/``created_before`` bound the creation time (inclusive/exclusive)."""
-        return self.store.list(
-            status=status,
-            workflow_type=workflow,
-            nd_blocked=nd_blocked,
-            limit=limit,
-            offset=offset,
-            created_after=created_after,
-            created_before=created_before,
-        )
-
-    def result(self, execution_id: str, timeout: float | None = 30.0, poll: float = 1.0) -> Any:
-        """Wait for the run to finish; return its result or raise ``WorkflowFailed`` /
-        ``WorkflowCancelledError`` (``TimeoutError`` after ``timeout`` seconds).
-
-        A cancelled (sealed) run is waited on until its cancel branch has settled — no decision
-        pending and no body running — and ``WorkflowCancelledError`` carries what the branch did
-        (``outcome``: returned, cancelled, failed or stopped); on timeout the same error with
-        ``outcome="pending"``, never a bare ``TimeoutError``, because the run *is* cancelled.
-
-        Waits on Postgres ``LISTEN``/``NOTIFY`` (one listening connection per process, shared
-        by every waiter), re-reading the run's status every ``poll`` seconds as a fallback. In
-        embedded mode (SQLite) it drains the in-process queue and polls."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        listener = self.store.listener if self._inline is None else None
-        with listener.watch(execution_id) if listener else nullcontext() as woken:
-            while True:
-                if self._inline is not None:
-                    self.drain()
-                status = self.store.status(execution_id)
-                branch = None
-                if status in TERMINAL_STATUSES:
-                    branch = self.store.cancel_branch(execution_id)
-                    if branch is None:
-                        return _outcome(self.store.get(execution_id))
-                    if branch.settled:
-                        raise self._cancelled_error(execution_id, branch)
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    if branch is not None:
-                        raise self._cancelled_error(execution_id, branch)  # outcome "pending"
-                    raise TimeoutError(f"execution {execution_id} still {status} after {timeout}s")
-                wait = poll if left is None else min(poll, left)
-                if woken is not None:
-                    woken.wait(wait)
-                    woken.clear()
-                else:
-                    time.sleep(min(wait, 0.05))
-                    self.runtime.sweep_once()
-
-    def _cancelled_error(self, execution_id: str, branch: CancelBranch) -> WorkflowCancelledError:
-        value = self.store.get(execution_id).result if branch.outcome == "returned" else None
-        return WorkflowCancelledError(execution_id, branch.reason, branch.error, branch.outcome, value)
-
-    # ── embedded mode ────────────────────────────────────────────────────────────────────────
-    def drain(self) -> None:
-        """Embedded mode: run every queued decision and activity in this process."""
-        inline = self._inline
-        if inline is None:
-            raise InvalidState("-", "not embedded", "drain")
-        inline.drain(self.runtime, self.registry)
-
-
-def _outcome(row: Execution) -> Any:
-    if row.status == COMPLETED:
-        return row.result
-    error = row.error or {}
-    recorded = f"{error['type']}: {error.get('message', '')}" if error else None
-    if row.status == CANCELLED:
-        # a cooperative cancel the workflow honoured by raising Cancelled (a sealed run is read
-        # through its cancel branch: Store.cancel_branch)
-        raise WorkflowCancelledError(row.id, row.cancel_reason or "", recorded, "cancelled")
-    raise WorkflowFailed(row.id, error.get("type", "Error"), error.get("message", ""))
 
 
 __all__ = ["Harvest", "configure_celery", "configure_dedicated_celery_app"]

@@ -1,0 +1,148 @@
+"""Reads of runs: describe, stuck, history, attempt errors, list, and waiting for a result."""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from datetime import datetime
+from typing import Any
+
+from harvest_celery._client_base import ClientBase
+from harvest_celery._core import events as ev
+from harvest_celery._core.lifecycle import CANCELLED, COMPLETED, RUNNING, TERMINAL_STATUSES
+from harvest_celery._core.names import TaskStatus
+from harvest_celery._errors import WorkflowCancelledError, WorkflowFailed
+from harvest_celery._runtime.consumers import waiting_hints
+from harvest_celery._store.records import AttemptError, CancelBranch, Execution, utcnow
+
+
+class Reads(ClientBase):
+    """``Harvest``'s reads: none of them writes."""
+
+    def describe(self, execution_id: str) -> Execution:
+        return self.store.get(execution_id)
+
+    def stuck(self, execution_id: str) -> list[dict[str, Any]] | None:
+        """What a RUNNING run waits on that no live worker will take: each open activity on a
+        queue no live worker consumes (``{"kind": "activity", "activity", "queue",
+        "waiting_seconds"}``), and a pending decision request when none consumes the decision
+        queue (``{"kind": "decision", "queue", "waiting_seconds"}``). ``[]``: nothing is (or the
+        run is not running); None: cannot tell (embedded mode, or the workers could not be asked).
+
+        Asks the workers (a broadcast that waits ~1 s) at most every ~15 s per ``Harvest``, and
+        only when the run has open work; never raises for that. Not part of ``describe``."""
+        consumers = self._consumers
+        if consumers is None:
+            return None
+        status, requested_at, updated_at = self.store.decision_request(execution_id)
+        if status != RUNNING:
+            return []
+        rows = [
+            r for r in self.store.activity_rows(execution_id) if r["status"] == TaskStatus.SCHEDULED.value
+        ]
+        if not rows and requested_at is None:
+            return []
+        consumed = consumers.queues()
+        if consumed is None:
+            return None
+        first_attempts = [r["event_seq"] for r in rows if r["queue"] not in consumed and r["attempt"] <= 1]
+        scheduled_at = {}
+        if first_attempts:  # when each was scheduled: its ActivityScheduled's time
+            with self.store.begin() as tx:
+                scheduled_at = {seq: at for seq, _, at in tx.raw_history(execution_id, min(first_attempts))}
+        decision = (
+            None
+            if requested_at is None
+            else (self.runtime.settings.decision_queue, min(requested_at, updated_at))
+        )
+        return waiting_hints(rows, consumed, utcnow(), scheduled_at=scheduled_at, decision=decision)
+
+    def history(self, execution_id: str, *, strict: bool = True) -> list[ev.HistoryEvent]:
+        """The run's events, decoded. ``strict=False`` (read-only views) leaves a payload that
+        cannot be decoded raw instead of raising."""
+        self.store.get(execution_id)
+        return self.store.history(execution_id, strict=strict)
+
+    def attempt_errors(self, execution_id: str) -> list[AttemptError]:
+        """Every failed attempt's error with its traceback, oldest first (activity "" and
+        attempt 0: the workflow's own failure). Raises ``ExecutionNotFound``."""
+        self.store.status(execution_id)
+        return self.store.attempt_errors(execution_id)
+
+    def list(
+        self,
+        *,
+        status: str | None = None,
+        workflow: str | None = None,
+        nd_blocked: bool | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+    ) -> list[Execution]:
+        """Runs, newest first, without their payloads (``input`` and ``result`` are None);
+        ``created_after``/``created_before`` bound the creation time (inclusive/exclusive)."""
+        return self.store.list(
+            status=status,
+            workflow_type=workflow,
+            nd_blocked=nd_blocked,
+            limit=limit,
+            offset=offset,
+            created_after=created_after,
+            created_before=created_before,
+        )
+
+    def result(self, execution_id: str, timeout: float | None = 30.0, poll: float = 1.0) -> Any:
+        """Wait for the run to finish; return its result or raise ``WorkflowFailed`` /
+        ``WorkflowCancelledError`` (``TimeoutError`` after ``timeout`` seconds).
+
+        A cancelled (sealed) run is waited on until its cancel branch has settled — no decision
+        pending and no body running — and ``WorkflowCancelledError`` carries what the branch did
+        (``outcome``: returned, cancelled, failed or stopped); on timeout the same error with
+        ``outcome="pending"``, never a bare ``TimeoutError``, because the run *is* cancelled.
+
+        Waits on Postgres ``LISTEN``/``NOTIFY`` (one listening connection per process, shared
+        by every waiter), re-reading the run's status every ``poll`` seconds as a fallback. In
+        embedded mode (SQLite) it drains the in-process queue and polls."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        listener = self.store.listener if self._inline is None else None
+        with listener.watch(execution_id) if listener else nullcontext() as woken:
+            while True:
+                if self._inline is not None:
+                    self.drain()
+                status = self.store.status(execution_id)
+                branch = None
+                if status in TERMINAL_STATUSES:
+                    branch = self.store.cancel_branch(execution_id)
+                    if branch is None:
+                        return _outcome(self.store.get(execution_id))
+                    if branch.settled:
+                        raise self._cancelled_error(execution_id, branch)
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    if branch is not None:
+                        raise self._cancelled_error(execution_id, branch)  # outcome "pending"
+                    raise TimeoutError(f"execution {execution_id} still {status} after {timeout}s")
+                wait = poll if left is None else min(poll, left)
+                if woken is not None:
+                    woken.wait(wait)
+                    woken.clear()
+                else:
+                    time.sleep(min(wait, 0.05))
+                    self.runtime.sweep_once()
+
+    def _cancelled_error(self, execution_id: str, branch: CancelBranch) -> WorkflowCancelledError:
+        value = self.store.get(execution_id).result if branch.outcome == "returned" else None
+        return WorkflowCancelledError(execution_id, branch.reason, branch.error, branch.outcome, value)
+
+
+def _outcome(row: Execution) -> Any:
+    if row.status == COMPLETED:
+        return row.result
+    error = row.error or {}
+    recorded = f"{error['type']}: {error.get('message', '')}" if error else None
+    if row.status == CANCELLED:
+        # a cooperative cancel the workflow honoured by raising Cancelled (a sealed run is read
+        # through its cancel branch: Store.cancel_branch)
+        raise WorkflowCancelledError(row.id, row.cancel_reason or "", recorded, "cancelled")
+    raise WorkflowFailed(row.id, error.get("type", "Error"), error.get("message", ""))
