@@ -39,6 +39,7 @@ class CeleryDispatcher:
         self.app.send_task(
             message.task_name,
             args=message.args,
+            kwargs=message.kwargs,
             queue=message.queue,
             task_id=message.task_id,
             headers=message.headers or None,
