@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from harvest_celery._core.jsonvalues import check_json
-from harvest_celery._core.registry import Registry
+from harvest_celery._core.registry import Registry, WorkflowDefinition
 from harvest_celery._errors import InvalidTaskCall, PayloadNotSerializable, UnknownActivity
 
 NO_RESULT: Any = object()  # no previous result to prepend
@@ -85,11 +85,13 @@ def schema_too_old() -> InvalidTaskCall:
 
 @dataclass(frozen=True)
 class CallOptions:
-    """The options of a call that harvest honours: the queue (None: the adopted definition's)
-    and the not-before instant (from ``countdown`` or ``eta``; None: at once)."""
+    """The options of a call that harvest honours: the queue (None: the adopted definition's),
+    and when the task may run: ``countdown`` seconds after the run starts, or at ``eta``
+    (neither: at once)."""
 
     queue: str | None = None
-    not_before: datetime | None = None
+    countdown: float | None = None
+    eta: datetime | None = None
 
 
 def invocation(task_name: str, args: Sequence[Any], kwargs: Mapping[Any, Any]) -> dict[str, Any]:
@@ -136,7 +138,7 @@ def signature_call(
     return str(sig.task), extra + list(sig.args), {**sig.kwargs, **kwargs}, dict(sig.options)
 
 
-def call_options(options: Mapping[str, Any], now: datetime) -> CallOptions:
+def call_options(options: Mapping[str, Any]) -> CallOptions:
     """Sort ``options``: honoured (``queue``, ``countdown``, ``eta``), dropped, ignored, or
     ``InvalidTaskCall`` for a refused or unknown one, a naive ``eta``, ``countdown`` with
     ``eta``, or a negative ``countdown``."""
@@ -148,16 +150,52 @@ def call_options(options: Mapping[str, Any], now: datetime) -> CallOptions:
     countdown, eta = options.get("countdown"), options.get("eta")
     if countdown is not None and eta is not None:
         raise InvalidTaskCall("countdown", "countdown and eta cannot be given together")
-    not_before = None
-    if countdown is not None:
-        if isinstance(countdown, bool) or not isinstance(countdown, (int, float)) or countdown < 0:
-            raise InvalidTaskCall("countdown", f"countdown must be a non-negative number, not {countdown!r}")
-        not_before = now + timedelta(seconds=countdown)
-    elif eta is not None:
-        if not isinstance(eta, datetime) or eta.tzinfo is None or eta.utcoffset() is None:
-            raise InvalidTaskCall("eta", f"eta must be a timezone-aware datetime, not {eta!r}")
-        not_before = eta
+    if countdown is not None and (
+        isinstance(countdown, bool) or not isinstance(countdown, (int, float)) or countdown < 0
+    ):
+        raise InvalidTaskCall("countdown", f"countdown must be a non-negative number, not {countdown!r}")
+    if eta is not None and (not isinstance(eta, datetime) or eta.tzinfo is None or eta.utcoffset() is None):
+        raise InvalidTaskCall("eta", f"eta must be a timezone-aware datetime, not {eta!r}")
     queue = options.get("queue")
     if queue is not None and (not isinstance(queue, str) or not queue):
         raise InvalidTaskCall("queue", f"queue must be a non-empty string, not {queue!r}")
-    return CallOptions(queue, not_before)
+    return CallOptions(queue, None if countdown is None else float(countdown), eta)
+
+
+# ── the built-in workflow Harvest.start_task runs ────────────────────────────────────────────
+START_TASK = "harvest.start_task"  # reserved: registered in every Harvest registry
+
+
+def start_task_input(
+    name: str, call: dict[str, Any], queue: str | None, options: CallOptions
+) -> dict[str, Any]:
+    """The built-in run's input: the task, its call, its queue, and when it may run (a
+    countdown counts from the run's start, so the same call twice is the same input)."""
+    return {
+        "task": name,
+        "call": call,
+        "queue": queue,
+        "countdown": options.countdown,
+        "eta": None if options.eta is None else options.eta.isoformat(),
+    }
+
+
+async def start_task_workflow(ctx: Any, input: dict[str, Any]) -> Any:
+    """Wait on a durable timer if one is due (deterministic: the not-before instant minus
+    ``ctx.now()``, both recorded), then call the task once with its recorded call."""
+    if input.get("countdown") is not None:
+        not_before = ctx.info.started_at + timedelta(seconds=input["countdown"])
+    elif input.get("eta") is not None:
+        not_before = datetime.fromisoformat(input["eta"])
+    else:
+        not_before = None
+    if not_before is not None:
+        wait = (not_before - ctx.now()).total_seconds()
+        if wait > 0:
+            await ctx.sleep(wait)
+    call = input["call"]
+    return await ctx.execute_task(input["task"], *call["args"], queue=input.get("queue"), **call["kwargs"])
+
+
+def register_start_task(registry: Registry) -> None:
+    registry.add_workflow(WorkflowDefinition(START_TASK, start_task_workflow))

@@ -5,7 +5,7 @@ divergence against ``execute_activity``), the event field, and the message it be
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from types import SimpleNamespace
 
 import pytest
@@ -98,46 +98,46 @@ def test_an_immutable_signature_given_more_arguments_is_refused(extra):
 
 # ── options ───────────────────────────────────────────────────────────────────────────────────
 def test_honoured_options():
-    assert call_options({"queue": "q"}, NOW) == CallOptions("q", None)
-    assert call_options({"countdown": 30}, NOW).not_before == NOW + timedelta(seconds=30)
+    assert call_options({"queue": "q"}) == CallOptions("q")
+    assert call_options({"countdown": 30}) == CallOptions(countdown=30.0)
     eta = datetime(2026, 2, 1, tzinfo=timezone.utc)
-    assert call_options({"eta": eta}, NOW).not_before == eta
+    assert call_options({"eta": eta}) == CallOptions(eta=eta)
 
 
 def test_dropped_and_ignored_options_change_nothing():
     options = {name: "x" for name in DROPPED_OPTIONS} | {"ignore_result": True}
-    assert call_options(options, NOW) == CallOptions()
+    assert call_options(options) == CallOptions()
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED_OPTIONS))
 def test_each_refused_option_is_refused_by_name(name):
     with pytest.raises(InvalidTaskCall) as info:
-        call_options({name: 1}, NOW)
+        call_options({name: 1})
     assert info.value.option == name
     assert str(info.value) == f"call option {name!r} is refused: {REFUSED_OPTIONS[name]}"
 
 
 def test_an_unknown_option_is_refused():
     with pytest.raises(InvalidTaskCall, match="call option 'shadow' is not supported") as info:
-        call_options({"shadow": "x"}, NOW)
+        call_options({"shadow": "x"})
     assert info.value.option == "shadow"
 
 
 def test_a_naive_eta_is_refused():
     with pytest.raises(InvalidTaskCall, match="eta must be a timezone-aware datetime") as info:
-        call_options({"eta": datetime(2026, 2, 1)}, NOW)
+        call_options({"eta": datetime(2026, 2, 1)})
     assert info.value.option == "eta"
 
 
 def test_countdown_with_eta_is_refused():
     with pytest.raises(InvalidTaskCall, match="countdown and eta cannot be given together") as info:
-        call_options({"countdown": 1, "eta": NOW}, NOW)
+        call_options({"countdown": 1, "eta": NOW})
     assert info.value.option == "countdown"
 
 
 def test_a_negative_countdown_is_refused():
     with pytest.raises(InvalidTaskCall, match="countdown must be a non-negative number") as info:
-        call_options({"countdown": -1}, NOW)
+        call_options({"countdown": -1})
     assert info.value.option == "countdown"
 
 
@@ -279,3 +279,111 @@ def test_a_task_call_is_the_message_s_own_args_and_kwargs():
     assert message.headers == {REF_HEADER: {"execution_id": "r", "activity_id": "1", "attempt": 2}}
     single = encode(Dispatch(Dispatch.ACTIVITY, "r", "q", "1", "shop.add", 1, True, call))
     assert (single.args, single.kwargs) == ([call], None)
+
+
+# ── Harvest.start_task on SQLite: what it records, and that a refusal writes nothing ───────────
+@pytest.fixture
+def harvest(tmp_path):
+    from harvest_celery import Harvest
+
+    h = Harvest(f"sqlite:///{tmp_path / 'tasks.db'}")
+    h.migrate()
+    h.adopt_task("shop.add", queue="shop")
+    h.adopt_task("shop.scale")
+    yield h
+    h.store.dispose()
+
+
+def _counts(h):
+    import sqlalchemy as sa
+
+    with h.store.engine.connect() as conn:
+        return {
+            t: conn.execute(sa.text(f"SELECT count(*) FROM {t}")).scalar()
+            for t in ("harvest_executions", "harvest_events", "harvest_activity_tasks", "harvest_outbox")
+        }
+
+
+def _started_input(h, execution_id):
+    return h.store.get(execution_id).input
+
+
+def test_the_built_in_workflow_is_reserved(harvest):
+    from harvest_celery import DuplicateRegistration
+
+    @workflow(name="harvest.start_task")
+    async def mine(ctx, _):
+        return None
+
+    with pytest.raises(DuplicateRegistration):
+        harvest.register(mine)
+
+
+def test_start_task_records_the_call(harvest):
+    run = harvest.start_task(scale.s(3).set(task_id="frozen", countdown=5), factor=4, execution_id="t-1")
+    assert run == "t-1"
+    payload = harvest.store.history("t-1")[0].event.input
+    assert payload == {
+        "task": "shop.scale",
+        "call": {"args": [3], "kwargs": {"factor": 4}},
+        "queue": None,
+        "countdown": 5.0,
+        "eta": None,
+    }
+
+
+def test_the_same_call_twice_is_one_run(harvest):
+    first = harvest.start_task(add.s(1, 2), execution_id="same")
+    frozen = add.s(1, 2)
+    frozen.freeze()
+    again = harvest.start_task(frozen, execution_id="same")
+    assert first == again == "same"
+    assert _counts(harvest)["harvest_executions"] == 1
+
+
+def test_another_call_under_the_same_id_conflicts_on_input(harvest):
+    from harvest_celery import ExecutionAlreadyExists
+
+    harvest.start_task(add, 1, 2, execution_id="same")
+    with pytest.raises(ExecutionAlreadyExists) as info:
+        harvest.start_task(add, 1, 3, execution_id="same")
+    assert info.value.conflict == "input"
+
+
+BAD_CALLS = [
+    (lambda h: h.start_task("shop.nope", 1), UnknownActivity, "must be adopted with harvest.adopt_task"),
+    (lambda h: h.start_task(object()), UnknownActivity, "is not a Celery task"),
+    (lambda h: h.start_task(add, {1}, 2), PayloadNotSerializable, "argument 0 of task 'shop.add'"),
+    (lambda h: h.start_task(add, 1, **{"y": {2}}), PayloadNotSerializable, "keyword argument 'y'"),
+    (lambda h: h.start_task(add.s(1, {2})), PayloadNotSerializable, "argument 1 of task 'shop.add'"),
+    (lambda h: h.start_task(add.si(1, 2), 3), InvalidTaskCall, "immutable signature"),
+    (lambda h: h.start_task(add.s(1, 2).set(eta=datetime(2030, 1, 1))), InvalidTaskCall, "timezone-aware"),
+    (lambda h: h.start_task(add.s(1, 2).set(countdown=1, eta=NOW)), InvalidTaskCall, "countdown and eta"),
+    (lambda h: h.start_task(add.s(1, 2).set(countdown=-1)), InvalidTaskCall, "non-negative"),
+    (lambda h: h.start_task(add.s(1, 2).set(shadow="x")), InvalidTaskCall, "'shadow' is not supported"),
+    (lambda h: h.start_task(add.s(1, 2), execution_id="a:b"), Exception, "':'"),
+] + [
+    (lambda h, n=name: h.start_task(add.s(1, 2).set(**{n: 1})), InvalidTaskCall, f"{name!r} is refused")
+    for name in sorted(REFUSED_OPTIONS)
+]
+
+
+@pytest.mark.parametrize(("call", "error", "text"), BAD_CALLS)
+def test_a_refused_start_task_writes_nothing(harvest, call, error, text):
+    before = _counts(harvest)
+    with pytest.raises(error) as info:
+        call(harvest)
+    assert text in str(info.value)
+    assert _counts(harvest) == before == dict.fromkeys(before, 0)
+
+
+def test_an_invocation_over_the_cap_is_refused_and_writes_nothing(tmp_path):
+    from harvest_celery import Harvest
+
+    h = Harvest(f"sqlite:///{tmp_path / 'cap.db'}", max_activity_input_bytes=64)
+    h.migrate()
+    h.adopt_task("shop.add")
+    with pytest.raises(PayloadTooLarge, match="input of activity 'shop.add'"):
+        h.start_task(add, "x" * 100, 1)
+    assert _counts(h) == dict.fromkeys(_counts(h), 0)
+    h.store.dispose()
