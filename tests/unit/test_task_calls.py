@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from types import SimpleNamespace
 
 import pytest
-from celery import Celery
+from celery import Celery, signature
 
 from harvest_celery import InvalidTaskCall, PayloadNotSerializable, PayloadTooLarge, UnknownActivity, workflow
 from harvest_celery._core import events as ev
@@ -356,6 +356,11 @@ BAD_CALLS = [
     (lambda h: h.start_task(add, {1}, 2), PayloadNotSerializable, "argument 0 of task 'shop.add'"),
     (lambda h: h.start_task(add, 1, **{"y": {2}}), PayloadNotSerializable, "keyword argument 'y'"),
     (lambda h: h.start_task(add.s(1, {2})), PayloadNotSerializable, "argument 1 of task 'shop.add'"),
+    (
+        lambda h: h.start_task(signature("shop.add", args=(1,), kwargs={2: 3})),
+        PayloadNotSerializable,
+        "keyword argument 2",
+    ),
     (lambda h: h.start_task(add.si(1, 2), 3), InvalidTaskCall, "immutable signature"),
     (lambda h: h.start_task(add.s(1, 2).set(eta=datetime(2030, 1, 1))), InvalidTaskCall, "timezone-aware"),
     (lambda h: h.start_task(add.s(1, 2).set(countdown=1, eta=NOW)), InvalidTaskCall, "countdown and eta"),
