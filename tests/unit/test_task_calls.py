@@ -392,3 +392,20 @@ def test_an_invocation_over_the_cap_is_refused_and_writes_nothing(tmp_path):
         h.start_task(add, "x" * 100, 1)
     assert _counts(h) == dict.fromkeys(_counts(h), 0)
     h.store.dispose()
+
+
+def test_start_task_refuses_on_a_schema_older_than_the_convention_and_writes_nothing(tmp_path):
+    from harvest_celery import Harvest
+    from harvest_celery._store.migrate import upgrade
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    upgrade(url, "0007")
+    h = Harvest(url)
+    h.adopt_task("shop.add")
+    with pytest.raises(InvalidTaskCall, match=r"older than the call convention \(migration 0008\)") as info:
+        h.start_task(add, 1, 2)
+    assert info.value.option == "schema"
+    assert _counts(h) == dict.fromkeys(_counts(h), 0)
+    upgrade(url)  # the migration first; then the same call starts its run
+    assert h.start_task(add, 1, 2, execution_id="after") == "after"
+    h.store.dispose()
