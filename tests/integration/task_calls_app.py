@@ -13,8 +13,8 @@ from tests.integration.task_calls_tasks import BROKER_URL, add, app, bound, scal
 DATABASE_URL = os.environ.get(
     "HARVEST_TEST_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/harvest_it"
 )
-DECIDE = "tc_decide"
-QUEUE = "tc_q"
+# a worker started with HARVEST_TEST_TC_QUEUES="<decide>,<tasks>" serves another database's runs
+DECIDE, QUEUE = (os.environ.get("HARVEST_TEST_TC_QUEUES") or "tc_decide,tc_q").split(",")
 
 harvest = Harvest(
     DATABASE_URL,

@@ -222,6 +222,49 @@ def test_a_signature_passed_to_execute_task_fails_the_run_before_anything_is_rec
     assert tc.harvest.store.activity_rows(rid) == []
 
 
+def test_a_run_started_before_the_migration_completes_after_it(tc, redis_client):
+    """A run started on a schema at 0007 (its run row and WorkflowStarted written, its first
+    decision waiting in the broker), then the migration, then a worker of this build: the run
+    completes, its adopted call recorded without a convention (one argument)."""
+    from harvest_celery._store.migrate import upgrade
+
+    from .conftest import ADMIN_URL, DB_NAME
+
+    name = f"{DB_NAME}_tc_old"
+    url = f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}"
+    admin = sa.create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    upgrade(url, "0007")
+    old = Harvest(url, Celery("tc_old", broker=tc.BROKER_URL), decision_queue="tc_old_decide")
+    old.register(tc.tc_single)
+    old.adopt_task("tc.spread", queue="tc_old_q")
+    rid = old.start_workflow("tc_single", {"args": [1], "kwargs": {"k": 2}})
+    upgrade(url)
+    worker = Worker(
+        "tc-old",
+        "tc_old_decide,tc_old_q",
+        {"HARVEST_TEST_DATABASE_URL": url, "HARVEST_TEST_TC_QUEUES": "tc_old_decide,tc_old_q"},
+        app="tests.integration.task_calls_app",
+    )
+    worker.start()
+    try:
+        assert old.result(rid, timeout=60) == {"args": [{"args": [1], "kwargs": {"k": 2}}], "kwargs": {}}
+        scheduled = [e for e in history(old, rid) if e.type == "ActivityScheduled"]
+        assert [e.call_convention for e in scheduled] == [None]
+    finally:
+        worker.stop()
+        old.store.dispose()
+        with admin.connect() as conn:
+            conn.execute(
+                sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :d"),
+                {"d": name},
+            )
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
 # ── refused calls: nothing written, nothing sent ─────────────────────────────────────────────
 @pytest.fixture(scope="module")
 def quiet(tc: Any, redis_client: Any) -> Any:
