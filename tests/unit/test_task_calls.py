@@ -5,7 +5,7 @@ divergence against ``execute_activity``), the event field, and the message it be
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
 import pytest
@@ -409,3 +409,35 @@ def test_start_task_refuses_on_a_schema_older_than_the_convention_and_writes_not
     upgrade(url)  # the migration first; then the same call starts its run
     assert h.start_task(add, 1, 2, execution_id="after") == "after"
     h.store.dispose()
+
+
+def test_every_dispatch_site_carries_the_convention_into_the_message(harvest):
+    """The first send, the sweeper's re-send of a lost message, and a retry's fresh message all
+    carry the recorded call as the message's args and kwargs (and the claim reads it back)."""
+    from harvest_celery._store import sweeps, tasks
+    from harvest_celery._store.records import Timings, utcnow
+    from harvest_celery._store.schema import activity_tasks
+
+    sent = []
+    inline = harvest.runtime.dispatcher
+    send = inline.send
+    inline.send = lambda m: (sent.append(m), send(m))  # embedded: the adopted task never runs
+    rid = harvest.start_task(scale, 3, factor=4)
+    first = [m for m in sent if m.task_name == "shop.scale"]
+    assert [(m.args, m.kwargs) for m in first] == [([3], {"factor": 4})]
+    (row,) = harvest.store.activity_rows(rid)
+    assert row["call_convention"] == "args_kwargs"
+    later = utcnow() + timedelta(hours=1)
+    with harvest.store.begin() as tx:
+        sweeps.stale_scheduled(tx, later, Timings())
+    assert [(d.call_convention, d.input) for d in tx.dispatches] == [
+        ("args_kwargs", {"args": [3], "kwargs": {"factor": 4}})
+    ]
+    with harvest.store.begin() as tx:
+        claimed = tasks.claim(tx, rid, "1", 1, "w", later, Timings())
+    assert claimed is not None and claimed.call_convention == "args_kwargs"
+    with harvest.store.begin() as tx:
+        tx.conn.execute(activity_tasks.update().values(status="retry_wait"))
+        tasks.redispatch_next_attempt(tx, rid, "1", later)
+    (retry,) = tx.dispatches
+    assert encode(retry).args == [3] and encode(retry).kwargs == {"factor": 4} and retry.attempt == 2
