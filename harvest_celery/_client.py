@@ -9,7 +9,9 @@ from typing import Any, Literal
 
 from harvest_celery._client_ops import Operations
 from harvest_celery._client_reads import Reads
+from harvest_celery._client_tasks import Tasks
 from harvest_celery._core.ids import check_execution_id
+from harvest_celery._core.invocation import register_start_task
 from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.registry import ActivityDefinition, Registry, register_into
 from harvest_celery._core.retry import DEFAULT_RETRY, RetryPolicy
@@ -38,7 +40,7 @@ log = logging.getLogger("harvest_celery")
 EMBEDDED_URL = "sqlite:///harvest-embedded.db"
 
 
-class Harvest(Operations, Reads):
+class Harvest(Operations, Reads, Tasks):
     """Start, signal, cancel and inspect durable workflows.
 
     With a ``celery_app``, activities and decisions are Celery tasks on that app (run
@@ -83,6 +85,7 @@ class Harvest(Operations, Reads):
         payloads = Payloads(options["codec"], options["payload_store"], options["offload_threshold"])
         self.store = Store(self.database_url, payloads=payloads, pools=config.pools(options))
         self.registry = Registry()
+        register_start_task(self.registry)  # reserved: every decision worker knows it
         # the cap applies to what is stored inline: with a store, an offloaded input is a reference
         offloads = payloads.offloads if payload_store is not None else None
         self.runtime = Runtime(self.store, self.registry, config.runtime_settings(options, offloads))

@@ -28,6 +28,8 @@
     ├── ExecutionAlreadyExists         an id reused: for another workflow type, with another
     │                                  input, or under id_reuse="reject" (HTTP 409)
     ├── InvalidExecutionId             an id that cannot name a run (also a ValueError)
+    ├── InvalidTaskCall                a durable call of an adopted task Celery's way that
+    │                                  harvest refuses (an option, a rule; also a ValueError)
     ├── InvalidState                   an operation the run's status forbids
     │   └── ForksHoldCopies            an erasure refused while forks hold copies
     ├── UnknownEventType               a history event this build does not know
@@ -204,9 +206,21 @@ class UnknownWorkflow(RegistrationError):
 
 
 class UnknownActivity(RegistrationError):
-    def __init__(self, name: str) -> None:
-        super().__init__(f"unknown activity {name!r}: no activity of that name is registered")
+    def __init__(self, name: str, message: str = "") -> None:
+        super().__init__(message or f"unknown activity {name!r}: no activity of that name is registered")
         self.name = name
+
+
+class InvalidTaskCall(HarvestError, ValueError):
+    """A durable call of an adopted task (``ctx.execute_task``, ``Harvest.start_task``) that is
+    refused before anything is written: a refused call option, an immutable signature given more
+    arguments, a naive ``eta``, ``countdown`` with ``eta``, a negative ``countdown``, a signature
+    passed to ``ctx.execute_task``, or a schema older than the call convention. ``option`` names
+    the option or the rule."""
+
+    def __init__(self, option: str, message: str) -> None:
+        super().__init__(message)
+        self.option = option
 
 
 class DuplicateRegistration(RegistrationError):

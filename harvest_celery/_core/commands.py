@@ -19,6 +19,9 @@ class ScheduleActivity:
     # a DAG node's own .retry(...) / .start_to_close(...) overrides (never a compensator's)
     retry: RetryPolicy | None = None
     start_to_close: float | None = None
+    # how an adopted task is called with ``input`` (``names.CallConvention``); None: as its one
+    # argument
+    call_convention: str | None = None
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,10 @@ class ReplayPort(Protocol):
         *,
         retry: RetryPolicy | None = None,
         start_to_close: float | None = None,
+        call_convention: str | None = None,
     ) -> Future: ...
+
+    def schedule_task(self, task: Any, args: Any, kwargs: Any, queue: str | None) -> Future: ...
 
     def check_inputs(self, name: str, inputs: Sequence[Any]) -> list[Any]: ...
 
@@ -116,6 +119,20 @@ class WorkflowContext:
         return self._replay.schedule_activity(
             activity_name(activity), input, queue, retry=retry, start_to_close=start_to_close
         )
+
+    def execute_task(self, task: Any, *args: Any, queue: str | None = None, **kwargs: Any) -> Future:
+        """Call an existing Celery task adopted with ``harvest.adopt_task`` (the task object or
+        its name) durably, exactly as Celery would: ``task(*args, **kwargs)``. The call
+        ``{"args", "kwargs"}`` is recorded as the input; returns an awaitable of the task's
+        return value. ``queue`` is the one reserved keyword (None: the adopted definition's,
+        then ``"default"``); the retry policy and start_to_close are ``adopt_task``'s.
+
+        Raises ``UnknownActivity``, ``PayloadNotSerializable``, ``PayloadTooLarge`` or
+        ``InvalidTaskCall`` (a signature, or a schema older than the call convention) before
+        anything is recorded; awaiting raises ``ActivityError`` if the task failed for good.
+        """
+        self._replay.check_running("ctx.execute_task")
+        return self._replay.schedule_task(task, args, kwargs, queue)
 
     def check_activity_inputs(self, activity: Any, inputs: Sequence[Any]) -> list[Any]:
         """Check every input a fan-out is about to dispatch, before any is recorded: raises

@@ -163,6 +163,7 @@ def _same(command: Command, event: ev.Event) -> bool:
             isinstance(event, ev.ActivityScheduled)
             and event.activity_id == command.activity_id
             and event.activity_name == command.activity_name
+            and event.call_convention == command.call_convention
         )
     if isinstance(command, RecordMarker):
         return isinstance(event, ev.MarkerRecorded) and event.name == command.name

@@ -139,6 +139,16 @@ class ActivityScheduled(Event, family=Family.COMMAND, terminal=False, cursor=Cur
     # True for a dispatch made while a saga/DAG unwind runs. Not a payload field, so it survives
     # erasure; lets a cancel tell that it landed mid-unwind.
     compensation: bool = False
+    # How an adopted task is called with ``input`` (``names.CallConvention``): recorded, never
+    # inferred from the input's shape. Absent (None): the input is its one argument, as every
+    # history written before the field existed. Not a payload field.
+    call_convention: str | None = None
+
+    def to_data(self) -> dict[str, Any]:
+        data = super().to_data()
+        if data["call_convention"] is None:
+            del data["call_convention"]  # histories without a call read exactly as before
+        return data
 
 
 @dataclass(frozen=True)
@@ -367,8 +377,10 @@ class HistoryEvent:
 def describe(event: Event) -> str:
     """Short human form used in divergence messages and timelines: ``ActivityScheduled(x)``."""
     match known(event):
-        case ActivityScheduled(activity_name=name):
+        case ActivityScheduled(activity_name=name, call_convention=None):
             return f"ActivityScheduled({name})"
+        case ActivityScheduled(activity_name=name):
+            return f"ActivityScheduled({name}, task call)"
         case MarkerRecorded(name=name) | SignalReceived(name=name):
             return f"{event.type}({name})"
         case TimerStarted(timer_id=timer_id):

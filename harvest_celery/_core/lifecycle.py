@@ -46,6 +46,7 @@ def decision_events(decision: Decision, history: Sequence[ev.Event]) -> list[ev.
                     command.input,
                     command.queue,
                     command.compensation,
+                    command.call_convention,
                 )
             )
         elif isinstance(command, RecordMarker):

@@ -41,5 +41,15 @@ class TaskStatus(str, Enum):
     CANCELLED = "cancelled"
 
 
+# ── how an adopted task is called with its recorded input (``ActivityScheduled.call_convention``,
+# ``activity_tasks.call_convention``): a closed set that later features extend. None (absent):
+# the input is the task's one positional argument.
+class CallConvention(str, Enum):
+    ARGS_KWARGS = "args_kwargs"  # the input is {"args": [...], "kwargs": {...}}: body(*args, **kwargs)
+
+
+CALL_CONVENTIONS = tuple(c.value for c in CallConvention)
+
+
 # Every stored task-row status, in one order (the schema's CHECK constraint; see RUN_STATUSES).
 TASK_STATUSES = tuple(s.value for s in TaskStatus)

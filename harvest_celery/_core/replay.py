@@ -23,11 +23,13 @@ from harvest_celery._core.commands import (
     StartTimer,
 )
 from harvest_celery._core.futures import Future
+from harvest_celery._core.invocation import adopted_task_name, invocation, schema_too_old
 from harvest_celery._core.jsonvalues import check_cap, check_json
 from harvest_celery._core.names import (
     PATCH,
     SAGA_COMPENSATED,
     SAGA_COMPENSATION_FAILED,
+    CallConvention,
     is_marker,
     marker,
 )
@@ -50,6 +52,8 @@ class EngineConfig:
 
     max_activity_input_bytes: int | None = 2 * 1024 * 1024
     offloads: Callable[[Any], bool] | None = None
+    # the database has the call-convention column (migration 0008): ctx.execute_task may record
+    task_calls: bool = True
 
 
 @dataclass(frozen=True)
@@ -222,6 +226,7 @@ class Replay:
         *,
         retry: RetryPolicy | None = None,
         start_to_close: float | None = None,
+        call_convention: str | None = None,
     ) -> Future:
         definition = self.registry.activity(name)
         what = f"input of activity {name!r}"
@@ -235,13 +240,26 @@ class Replay:
         resolved_queue = definition.resolve_queue(queue)
         self.activity_seq += 1
         activity_id = str(self.activity_seq)
+        # a call recorded by execute_activity and replayed by execute_task (or back) diverges,
+        # as a change of activity name does
         recorded = self.match(
-            ev.ActivityScheduled, f"ActivityScheduled({name})", lambda e: e.activity_name == name
+            ev.ActivityScheduled,
+            f"ActivityScheduled({name})"
+            if call_convention is None
+            else f"ActivityScheduled({name}, task call)",
+            lambda e: e.activity_name == name and e.call_convention == call_convention,
         )
         if recorded is None:
             self.commands.append(
                 ScheduleActivity(
-                    activity_id, name, payload, resolved_queue, self.compensating > 0, retry, start_to_close
+                    activity_id,
+                    name,
+                    payload,
+                    resolved_queue,
+                    self.compensating > 0,
+                    retry,
+                    start_to_close,
+                    call_convention,
                 )
             )
         else:
@@ -253,6 +271,16 @@ class Replay:
         if activity_id in self.results:
             self._resolve_activity(self.results[activity_id])
         return future
+
+    def schedule_task(self, task: Any, args: Any, kwargs: Any, queue: str | None) -> Future:
+        """``ctx.execute_task``: a durable call of an adopted task Celery's way."""
+        name = adopted_task_name(self.registry, task)
+        if not self.recorded_next(name) and not self.activation.config.task_calls:
+            raise schema_too_old()
+        call = invocation(name, args, kwargs)
+        return self.schedule_activity(
+            name, call, queue or "", call_convention=CallConvention.ARGS_KWARGS.value
+        )
 
     def start_timer(self, seconds: float) -> Future:
         if seconds < 0:

@@ -1,9 +1,13 @@
 """Existing Celery tasks used as activities by name.
 
-An adopted task keeps its signature, so it receives the activity input as its one positional
-argument (the payload transits the broker, unlike engine-native activities) and its ids travel in
-the ``harvest`` message header. The same claim guards its body: the task's ``run`` is wrapped so
-that it refuses to run unless the pre-run claim committed.
+An adopted task keeps its signature. Called with ``ctx.execute_activity`` it receives the
+activity input as its one positional argument; called with ``ctx.execute_task`` or
+``Harvest.start_task`` (``CallConvention.ARGS_KWARGS``, recorded on its ``ActivityScheduled``)
+the input is the call ``{"args", "kwargs"}`` and the body runs as ``body(*args, **kwargs)``. The
+payload transits the broker, unlike engine-native activities, and the ids travel in the
+``harvest`` message header. The same claim guards its body: the task's ``run`` is wrapped so
+that it refuses to run unless the pre-run claim committed; the recorded input is spread only
+after that, and the body always gets the recorded values, never the message's.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 from celery import Celery, signals
 from celery.exceptions import Retry
 
+from harvest_celery._core.names import CallConvention
 from harvest_celery._core.registry import ActivityDefinition
 from harvest_celery._runtime import claim as claims
 from harvest_celery._runtime.messages import REF_HEADER
@@ -34,7 +39,7 @@ def _ref(task: Any) -> dict[str, Any] | None:
     return ref if isinstance(ref, dict) else None
 
 
-def _as_engine_attempt(task: Any, body: Any, value: Any) -> Any:
+def _as_engine_attempt(task: Any, body: Any, call_convention: str | None, value: Any) -> Any:
     """Run an adopted body as one engine attempt: ``self.retry()`` (and ``autoretry_for``) raise
     the retried exception here instead of publishing a Celery retry, and a ``Retry`` that still
     escapes is unwrapped to its cause, so the engine's retry policy sees the real error."""
@@ -42,6 +47,8 @@ def _as_engine_attempt(task: Any, body: Any, value: Any) -> Any:
     directly = getattr(request, "called_directly", False)
     request.called_directly = True  # Task.retry re-raises instead of re-sending the message
     try:
+        if call_convention == CallConvention.ARGS_KWARGS.value:
+            return body(*value["args"], **value["kwargs"])
         return body(value)
     except Retry as retry:
         if isinstance(retry.exc, BaseException):
@@ -67,12 +74,12 @@ def adopt(app: Celery, runtime: Runtime, definition: ActivityDefinition) -> None
             ref = _ref(task)
             if ref is None:
                 return original(*args, **kwargs)  # an ordinary call, not dispatched by harvest
-            ran, error = claims.claim_and_run(
-                runtime,
-                str(ref["execution_id"]),
-                str(ref["activity_id"]),
-                int(ref["attempt"]),
-                partial(_as_engine_attempt, task, body),
+            claimed = claims.claim(
+                runtime, str(ref["execution_id"]), str(ref["activity_id"]), int(ref["attempt"])
+            )
+            convention = claimed.call_convention if claimed is not None else None
+            ran, error = claims.run_claimed(
+                runtime, claimed, partial(_as_engine_attempt, task, body, convention)
             )
             settle(runtime, ran, error, task.request.id)
             return None

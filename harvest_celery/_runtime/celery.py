@@ -8,6 +8,7 @@ body unless the claim committed. A body that executed therefore always has an ``
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -39,6 +40,7 @@ class CeleryDispatcher:
         self.app.send_task(
             message.task_name,
             args=message.args,
+            kwargs=message.kwargs,
             queue=message.queue,
             task_id=message.task_id,
             headers=message.headers or None,
@@ -190,6 +192,7 @@ def _connect_worker_signals(app: Celery, runtime: Runtime) -> None:
         # this worker's queues (set before the pool starts, so prefork children inherit them)
         runtime.local_queues = frozenset(app.amqp.queues.consume_from or ())  # type: ignore[union-attr]
         runtime.send_task_events = bool(getattr(sender, "task_events", False))
+        _check_call_convention(runtime)
         try:
             preflight_all(runtime.registry)
         except Exception as exc:
@@ -197,6 +200,19 @@ def _connect_worker_signals(app: Celery, runtime: Runtime) -> None:
             raise SystemExit(f"harvest preflight failed: {exc}") from exc
 
     signals.worker_init.connect(_preflight, weak=False)
+
+
+def _check_call_convention(runtime: Runtime) -> None:
+    """On a schema older than migration 0008, ``ctx.execute_task`` refuses (``InvalidTaskCall``)
+    rather than record a call an older worker would pass as one argument (docs/operations.md)."""
+    try:
+        current = runtime.store.has_call_convention()
+    except Exception:  # noqa: BLE001 - an unreachable database at boot: the decisions will say so
+        log.warning("could not read the schema at worker start", exc_info=True)
+        return
+    if not current:
+        log.warning("the schema is older than migration 0008: ctx.execute_task refuses until it is migrated")
+        runtime.settings.engine = dataclasses.replace(runtime.settings.engine, task_calls=False)
 
 
 def register_activity(app: Celery, runtime: Runtime, definition: ActivityDefinition) -> None:

@@ -5,8 +5,10 @@
 * An engine-native activity attempt is the task named after the activity with the ids as its
   arguments ``[execution_id, activity_id, attempt]`` (never the payload), task id
   ``{execution_id}:{activity_id}:{attempt}`` (so Flower shows which run a task belongs to).
-* An adopted (existing) task keeps its signature: its input is its one argument and the ids
-  travel in the ``harvest`` header.
+* An adopted (existing) task keeps its signature: its input is its one argument, or, under
+  ``CallConvention.ARGS_KWARGS``, the input ``{"args", "kwargs"}`` is the message's own args and
+  kwargs (so ``self.request``, Celery's signals and Flower show the call as Celery would; the
+  body still gets the recorded values). The ids travel in the ``harvest`` header.
 * A deadline (start_to_close) travels in the ``harvest_time_limit`` header and as the message's
   Celery time limits.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from harvest_celery._core.names import CallConvention
 from harvest_celery._store.records import Dispatch, RelayedMessage
 
 DECIDE_TASK = "harvest.decide"
@@ -30,6 +33,7 @@ class Message:
     args: list[Any]
     task_id: str
     headers: dict[str, Any] | None = None
+    kwargs: dict[str, Any] | None = None
 
     @property
     def time_limits(self) -> dict[str, float]:
@@ -59,9 +63,18 @@ def encode(dispatch: Dispatch) -> Message:
             "activity_id": dispatch.activity_id,
             "attempt": dispatch.attempt,
         }
-        return Message(
-            dispatch.activity_name, dispatch.queue, [dispatch.input], task_id, {REF_HEADER: ref, **headers}
-        )
+        headers = {REF_HEADER: ref, **headers}
+        if dispatch.call_convention == CallConvention.ARGS_KWARGS.value:
+            call = dispatch.input
+            return Message(
+                dispatch.activity_name,
+                dispatch.queue,
+                list(call["args"]),
+                task_id,
+                headers,
+                dict(call["kwargs"]),
+            )
+        return Message(dispatch.activity_name, dispatch.queue, [dispatch.input], task_id, headers)
     return Message(
         dispatch.activity_name,
         dispatch.queue,

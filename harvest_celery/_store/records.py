@@ -116,6 +116,7 @@ class TaskRow:
     event_seq: int
     adopted: bool
     dispatched_at: datetime | None
+    call_convention: str | None = None
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> TaskRow:
@@ -131,6 +132,7 @@ class TaskRow:
             int(m["event_seq"]),
             bool(m["adopted"]),
             aware(m["dispatched_at"]),
+            m.get("call_convention"),
         )
 
 
@@ -139,8 +141,8 @@ class Dispatch:
     """Work a committed transaction asks to send: a decision request, or an activity attempt.
 
     ``input`` is set only for adopted tasks (an existing Celery task receives its input as its
-    argument); engine-native activities carry ids only. ``deadline`` is the attempt's
-    start_to_close (a DAG node's override included)."""
+    argument, or as its whole call under ``call_convention``); engine-native activities carry
+    ids only. ``deadline`` is the attempt's start_to_close (a DAG node's override included)."""
 
     kind: str  # "decide" | "activity"
     execution_id: str
@@ -155,6 +157,7 @@ class Dispatch:
     # an eager attempt claimed in the very write that scheduled it (``EagerClaim``): no message
     # is sent for it; the worker thread that took the decision runs it next
     claimed: Claim | None = None
+    call_convention: str | None = None  # an adopted task's (``names.CallConvention``)
 
     DECIDE = "decide"
     ACTIVITY = "activity"
@@ -337,6 +340,7 @@ class Claim:
     worker_id: str = ""
     started_seq: int | None = None
     started_at: datetime | None = None
+    call_convention: str | None = None  # how an adopted body is called with ``input``
 
 
 @dataclass(frozen=True)

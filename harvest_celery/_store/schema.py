@@ -114,6 +114,9 @@ activity_tasks = Table(
     Column("last_error", Text),
     Column("compensation", Boolean, nullable=False, server_default="0"),
     Column("adopted", Boolean, nullable=False, server_default="0"),
+    # how the adopted task is called with its input (``names.CallConvention``; NULL: its one
+    # argument), as its ActivityScheduled records it (migration 0008)
+    Column("call_convention", String(16)),
     Index("ix_harvest_activity_tasks_status", "status"),
     status_check("harvest_activity_tasks", TASK_STATUSES),
 )

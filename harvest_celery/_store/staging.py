@@ -329,6 +329,7 @@ def task_row(
         "dispatched_at": now,
         "compensation": command.compensation,
         "adopted": definition.adopted,
+        "call_convention": command.call_convention,
         # every row of one write has the same columns (one cached statement shape)
         "worker_id": None,
         "started_at": None,
@@ -351,6 +352,7 @@ def activity_dispatch(execution_id: str, command: ScheduleActivity, registry: Re
         definition.adopted,
         command.input if definition.adopted else None,
         deadline,
+        call_convention=command.call_convention,
     )
 
 

@@ -77,6 +77,7 @@ class Store:
         self._autocommit: tuple[Engine, Engine] | None = None
         self._pid = -1
         self._lock = threading.Lock()
+        self._call_convention = False  # the schema has migration 0008 (has_call_convention)
         # one LISTEN connection per process, shared by every waiter (None: SQLite, poll)
         self.listener = listener_for(database_url) if self.dialect.row_locks else None
 
@@ -91,6 +92,14 @@ class Store:
                     self._engine = self.dialect.create_engine(self.database_url, self._echo, pools=self.pools)
                     self._pid = os.getpid()
         return self._engine
+
+    def has_call_convention(self) -> bool:
+        """Is the schema at least migration 0008 (``activity_tasks.call_convention``)? Asked
+        before a durable task call writes anything; once true, never asked again."""
+        if not self._call_convention:
+            columns = sa.inspect(self.engine).get_columns(activity_tasks.name)
+            self._call_convention = any(c["name"] == "call_convention" for c in columns)
+        return self._call_convention
 
     @property
     def is_sqlite(self) -> bool:

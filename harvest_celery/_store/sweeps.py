@@ -110,7 +110,14 @@ def stale_scheduled(tx: Tx, now: datetime, timings: Timings, limit: int = 100, k
             .values(dispatched_at=now + waited)
         )
         tx.dispatch_activity(
-            t.execution_id, t.activity_id, t.activity_name, t.queue, t.attempt, t.adopted, t.start_to_close
+            t.execution_id,
+            t.activity_id,
+            t.activity_name,
+            t.queue,
+            t.attempt,
+            t.adopted,
+            t.start_to_close,
+            call_convention=t.call_convention,
         )
 
 

@@ -71,16 +71,18 @@ def _claim_in_one(
     ).first()
     if found is None:
         return None
+    scheduled = tx.payloads.decode_event(found.scheduled)
     return Claim(
         execution_id,
         activity_id,
         found.activity_name,
         attempt,
-        tx.payloads.decode_event(found.scheduled).get("input"),
+        scheduled.get("input"),
         found.start_to_close,
         worker_id,
         found.started_seq,
         now,
+        scheduled.get("call_convention"),
     )
 
 
@@ -114,6 +116,7 @@ def _claim_stepwise(
         worker_id,
         seq,
         now,
+        task.call_convention,
     )
 
 
@@ -336,5 +339,12 @@ def redispatch_next_attempt(tx: Tx, execution_id: str, activity_id: str, now: da
         dispatched_at=now,
     )
     tx.dispatch_activity(
-        execution_id, activity_id, task.activity_name, task.queue, attempt, task.adopted, task.start_to_close
+        execution_id,
+        activity_id,
+        task.activity_name,
+        task.queue,
+        attempt,
+        task.adopted,
+        task.start_to_close,
+        call_convention=task.call_convention,
     )

@@ -360,9 +360,11 @@ class Tx:
         adopted: bool,
         deadline: float | None,
         input: Any = UNKNOWN,
+        call_convention: str | None = None,
     ) -> None:
         if adopted and input is UNKNOWN:
-            # an existing task keeps its signature: its input is its argument
+            # an existing task keeps its signature: its input is its argument (or its whole call,
+            # under ``call_convention``)
             input = self.scheduled_input(execution_id, activity_id)
         self.dispatches.append(
             Dispatch(
@@ -375,6 +377,7 @@ class Tx:
                 adopted,
                 input if adopted else None,
                 deadline,
+                call_convention=call_convention if adopted else None,
             )
         )
 
