@@ -14,9 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from harvest_celery._core.activities import Status as ActivityStatus
 
 # the run statuses of _lifecycle and the node statuses of _rungraph (a unit test pins both)
-Status = Literal["RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED"]
+Status = Literal["RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "CONTINUED_AS_NEW"]
 # what a list may filter on: a stored status, or the derived CANCELLING (an open cancel request)
-StatusFilter = Literal["RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "CANCELLING"]
+StatusFilter = Literal[
+    "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "CONTINUED_AS_NEW", "CANCELLING"
+]
 # outcomes of a sealed run's cancel branch (WorkflowCancelledError.OUTCOMES)
 BranchOutcome = Literal["returned", "cancelled", "failed", "stopped", "pending"]
 NodeStatus = ActivityStatus  # the core activity fold's words (``_core.activities.STATUSES``)
