@@ -21,7 +21,7 @@ class Operations(ClientBase):
     def terminate(self, execution_id: str, reason: str = "") -> None:
         """Seal a live run at once, without the post-cancel decision (no workflow code runs)."""
         with self.store.begin() as tx:
-            ops.terminate(tx, execution_id, reason, utcnow())
+            ops.terminate(tx, execution_id, reason, utcnow(), self.runtime.settings.decision_queue)
         self._after(tx)
 
     def pause(self, execution_id: str) -> None:

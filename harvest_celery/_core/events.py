@@ -132,6 +132,8 @@ class WorkflowStarted(
     continued_from: str | None = None
     chain_id: str | None = None
     link: int = 0
+    # a child workflow's parent (every link of a continued child names it too)
+    parent_id: str | None = None
 
 
 @dataclass(frozen=True)

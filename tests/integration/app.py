@@ -361,6 +361,11 @@ from . import cancels  # noqa: E402  (they need record() and r from this module)
 
 harvest.register(*cancels.ALL)
 
+# ── child workflows and continue-as-new (test_children.py) ───────────────────────────────────
+from . import children  # noqa: E402  (they need record() from this module)
+
+harvest.register(*children.ALL)
+
 
 # ── the console's browser test (test_console.py): an activity error that holds markup ─────────
 XSS_MESSAGE = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'
