@@ -39,7 +39,7 @@ from harvest_celery._payloads.erasure import (
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS, PAYLOAD_FIELDS
 from harvest_celery._store import links
 from harvest_celery._store.predicates import operator_live
-from harvest_celery._store.records import RunRow, outbox_execution_id
+from harvest_celery._store.records import RunRow, aware, outbox_execution_id
 from harvest_celery._store.schema import (
     activity_tasks,
     attempt_errors,
@@ -333,18 +333,28 @@ def erase(
 
 
 def fork_family(tx: Tx, execution_id: str) -> set[str]:
-    """The runs linked to ``execution_id`` by forks, transitively, both ways (its sources and
-    their forks, its forks and theirs), itself included; a purged member is simply absent."""
+    """The runs that hold copies of each other's payloads, linked to ``execution_id``
+    transitively, both ways, itself included: forks (reset, DAG retry), continue-as-new links
+    and parents with their children. A purged member is simply absent."""
+    return linked_runs(
+        tx, execution_id, (executions.c.forked_from, executions.c.continued_from, executions.c.parent_id)
+    )
+
+
+def linked_runs(tx: Tx, execution_id: str, links_up: Sequence[Any]) -> set[str]:
+    """``execution_id`` and every run reached from it along the ``links_up`` columns (each
+    names one other run), in either direction."""
     found: set[str] = set()
     frontier = {execution_id}
     while frontier:
+        wanted = sorted(frontier)
         rows = tx.conn.execute(
-            sa.select(executions.c.id, executions.c.forked_from).where(
-                executions.c.id.in_(sorted(frontier)) | executions.c.forked_from.in_(sorted(frontier))
+            sa.select(executions.c.id, *links_up).where(
+                sa.or_(executions.c.id.in_(wanted), *(column.in_(wanted) for column in links_up))
             )
         ).all()
         found |= {r.id for r in rows if r.id in frontier}
-        linked = {r.id for r in rows} | {r.forked_from for r in rows if r.forked_from is not None}
+        linked = {r.id for r in rows} | {v for r in rows for v in r[1:] if v is not None}
         frontier = linked - found - frontier
         found |= {r.id for r in rows}
     return found
@@ -463,6 +473,9 @@ def _erase_attempt_errors(tx: Tx, execution_id: str) -> list[tuple[str, str]]:
 
 
 def purgeable(tx: Tx, cutoff: datetime, limit: int) -> list[str]:
+    """Terminal runs closed before ``cutoff``. A continue-as-new chain, or a parent with its
+    children, goes only as a whole, once every member is terminal and past the cutoff: purging
+    an early link would break ``result(first_id)`` and routing."""
     q = tx.dialect.lock(
         sa.select(executions.c.id)
         .where(executions.c.status.in_(sorted(TERMINAL_STATUSES)) & (executions.c.closed_at < cutoff))
@@ -470,7 +483,22 @@ def purgeable(tx: Tx, cutoff: datetime, limit: int) -> list[str]:
         .limit(limit),
         skip_locked=True,
     )
-    return [r[0] for r in tx.conn.execute(q).fetchall()]
+    out: list[str] = []
+    seen: set[str] = set()
+    for (run_id,) in tx.conn.execute(q).fetchall():
+        if run_id in seen:
+            continue
+        family = linked_runs(tx, run_id, (executions.c.continued_from, executions.c.parent_id))
+        seen |= family
+        members = tx.conn.execute(
+            sa.select(executions.c.status, executions.c.closed_at).where(executions.c.id.in_(sorted(family)))
+        ).all()
+        if all(
+            m.status in TERMINAL_STATUSES and (closed := aware(m.closed_at)) is not None and closed < cutoff
+            for m in members
+        ):
+            out.extend(sorted(family))
+    return out
 
 
 def delete_runs(tx: Tx, ids: Sequence[str]) -> tuple[int, list[tuple[str, str]]]:

@@ -11,6 +11,8 @@ import sqlalchemy as sa
 from harvest_celery import (
     ChildWorkflowFailed,
     ExecutionAlreadyExists,
+    ExecutionNotFound,
+    ForksHoldCopies,
     Harvest,
     RetryPolicy,
     Saga,
@@ -136,3 +138,39 @@ def test_a_chain_is_followed_by_result_and_a_signal_to_the_first_id_reaches_the_
     assert len(ids) == 6 and all(check_execution_id(i) == i for i in ids)
     assert [h.describe(i).status for i in ids] == ["CONTINUED_AS_NEW"] * 5 + ["COMPLETED"]
     assert h.describe(ids[1]).continued_from == first
+
+
+def _chain(h, first):
+    ids = [first]
+    while h.describe(ids[-1]).continued_to:
+        ids.append(h.describe(ids[-1]).continued_to)
+    return ids
+
+
+def test_erasing_one_link_of_a_chain_or_a_parent_is_refused_unless_with_forks(h):
+    h.start_workflow("counter", 0, execution_id="e")
+    h.signal("e", "last", 1)
+    ids = _chain(h, "e")
+    with pytest.raises(ForksHoldCopies) as refused:
+        h.erase_payloads("e")
+    assert refused.value.forks == ids[1:]
+    assert h.erase_payloads(ids[2], with_forks=True)["forks"] == sorted(set(ids) - {ids[2]})
+    h.start_workflow("checkout", "oslo", execution_id="par")
+    h.result("par")
+    with pytest.raises(ForksHoldCopies):
+        h.erase_payloads("par")  # its child holds a copy of its input
+    with pytest.raises(ForksHoldCopies):
+        h.erase_payloads("par-c1")
+
+
+def test_purge_takes_a_chain_only_as_a_whole_once_its_last_run_is_terminal(h):
+    h.start_workflow("counter", 0, execution_id="pg")
+    ids = _chain(h, "pg")
+    assert h.describe(ids[-1]).status == "RUNNING" and len(ids) == 6
+    assert h.purge(0)["runs"] == 0  # five terminal links, but the chain is open
+    assert h.describe("pg").status == "CONTINUED_AS_NEW"
+    h.signal("pg", "last", 1)
+    assert h.result("pg") == 6
+    assert h.purge(0)["runs"] == 6
+    with pytest.raises(ExecutionNotFound):
+        h.describe("pg")
