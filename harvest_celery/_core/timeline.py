@@ -159,6 +159,11 @@ def render_status(execution: Any) -> list[str]:
     if x.closed_at is not None:
         created += f"   closed {_when(x.closed_at)} ({_offset(x.closed_at, x.created_at)})"
     lines.append(created)
+    for label, attr in (("parent", "parent_id"), ("from", "continued_from"), ("continued", "continued_to")):
+        if getattr(x, attr, None):
+            lines.append(f"  {label:<9} {getattr(x, attr)}")
+    for child in getattr(x, "children", ()):
+        lines.append(f"  child     {child['id']}  {child['workflow']}  {child['status']}")
     if requested is not None:
         reason = "" if x.cancelled_at is not None else f"  reason={short(x.cancel_reason or '')}"
         lines.append(f"  cancel requested {_when(requested)}{reason}")

@@ -88,6 +88,9 @@ class Runtime:
         # and inside an inline decision's savepoint before the decision runs
         self.before_claim_append: Callable[[str, str, int], None] | None = None
         self.before_inline_decision: Callable[[str], None] | None = None
+        # a test seam: called with the children whose close just committed, before their
+        # notices are applied (the kill -9 test dies here; the sweeper must apply them)
+        self.before_child_notices: Callable[[Sequence[str]], None] | None = None
         # set by the Celery worker at start: the queues it consumes (eager execution stays off
         # outside a worker) and whether it sends task events
         self.local_queues: frozenset[str] = frozenset()
@@ -116,6 +119,8 @@ class Runtime:
             METRICS.inc(name, labels)
         self.send(tx.dispatches)
         if tx.closed_children:
+            if self.before_child_notices is not None:
+                self.before_child_notices(tx.closed_children)
             self.apply_child_notices(tx.closed_children)
 
     def apply_child_notices(self, child_ids: Sequence[str]) -> None:

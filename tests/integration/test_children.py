@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from harvest_celery import WorkflowCancelledError, WorkflowFailed
 from harvest_celery._store.schema import child_notices
 
-from .conftest import effects, scrape_all, wait_for
+from .conftest import effects, scrape_all, wait_for, worker_env
 
 pytestmark = pytest.mark.integration
 
@@ -157,3 +157,25 @@ def _links(harvest: Any, run_id: str) -> int:
     while (following := harvest.describe(run_id).continued_to) is not None:
         run_id, count = following, count + 1
     return count
+
+
+def test_a_worker_killed_between_a_childs_close_and_its_notice_gives_one_close(harvest, workers, tag):
+    parent = f"k9-{tag}"
+    with worker_env(workers, HARVEST_TEST_DIE_BEFORE_NOTICE="1"):
+        harvest.start_workflow(
+            "ch_takes_id", {"tag": tag, "child_id": f"k9-child-{tag}"}, execution_id=parent
+        )
+        wait_for(lambda: "ChildWorkflowStarted" in types(harvest, parent), what="the child's start")
+        harvest.signal(f"k9-child-{tag}", "go", "x")
+        wait_for(lambda: any(w.proc.poll() is not None for w in workers.values()), what="a worker to die")
+        assert harvest.describe(f"k9-child-{tag}").status == "COMPLETED"
+        with harvest.store.engine.connect() as conn:
+            pending = conn.execute(
+                sa.select(sa.func.count())
+                .select_from(child_notices)
+                .where(child_notices.c.parent_id == parent)
+            ).scalar()
+        assert pending == 1 and "ChildWorkflowClosed" not in types(harvest, parent)
+    # the workers are back without the seam: the sweeper applies the notice
+    assert harvest.result(parent, timeout=60) == "started"
+    assert types(harvest, parent).count("ChildWorkflowClosed") == 1

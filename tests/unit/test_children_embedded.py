@@ -174,3 +174,24 @@ def test_purge_takes_a_chain_only_as_a_whole_once_its_last_run_is_terminal(h):
     assert h.purge(0)["runs"] == 6
     with pytest.raises(ExecutionNotFound):
         h.describe("pg")
+
+
+def test_harvest_replay_reads_histories_holding_every_new_event_type(h):
+    from harvest_celery.replay import WorkflowReplayer
+
+    h.start_workflow("checkout", "rome", execution_id="rp")  # Scheduled, Started, Closed
+    h.start_workflow("waits", None, execution_id="rp-taken")
+    h.start_workflow("takes_id", "rp-taken", execution_id="rp-asks")  # StartRefused
+    h.start_workflow("counter", 3, execution_id="rp-chain")  # WorkflowContinuedAsNew
+    h.signal("rp-chain", "last", 1)
+    h.result("rp-chain")
+    held = {e.event.type for r in ("rp", "rp-asks", "rp-chain") for e in h.history(r)}
+    assert {
+        "ChildWorkflowScheduled",
+        "ChildWorkflowStarted",
+        "ChildWorkflowStartRefused",
+        "ChildWorkflowClosed",
+        "WorkflowContinuedAsNew",
+    } <= held
+    report = WorkflowReplayer(h).replay_database()
+    assert report.passed, [r.line() for r in report.runs if r.result != "ok"]
