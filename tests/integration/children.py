@@ -126,7 +126,35 @@ def ch_tick(n: int) -> int:
     return n
 
 
+@workflow(name="ch_sealed_parent")
+async def ch_sealed_parent(ctx: WorkflowContext, data: dict) -> str:
+    """Starts a child it abandons on a seal; in the cancel branch, tries to start another, then
+    waits for the first child's close (which a sealed run still records)."""
+    handle = ctx.start_child_workflow(ch_waits, data, parent_close_policy="abandon")
+    try:
+        await ctx.wait_signal("never", cancellable=True)
+    except Cancelled:
+        try:
+            ctx.start_child_workflow(ch_waits, data)
+        except Exception as exc:  # noqa: BLE001 - what the cancel branch saw (a test probe)
+            record(data["tag"], "after_seal", type(exc).__name__)
+    return await handle  # type: ignore[no-any-return]
+
+
+@workflow(name="ch_compensating_parent")
+async def ch_compensating_parent(ctx: WorkflowContext, data: dict) -> str:
+    """Its unwind starts a compensating child that waits: a seal then lands mid-unwind."""
+    saga = Saga(ctx)
+    await saga.step(
+        lambda: act(ctx, data["tag"], "charge"), lambda _: ctx.execute_child_workflow(ch_waits, data)
+    )
+    await saga.step(lambda: act(ctx, data["tag"], "ship", fail=True))  # fails: the unwind starts
+    return "never"
+
+
 ALL = (
+    ch_sealed_parent,
+    ch_compensating_parent,
     ch_act,
     ch_tick,
     ch_book_trip,

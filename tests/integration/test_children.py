@@ -179,3 +179,36 @@ def test_a_worker_killed_between_a_childs_close_and_its_notice_gives_one_close(h
     # the workers are back without the seam: the sweeper applies the notice
     assert harvest.result(parent, timeout=60) == "started"
     assert types(harvest, parent).count("ChildWorkflowClosed") == 1
+
+
+def test_a_sealed_parent_records_its_childs_close_and_refuses_a_start_after_the_seal(
+    harvest, workers, redis_client, tag
+):
+    parent = f"sp-{tag}"
+    harvest.start_workflow("ch_sealed_parent", {"tag": tag}, execution_id=parent)
+    wait_for(lambda: "ChildWorkflowStarted" in types(harvest, parent), what="the child's start")
+    harvest.cancel_workflow_execution(parent, reason="seal")
+    wait_for(lambda: "after_seal" in ran(redis_client, tag), what="the cancel branch")
+    saw = next(e for e in effects(redis_client, tag) if e["name"] == "after_seal")
+    assert saw["value"] == "NonDeterministic"  # raised into the workflow
+    assert harvest.describe(parent).nd_blocked_at is None  # never an nd-block
+    assert len(scheduled(harvest, parent)) == 1  # nothing recorded after the seal
+    harvest.signal(f"{parent}-c1", "go", "late")  # abandoned: it still runs, and closes
+    assert harvest.result(f"{parent}-c1", timeout=60) == "late"
+    wait_for(
+        lambda: "ChildWorkflowClosed" in types(harvest, parent),
+        what="the close recorded in the sealed parent",
+    )
+
+
+def test_a_compensating_child_is_not_asked_to_cancel_and_a_seal_then_ends_failed(harvest, workers, tag):
+    parent = f"sc-{tag}"
+    harvest.start_workflow("ch_compensating_parent", {"tag": tag}, execution_id=parent)
+    wait_for(lambda: len(scheduled(harvest, parent)) == 1, what="the compensating child")
+    assert scheduled(harvest, parent)[0].compensation
+    wait_for(lambda: "ChildWorkflowStarted" in types(harvest, parent), what="its start")
+    harvest.request_cancellation(parent, reason="asked")  # a compensating child is not asked
+    assert harvest.describe(f"{parent}-c1").cancel_requested_at is None
+    assert harvest.cancel_workflow_execution(parent, reason="mid-unwind") == "FAILED"
+    # the seal applies the parent-close policy (terminate) to it
+    wait_for(lambda: harvest.describe(f"{parent}-c1").status == "TERMINATED", what="the policy")
