@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from harvest_celery._client_base import ClientBase
-from harvest_celery._core.ids import check_execution_id
+from harvest_celery._core.ids import check_execution_id, derived_id
 from harvest_celery._core.lifecycle import COMPLETED, RUNNING
 from harvest_celery._dag import retry as dag_retry
 from harvest_celery._dag.retry import COMPENSATED, compensation_executed, erased_refusal
@@ -21,7 +21,7 @@ class Operations(ClientBase):
     def terminate(self, execution_id: str, reason: str = "") -> None:
         """Seal a live run at once, without the post-cancel decision (no workflow code runs)."""
         with self.store.begin() as tx:
-            ops.terminate(tx, execution_id, reason, utcnow())
+            ops.terminate(tx, execution_id, reason, utcnow(), self.runtime.settings.decision_queue)
         self._after(tx)
 
     def pause(self, execution_id: str) -> None:
@@ -39,7 +39,9 @@ class Operations(ClientBase):
         """Fork a new run from the first ``to_seq`` events of this one (a live source is
         terminated); returns the new run's id."""
         self.store.get(execution_id)
-        new_id = check_execution_id(new_execution_id or f"{execution_id}-reset-{uuid.uuid4().hex[:8]}")
+        new_id = check_execution_id(
+            new_execution_id or derived_id(execution_id, f"reset-{uuid.uuid4().hex[:8]}")
+        )
         with self.store.begin() as tx:
             ops.reset(
                 tx,
@@ -99,7 +101,9 @@ class Operations(ClientBase):
         }
         if dry_run:
             return {**answer, "run_id": None, "dry_run": True}
-        new_id = check_execution_id(new_execution_id or f"{execution_id}-retry-{uuid.uuid4().hex[:8]}")
+        new_id = check_execution_id(
+            new_execution_id or derived_id(execution_id, f"retry-{uuid.uuid4().hex[:8]}")
+        )
         started = history[0].event
         conf = getattr(started, "input", None)
         with self.store.begin() as tx:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import nullcontext
 from datetime import datetime
@@ -9,7 +10,7 @@ from typing import Any
 
 from harvest_celery._client_base import ClientBase
 from harvest_celery._core import events as ev
-from harvest_celery._core.lifecycle import CANCELLED, COMPLETED, RUNNING, TERMINAL_STATUSES
+from harvest_celery._core.lifecycle import CANCELLED, COMPLETED, CONTINUED_AS_NEW, RUNNING, TERMINAL_STATUSES
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._errors import WorkflowCancelledError, WorkflowFailed
 from harvest_celery._runtime.consumers import waiting_hints
@@ -20,7 +21,9 @@ class Reads(ClientBase):
     """``Harvest``'s reads: none of them writes."""
 
     def describe(self, execution_id: str) -> Execution:
-        return self.store.get(execution_id)
+        """The run: its status, payloads, timings and links (``parent_id``, ``children``,
+        ``continued_from``, ``continued_to``)."""
+        return dataclasses.replace(self.store.get(execution_id), children=self.store.children(execution_id))
 
     def stuck(self, execution_id: str) -> list[dict[str, Any]] | None:
         """What a RUNNING run waits on that no live worker will take: each open activity on a
@@ -105,6 +108,16 @@ class Reads(ClientBase):
         by every waiter), re-reading the run's status every ``poll`` seconds as a fallback. In
         embedded mode (SQLite) it drains the in-process queue and polls."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        current: str | None = execution_id
+        while current is not None:  # along a continue-as-new chain, link by link
+            current, answer = self._wait_one(current, deadline, timeout, poll)
+        return answer
+
+    def _wait_one(
+        self, execution_id: str, deadline: float | None, timeout: float | None, poll: float
+    ) -> tuple[str | None, Any]:
+        """Wait for one run: (None, its outcome), or (the next link, None) for a run that
+        continued as new."""
         listener = self.store.listener if self._inline is None else None
         with listener.watch(execution_id) if listener else nullcontext() as woken:
             while True:
@@ -112,10 +125,13 @@ class Reads(ClientBase):
                     self.drain()
                 status = self.store.status(execution_id)
                 branch = None
+                following = self.store.continued_to(execution_id) if status == CONTINUED_AS_NEW else None
+                if following is not None:  # a chain: its result is its last run's
+                    return following, None
                 if status in TERMINAL_STATUSES:
                     branch = self.store.cancel_branch(execution_id)
                     if branch is None:
-                        return _outcome(self.store.get(execution_id))
+                        return None, _outcome(self.store.get(execution_id))
                     if branch.settled:
                         raise self._cancelled_error(execution_id, branch)
                 left = None if deadline is None else deadline - time.monotonic()

@@ -18,6 +18,8 @@
     │                                  is limited to the exception type
     ├── WorkflowFailed                 the run ended FAILED (raised by Harvest.result)
     ├── WorkflowCancelledError         the run was cancelled (raised by Harvest.result)
+    ├── ChildWorkflowFailed            a child workflow ended other than COMPLETED (seen by
+    │                                  its parent)
     ├── RegistrationError
     │   ├── UnknownWorkflow
     │   ├── UnknownActivity
@@ -156,6 +158,17 @@ class WorkflowFailed(HarvestError):
         self.execution_id = execution_id
         self.error_type = error_type
         self.error_message = error_message
+
+
+class ChildWorkflowFailed(HarvestError):
+    """A child workflow ended any way but COMPLETED (``ctx.execute_child_workflow``): its id,
+    its final ``status`` and its ``error`` (``"<type>: <message>"``, or None)."""
+
+    def __init__(self, child_id: str, status: str, error: str | None = None) -> None:
+        super().__init__(f"child workflow {child_id} ended {status}" + (f": {error}" if error else ""))
+        self.child_id = child_id
+        self.status = status
+        self.error = error
 
 
 class WorkflowCancelledError(HarvestError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from typing import Any
@@ -79,6 +80,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     store = store_of(args)
     execution = store.get(args.execution_id)
+    execution = dataclasses.replace(execution, children=store.children(args.execution_id))
     for line in render_status(execution):
         print(line)
     for hint in _waiting(args, store):

@@ -231,7 +231,12 @@ def _step(item: ev.HistoryEvent, acts: dict[str, _Open]) -> bool:
         case ev.ActivityStarted() | ev.ActivityCompleted() | ev.ActivityFailed():
             if event.activity_id in acts:  # an id never scheduled in this run: nothing to attach to
                 acts[event.activity_id].add(item, event)
-        case ev.WorkflowCancelled() | ev.WorkflowCompleted() | ev.WorkflowFailed():
+        case (
+            ev.WorkflowCancelled()
+            | ev.WorkflowCompleted()
+            | ev.WorkflowFailed()
+            | ev.WorkflowContinuedAsNew()
+        ):
             return True
         case (
             ev.WorkflowStarted()
@@ -240,6 +245,10 @@ def _step(item: ev.HistoryEvent, acts: dict[str, _Open]) -> bool:
             | ev.SignalReceived()
             | ev.TimerStarted()
             | ev.TimerFired()
+            | ev.ChildWorkflowScheduled()
+            | ev.ChildWorkflowStarted()
+            | ev.ChildWorkflowStartRefused()
+            | ev.ChildWorkflowClosed()
         ):
             pass  # no activity's business
         case other:

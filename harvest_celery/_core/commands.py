@@ -39,7 +39,21 @@ class StartTimer:
     fire_at: str
 
 
-Command = ScheduleActivity | RecordMarker | StartTimer
+@dataclass(frozen=True)
+class StartChildWorkflow:
+    """Start a child run in the parent's write (``ChildWorkflowScheduled`` + its answer)."""
+
+    child_id: str
+    workflow_type: str
+    input: Any
+    queue: str  # the child's decision queue; "" → the parent's
+    policy: str  # the parent-close policy: terminate · request_cancel · abandon
+    compensation: bool = False
+    # the id was given by the workflow (``id=``): one that exists is refused, never reused
+    user_id: bool = False
+
+
+Command = ScheduleActivity | RecordMarker | StartTimer | StartChildWorkflow
 
 
 @dataclass(frozen=True)
@@ -58,7 +72,17 @@ class Failed:
     interrupt: bool = field(default=False, compare=False)
 
 
-Outcome = Completed | Failed
+@dataclass(frozen=True)
+class ContinuedAsNew:
+    """``ctx.continue_as_new``: the run ends CONTINUED_AS_NEW and ``next_id`` starts with
+    ``input``; ``signals`` are the (name, payload) the replay never consumed, in history order."""
+
+    next_id: str
+    input: Any
+    signals: tuple[tuple[str, Any], ...] = ()
+
+
+Outcome = Completed | Failed | ContinuedAsNew
 
 
 @dataclass(frozen=True)

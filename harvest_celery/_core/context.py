@@ -12,10 +12,10 @@ from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from harvest_celery._core.futures import Future
-from harvest_celery._core.registry import activity_name
+from harvest_celery._core.registry import activity_name, workflow_name
 from harvest_celery._core.retry import RetryPolicy
 from harvest_celery._errors import Cancelled
 
@@ -75,6 +75,10 @@ class ReplayPort(Protocol):
     def saga_unwind_started(self, workflow_label: str) -> tuple[int, bool]: ...
 
     def saga_unwind_failed(self, seq: int) -> None: ...
+
+    def start_child(self, name: str, input: Any, child_id: str | None, queue: str, policy: str) -> Any: ...
+
+    def continue_as_new(self, input: Any) -> NoReturn: ...
 
 
 class Unwind:
@@ -177,6 +181,52 @@ class WorkflowContext:
                 f.add_done_callback(settled)
             await join
         return [f.result() for f in futures]
+
+    # ── child workflows, continue-as-new (docs/concepts.md, "Child workflows") ──────────────
+    def execute_child_workflow(
+        self,
+        workflow: Any,
+        input: Any = None,
+        id: str | None = None,
+        queue: str = "",
+        *,
+        parent_close_policy: str = "terminate",
+    ) -> Future:
+        """Start a child workflow (a ``@workflow`` function or its name) and return an awaitable
+        of its result. ``id``: the child's id (default ``<parent>-c<n>``); ``queue``: its
+        decision queue; ``parent_close_policy``: ``"terminate"``, ``"request_cancel"`` or
+        ``"abandon"``.
+
+        Raises ``UnknownWorkflow``, ``InvalidExecutionId``, ``ValueError`` (a policy) or
+        ``PayloadNotSerializable`` before anything is recorded; awaiting raises
+        ``ChildWorkflowFailed`` if the child did not complete, ``ExecutionAlreadyExists`` if a
+        given ``id`` names another run.
+        """
+        return self.start_child_workflow(
+            workflow, input, id, queue, parent_close_policy=parent_close_policy
+        )._future
+
+    def start_child_workflow(
+        self,
+        workflow: Any,
+        input: Any = None,
+        id: str | None = None,
+        queue: str = "",
+        *,
+        parent_close_policy: str = "terminate",
+    ) -> Any:
+        """As ``execute_child_workflow``, but returns a handle at once: its ``.id``, and awaiting
+        it gives the child's result."""
+        self._replay.check_running("ctx.start_child_workflow")
+        return self._replay.start_child(workflow_name(workflow), input, id, queue, parent_close_policy)
+
+    def continue_as_new(self, input: Any = None) -> NoReturn:
+        """End this run as CONTINUED_AS_NEW and start the next run of the chain with ``input``
+        (its id derived from the chain's first id). Never returns. Signals this run never
+        consumed are carried over, in order. Raises ``PayloadNotSerializable`` for an input
+        that is not JSON, ``Cancelled`` on a sealed run."""
+        self._replay.check_running("ctx.continue_as_new")
+        self._replay.continue_as_new(input)
 
     # ── cancellation ─────────────────────────────────────────────────────────────────────────
     def is_cancelled(self) -> bool:

@@ -25,14 +25,17 @@ from typing import Any
 
 from harvest_celery._core import events as ev
 from harvest_celery._core import failures
+from harvest_celery._core.children import ContinueAsNew
 from harvest_celery._core.commands import (
     Command,
     Completed,
+    ContinuedAsNew,
     Decision,
     Failed,
     Outcome,
     RecordMarker,
     ScheduleActivity,
+    StartChildWorkflow,
 )
 from harvest_celery._core.context import WorkflowContext, WorkflowInfo
 from harvest_celery._core.futures import Future
@@ -45,6 +48,8 @@ from harvest_celery._errors import CorruptHistory, HarvestError
 def _outcome_of(future: Future, workflow_type: str) -> Outcome:
     try:
         return Completed(check_json(future.result(), f"result of workflow {workflow_type!r}"))
+    except ContinueAsNew as link:
+        return ContinuedAsNew(link.next_id, link.input, link.signals)
     except BaseException as exc:  # noqa: BLE001 - the workflow's own error is its outcome
         info = failures.describe(exc)
         return Failed(
@@ -167,6 +172,8 @@ def _same(command: Command, event: ev.Event) -> bool:
         )
     if isinstance(command, RecordMarker):
         return isinstance(event, ev.MarkerRecorded) and event.name == command.name
+    if isinstance(command, StartChildWorkflow):
+        return isinstance(event, ev.ChildWorkflowScheduled) and event.child_id == command.child_id
     return isinstance(event, ev.TimerStarted) and event.timer_id == command.timer_id
 
 

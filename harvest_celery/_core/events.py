@@ -127,6 +127,13 @@ class WorkflowStarted(
     # the source run's succeeded nodes (their side effects are live, so they stay compensable).
     carried: Any = field(default=None, metadata=PAYLOAD)
     forked_from: str | None = None
+    # A link of a continue-as-new chain: the chain's first id and this link's number (0 for the
+    # first run), from which the next link's id is derived (``_core.ids.derived_id``).
+    continued_from: str | None = None
+    chain_id: str | None = None
+    link: int = 0
+    # a child workflow's parent (every link of a continued child names it too)
+    parent_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -245,6 +252,70 @@ class WorkflowFailed(
     message: str = field(metadata=SCRUBBED)
 
 
+@dataclass(frozen=True)
+class ChildWorkflowScheduled(
+    Event, family=Family.COMMAND, terminal=False, cursor=Cursor.MATCHED, advance=False
+):
+    """A child workflow the workflow started (``ctx.execute_child_workflow``). Its ``child_id``
+    is decided once, here, and read back on every replay."""
+
+    type: ClassVar[str] = "ChildWorkflowScheduled"
+    child_id: str
+    workflow_type: str
+    input: Any = field(default=None, metadata=PAYLOAD)
+    queue: str = ""
+    policy: str = "terminate"  # the parent-close policy
+    # started inside an unwind: a compensating child (counted as an unwind's dispatch)
+    compensation: bool = False
+
+
+@dataclass(frozen=True)
+class ChildWorkflowStarted(
+    Event, family=Family.RESULT, terminal=False, cursor=Cursor.STEPPED_OVER, advance=True
+):
+    """The child's run exists: written with its ``WorkflowStarted``, in the parent's write."""
+
+    type: ClassVar[str] = "ChildWorkflowStarted"
+    child_id: str
+
+
+@dataclass(frozen=True)
+class ChildWorkflowStartRefused(
+    Event, family=Family.RESULT, terminal=False, cursor=Cursor.STEPPED_OVER, advance=True
+):
+    """A user-given child id that already names a run: the parent's await raises
+    ``ExecutionAlreadyExists``, on every replay, without asking again."""
+
+    type: ClassVar[str] = "ChildWorkflowStartRefused"
+    child_id: str
+    existing_workflow_type: str = ""
+
+
+@dataclass(frozen=True)
+class ChildWorkflowClosed(
+    Event, family=Family.RESULT, terminal=False, cursor=Cursor.STEPPED_OVER, advance=True
+):
+    """A child's close, applied from its notice: once per child id."""
+
+    type: ClassVar[str] = "ChildWorkflowClosed"
+    child_id: str
+    status: str
+    result: Any = field(default=None, metadata=PAYLOAD)
+    error_type: str = ""
+    message: str = field(default="", metadata=SCRUBBED)
+
+
+@dataclass(frozen=True)
+class WorkflowContinuedAsNew(
+    Event, family=Family.LIFECYCLE, terminal=True, cursor=Cursor.STEPPED_OVER, advance=False
+):
+    """The run ended CONTINUED_AS_NEW; ``next_id`` was created in the same transaction."""
+
+    type: ClassVar[str] = "WorkflowContinuedAsNew"
+    next_id: str
+    input: Any = field(default=None, metadata=PAYLOAD)
+
+
 # The closed set: every exhaustive ``match`` over events is checked by mypy against this union.
 AnyEvent: TypeAlias = (
     WorkflowStarted
@@ -260,6 +331,11 @@ AnyEvent: TypeAlias = (
     | WorkflowCancelRequested
     | WorkflowCompleted
     | WorkflowFailed
+    | ChildWorkflowScheduled
+    | ChildWorkflowStarted
+    | ChildWorkflowStartRefused
+    | ChildWorkflowClosed
+    | WorkflowContinuedAsNew
 )
 EVENT_CLASSES: tuple[type[Event], ...] = get_args(AnyEvent)
 EVENT_TYPES: dict[str, type[Event]] = {cls.type: cls for cls in EVENT_CLASSES}
@@ -385,6 +461,16 @@ def describe(event: Event) -> str:
             return f"{event.type}({name})"
         case TimerStarted(timer_id=timer_id):
             return f"TimerStarted({timer_id})"
+        case ChildWorkflowScheduled(workflow_type=workflow_type):
+            return f"ChildWorkflowScheduled({workflow_type})"
+        case (
+            ChildWorkflowStarted(child_id=child_id)
+            | ChildWorkflowStartRefused(child_id=child_id)
+            | ChildWorkflowClosed(child_id=child_id)
+        ):
+            return f"{event.type}({child_id})"
+        case WorkflowContinuedAsNew(next_id=next_id):
+            return f"WorkflowContinuedAsNew({next_id})"
         case (
             ActivityStarted(activity_id=activity_id)
             | ActivityCompleted(activity_id=activity_id)

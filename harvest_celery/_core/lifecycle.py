@@ -8,10 +8,12 @@ from collections.abc import Sequence
 from harvest_celery._core import events as ev
 from harvest_celery._core.commands import (
     Completed,
+    ContinuedAsNew,
     Decision,
     Failed,
     RecordMarker,
     ScheduleActivity,
+    StartChildWorkflow,
     StartTimer,
 )
 from harvest_celery._core.names import CANCELLED_ERROR, SAGA_COMPENSATED, is_marker
@@ -21,11 +23,13 @@ COMPLETED = "COMPLETED"
 FAILED = "FAILED"
 CANCELLED = "CANCELLED"
 TERMINATED = "TERMINATED"
-TERMINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED, TERMINATED})
+# ended by ``ctx.continue_as_new``: its chain goes on in the run named by ``continued_to``
+CONTINUED_AS_NEW = "CONTINUED_AS_NEW"
+TERMINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED, TERMINATED, CONTINUED_AS_NEW})
 # Every stored run status (``harvest_executions.status``), in one order: the schema's CHECK
 # constraint, the SQL and the predicates (``_store.predicates``) take them from here. A new
 # status is added here and by a migration altering that constraint (``0007`` is the model).
-RUN_STATUSES = (RUNNING, COMPLETED, FAILED, CANCELLED, TERMINATED)
+RUN_STATUSES = (RUNNING, COMPLETED, FAILED, CANCELLED, TERMINATED, CONTINUED_AS_NEW)
 # Derived, never stored: a RUNNING run with an open cooperative cancellation request. Claims,
 # completions and a later seal cancel treat it exactly as RUNNING.
 CANCELLING = "CANCELLING"
@@ -53,12 +57,25 @@ def decision_events(decision: Decision, history: Sequence[ev.Event]) -> list[ev.
             out.append(ev.MarkerRecorded(command.name, command.details))
         elif isinstance(command, StartTimer):
             out.append(ev.TimerStarted(command.timer_id, command.seconds, command.fire_at))
+        elif isinstance(command, StartChildWorkflow):
+            out.append(
+                ev.ChildWorkflowScheduled(
+                    command.child_id,
+                    command.workflow_type,
+                    command.input,
+                    command.queue,
+                    command.policy,
+                    command.compensation,
+                )
+            )
     outcome = decision.outcome
     if outcome is not None and not has_outcome(history):
         if isinstance(outcome, Completed):
             out.append(ev.WorkflowCompleted(outcome.result))
         elif isinstance(outcome, Failed):
             out.append(ev.WorkflowFailed(outcome.error_type, outcome.message))
+        elif isinstance(outcome, ContinuedAsNew):
+            out.append(ev.WorkflowContinuedAsNew(outcome.next_id, outcome.input))
     return out
 
 
@@ -75,6 +92,8 @@ def status_for_outcome(decision: Decision, current: str, cancel_requested: bool 
         return current
     if isinstance(outcome, Completed):
         return COMPLETED
+    if isinstance(outcome, ContinuedAsNew):
+        return CONTINUED_AS_NEW
     return CANCELLED if cancel_requested and outcome.error_type == CANCELLED_ERROR else FAILED
 
 
@@ -84,12 +103,13 @@ def cancel_requested(history: Sequence[ev.Event]) -> bool:
 
 
 def unwind_begun(history: Sequence[ev.Event]) -> bool:
-    """An unwind has begun: a saga marker or a compensation dispatch is recorded."""
+    """An unwind has begun: a saga marker or a compensation dispatch (an activity or a child)
+    is recorded."""
     for e in history:
         if isinstance(e, ev.MarkerRecorded) and is_marker(e.name, SAGA_COMPENSATED):
             return True
-        if isinstance(e, ev.ActivityScheduled) and e.compensation:
-            return True
+        if isinstance(e, (ev.ActivityScheduled, ev.ChildWorkflowScheduled)) and e.compensation:
+            return True  # a compensating child counts as a compensation dispatch
     return False
 
 

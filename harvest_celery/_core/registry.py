@@ -123,6 +123,16 @@ def activity_name(ref: Any) -> str:
     return str(definition.name)
 
 
+def workflow_name(ref: Any) -> str:
+    """The workflow name of a ``@workflow`` function, a definition or a plain name."""
+    if isinstance(ref, str):
+        return ref
+    definition = ref if isinstance(ref, WorkflowDefinition) else getattr(ref, "__harvest_workflow__", None)
+    if not isinstance(definition, WorkflowDefinition):
+        raise TypeError(f"{ref!r} is not a workflow: decorate it with @workflow or pass its name")
+    return definition.name
+
+
 @dataclass
 class Registry:
     """Names → definitions for one Harvest instance."""

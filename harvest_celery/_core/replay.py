@@ -13,8 +13,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
+from harvest_celery._core import children as kids
 from harvest_celery._core import events as ev
 from harvest_celery._core.commands import (
     Command,
@@ -149,6 +150,7 @@ class Replay:
         self.fired_timers: set[str] = set()
         self.signal_buffer: dict[str, deque[tuple[int, Any]]] = {}
         self.signal_waiters: dict[str, deque[Future]] = {}
+        self.children = kids.Children(self)
         cancels = [e for e in self.events if isinstance(e, ev.WorkflowCancelled)]
         self.cancel: ev.WorkflowCancelled | None = cancels[0] if cancels else None
         # a cooperative request, from its delivery on; the seal's position once delivered (what
@@ -282,6 +284,14 @@ class Replay:
             name, call, queue or "", call_convention=CallConvention.ARGS_KWARGS.value
         )
 
+    def start_child(
+        self, name: str, input: Any, child_id: str | None, queue: str, policy: str
+    ) -> kids.ChildHandle:
+        return self.children.start(name, input, child_id, queue, policy)
+
+    def continue_as_new(self, input: Any) -> NoReturn:
+        kids.continue_as_new(self, input)
+
     def start_timer(self, seconds: float) -> Future:
         if seconds < 0:
             raise ValueError("ctx.sleep() needs a non-negative number of seconds")
@@ -326,7 +336,7 @@ class Replay:
         event = self.events[index] if index is not None else None
         if isinstance(event, ev.MarkerRecorded):
             return is_marker(event.name, SAGA_COMPENSATED)
-        return isinstance(event, ev.ActivityScheduled) and event.compensation
+        return isinstance(event, (ev.ActivityScheduled, ev.ChildWorkflowScheduled)) and event.compensation
 
     def patched(self, patch_id: str) -> bool:
         """``patch:{id}`` marker with an Absent arm: histories recorded before the patch replay
@@ -453,9 +463,21 @@ class Replay:
             case ev.WorkflowCancelled():
                 self.seal_delivered = True
                 self._wake_cancellable()
-            case ev.ActivityScheduled() | ev.MarkerRecorded() | ev.TimerStarted():
+            case ev.ChildWorkflowStartRefused() | ev.ChildWorkflowClosed():
+                self.children.deliver(event)
+            case (
+                ev.ActivityScheduled() | ev.MarkerRecorded() | ev.TimerStarted() | ev.ChildWorkflowScheduled()
+            ):
                 pass  # command events: met by the command cursor, nothing to deliver
-            case ev.ActivityStarted() | ev.WorkflowStarted() | ev.WorkflowCompleted() | ev.WorkflowFailed():
+            case ev.ChildWorkflowStarted():
+                pass  # the child runs: what the parent awaits is its close
+            case (
+                ev.ActivityStarted()
+                | ev.WorkflowStarted()
+                | ev.WorkflowCompleted()
+                | ev.WorkflowFailed()
+                | ev.WorkflowContinuedAsNew()
+            ):
                 pass  # a start is not a result; the outcome ends the replay
             case other:
                 ev.unhandled(other)

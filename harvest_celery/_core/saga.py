@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harvest_celery._core.context import WorkflowContext
-from harvest_celery._errors import Cancelled, NonDeterministic, SagaCompensationFailed
+from harvest_celery._errors import Cancelled, ChildWorkflowFailed, NonDeterministic, SagaCompensationFailed
 
 MANUAL_COMPENSATION = "manual compensation requested"
 
@@ -44,13 +44,18 @@ class Saga:
 
         If ``forward`` fails, everything registered so far is rolled back (continue-not-abort)
         and the step's own error is re-raised — or ``SagaCompensationFailed`` if a compensation
-        failed. ``Cancelled`` and ``NonDeterministic`` pass through untouched: cancellation never
-        compensates, and a divergence is a deploy problem that nd-blocks the run.
+        failed. ``Cancelled``, ``NonDeterministic`` and a ``ChildWorkflowFailed`` of a CANCELLED
+        child pass through untouched: cancellation never compensates, and a divergence is a
+        deploy problem that nd-blocks the run.
         """
         try:
             result = await _call(forward)
         except (Cancelled, NonDeterministic):
             raise  # cancellation never compensates; a divergence is a deploy problem, not a failure
+        except ChildWorkflowFailed as err:
+            if err.status == "CANCELLED":
+                raise  # a child's cancel never compensates the parent on its own
+            await self.compensate_all_after(err)
         except Exception as err:
             await self.compensate_all_after(err)
         if compensate is not None:

@@ -124,6 +124,21 @@ def _detail(event: ev.AnyEvent, names: dict[str, str]) -> str:
             return f"-> {short(event.result)}"
         case ev.WorkflowFailed():
             return f"{event.error_type}: {_cut(event.message, 2 * MAX_VALUE)}"
+        case ev.ChildWorkflowScheduled():
+            text = (
+                f"{event.workflow_type} id={event.child_id} policy={event.policy} input={short(event.input)}"
+            )
+            return text + (" (compensation)" if event.compensation else "")
+        case ev.ChildWorkflowStarted():
+            return f"id={event.child_id}"
+        case ev.ChildWorkflowStartRefused():
+            return f"id={event.child_id} exists ({event.existing_workflow_type or '?'})"
+        case ev.ChildWorkflowClosed():
+            if event.status == "COMPLETED":
+                return f"id={event.child_id} COMPLETED -> {short(event.result)}"
+            return f"id={event.child_id} {event.status} {event.error_type}: {_cut(event.message, MAX_VALUE)}"
+        case ev.WorkflowContinuedAsNew():
+            return f"-> {event.next_id} input={short(event.input)}"
         case other:
             ev.unhandled(other)
 
@@ -144,6 +159,11 @@ def render_status(execution: Any) -> list[str]:
     if x.closed_at is not None:
         created += f"   closed {_when(x.closed_at)} ({_offset(x.closed_at, x.created_at)})"
     lines.append(created)
+    for label, attr in (("parent", "parent_id"), ("from", "continued_from"), ("continued", "continued_to")):
+        if getattr(x, attr, None):
+            lines.append(f"  {label:<9} {getattr(x, attr)}")
+    for child in getattr(x, "children", ()):
+        lines.append(f"  child     {child['id']}  {child['workflow']}  {child['status']}")
     if requested is not None:
         reason = "" if x.cancelled_at is not None else f"  reason={short(x.cancel_reason or '')}"
         lines.append(f"  cancel requested {_when(requested)}{reason}")

@@ -31,7 +31,7 @@ from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from harvest_celery._core import events as ev
-from harvest_celery._core.commands import Decision, Failed
+from harvest_celery._core.commands import ContinuedAsNew, Decision, Failed, StartChildWorkflow
 from harvest_celery._core.engine import Session
 from harvest_celery._core.registry import Registry
 from harvest_celery._payloads.stores import listable
@@ -65,6 +65,7 @@ FALLBACK_REASONS = (
     "decision_pending",  # a decision is already requested: the decision task takes it
     "not_decidable",  # the run takes no decision now (paused, sealed, finished)
     "not_registered",  # the workflow is not registered in this process
+    "child",  # it starts a child, continues as new, or closes a run that is a child or has open children
 )
 
 
@@ -147,15 +148,32 @@ def choose(rt: Runtime, claim: Claim) -> tuple[Choice, Session | None]:
     return choice, None
 
 
-def _judged(decision: Decision | None) -> Choice:
+def _judged(decision: Decision | None, events: Sequence[ev.Event] = ()) -> Choice:
     """The warm replay's decision on the completion: the one-statement path's, or not."""
     if decision is None:
         return Choice(INLINE, "advance_refused")
     if decision.nd is not None:
         return Choice(INLINE, "nd")
+    if crosses_runs(decision, events):
+        return Choice(INLINE, "child")  # the guarded statement covers one run
     if isinstance(decision.outcome, Failed) and decision.outcome.interrupt:
         return Choice(INLINE, "interrupted")  # the ordinary path's to judge (a shutdown?)
     return Choice(ONE_STATEMENT)
+
+
+def crosses_runs(decision: Decision, events: Sequence[ev.Event]) -> bool:
+    """Does this decision write another run: start a child, continue as new, or close a run
+    that is a child (its notice) or has open children (their policy)?"""
+    if any(isinstance(c, StartChildWorkflow) for c in decision.commands):
+        return True
+    if decision.outcome is None:
+        return False
+    if isinstance(decision.outcome, ContinuedAsNew):
+        return True
+    first = events[0] if events else None
+    return (isinstance(first, ev.WorkflowStarted) and first.parent_id is not None) or any(
+        isinstance(e, ev.ChildWorkflowScheduled) for e in events
+    )
 
 
 def inline_or_task(rt: Runtime, row: RunRow) -> Choice:
@@ -234,7 +252,7 @@ def _one_statement(rt: Runtime, claim: Claim, output: Any, session: Session) -> 
             [ev.HistoryEvent(seq, started, claim.started_at), ev.HistoryEvent(seq + 1, completion, now)],
             rt.settings.engine,
         )
-        judged = _judged(decision)
+        judged = _judged(decision, session.events)
         if decision is None or judged.path != ONE_STATEMENT:
             session.close()
             return judged

@@ -37,7 +37,7 @@ from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._runtime.sessions import SessionCache
 from harvest_celery._runtime.settings import Settings
 from harvest_celery._runtime.sweeper import Sweeper
-from harvest_celery._store import tasks
+from harvest_celery._store import links, runs, tasks
 from harvest_celery._store.records import (
     Claim,
     Dispatch,
@@ -88,6 +88,9 @@ class Runtime:
         # and inside an inline decision's savepoint before the decision runs
         self.before_claim_append: Callable[[str, str, int], None] | None = None
         self.before_inline_decision: Callable[[str], None] | None = None
+        # a test seam: called with the children whose close just committed, before their
+        # notices are applied (the kill -9 test dies here; the sweeper must apply them)
+        self.before_child_notices: Callable[[Sequence[str]], None] | None = None
         # set by the Celery worker at start: the queues it consumes (eager execution stays off
         # outside a worker) and whether it sends task events
         self.local_queues: frozenset[str] = frozenset()
@@ -115,6 +118,26 @@ class Runtime:
         for name, labels in tx.metrics:
             METRICS.inc(name, labels)
         self.send(tx.dispatches)
+        if tx.closed_children:
+            if self.before_child_notices is not None:
+                self.before_child_notices(tx.closed_children)
+            self.apply_child_notices(tx.closed_children)
+
+    def apply_child_notices(self, child_ids: Sequence[str]) -> None:
+        """Right after a child's close commits: its notice, applied in its parent's own
+        transaction (a failure is logged: the sweeper applies it later)."""
+        with self.store.begin() as tx:
+            pending = links.notices_of(tx, child_ids)
+        for parent_id, child_id in pending:
+            try:
+                with self.store.begin() as tx:
+                    links.apply_notice(tx, parent_id, child_id, utcnow(), self.settings.decision_queue)
+            except Exception:  # noqa: BLE001 - the notice is durable: the sweeper applies it
+                log.exception(
+                    "the notice of child %s to %s failed; the sweeper retries it", child_id, parent_id
+                )
+                continue
+            self._after_commit(tx)
 
     def send(self, dispatches: Sequence[Dispatch]) -> None:
         """Send what a committed transaction asked for. A send that fails is logged: the task
@@ -252,6 +275,15 @@ class Runtime:
             eager=self._eager_claim(),
         )
 
+        closed = links.after_decision(tx, row, decision, session.events, now, self.settings.decision_queue)
+        if closed is not None:  # the parent closed: each open child's parent-close policy
+            runs.close_children(
+                tx,
+                [h.event for h in tx.history(row.id)],  # with the answers just appended
+                f"parent {row.id} closed {closed.status}",
+                now,
+                self.settings.decision_queue,
+            )
         tx.metrics.append(("decisions", {"workflow": row.workflow_type, "path": path}))
         if decision.nd is not None:
             log.warning(

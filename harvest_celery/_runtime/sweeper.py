@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from harvest_celery._runtime.messages import Message, relayed
-from harvest_celery._store import starts, sweeps, tasks
+from harvest_celery._store import links, starts, sweeps, tasks
 from harvest_celery._store.records import Timings, utcnow
 from harvest_celery._store.store import Store
 from harvest_celery._store.tx import Tx
@@ -150,6 +150,7 @@ class Sweeper:
                 ),
             )
         self._row("lost messages", "*", partial(sweeps.stale_scheduled, timings=s.timings, kinds=kinds))
+        self._child_notices(now)
         self._row(
             "lost decisions",
             "*",
@@ -166,6 +167,22 @@ class Sweeper:
             log.exception("sweeper: %s of %s failed", what, execution_id)
             return
         self._after_commit(tx)
+
+    def _child_notices(self, now: Any) -> None:
+        """Notices of children whose closing process died before applying them."""
+        with self.store.begin() as tx:
+            stale = links.stale_notices(tx, now, self.settings.timings.redispatch_after)
+        for parent_id, child_id in stale:
+            self._row(
+                "child notice",
+                parent_id,
+                partial(
+                    links.apply_notice,
+                    parent_id=parent_id,
+                    child_id=child_id,
+                    queue=self.settings.decision_queue,
+                ),
+            )
 
     def _relay_outbox(self) -> None:
         with self.store.begin() as tx:

@@ -212,6 +212,11 @@ class Execution:
     forked_from: str | None = None
     forked_to: str | None = None
     cancel_requested_at: datetime | None = None
+    # child workflows and continue-as-new chains (docs/concepts.md, "Child workflows")
+    parent_id: str | None = None
+    continued_from: str | None = None
+    continued_to: str | None = None
+    children: tuple[dict[str, str], ...] = ()  # (id, workflow, status) of each child, by describe()
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> Execution:
@@ -236,6 +241,9 @@ class Execution:
             paused_at=aware(m["paused_at"]),
             forked_from=m["forked_from"],
             forked_to=m["forked_to"],
+            parent_id=m.get("parent_id"),
+            continued_from=m.get("continued_from"),
+            continued_to=m.get("continued_to"),
             cancel_requested_at=aware(m.get("cancel_requested_at")),
         )
 

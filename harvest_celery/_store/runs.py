@@ -12,6 +12,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from harvest_celery._core import children as kids
 from harvest_celery._core import events as ev
 from harvest_celery._core.commands import ScheduleActivity
 from harvest_celery._core.lifecycle import RUNNING, TERMINAL_STATUSES, TERMINATED, status_after_cancel
@@ -19,7 +20,13 @@ from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
 from harvest_celery._dag.folds import OPEN, fold_dispatches
 from harvest_celery._dag.retry import erased_refusal
-from harvest_celery._errors import ExecutionAlreadyExists, ForksHoldCopies, InvalidState, RetryRefused
+from harvest_celery._errors import (
+    ExecutionAlreadyExists,
+    ExecutionNotFound,
+    ForksHoldCopies,
+    InvalidState,
+    RetryRefused,
+)
 from harvest_celery._payloads.digest import input_digest
 from harvest_celery._payloads.erasure import (
     ERASED,
@@ -30,8 +37,9 @@ from harvest_celery._payloads.erasure import (
     references,
 )
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS, PAYLOAD_FIELDS
+from harvest_celery._store import links
 from harvest_celery._store.predicates import operator_live
-from harvest_celery._store.records import RunRow, outbox_execution_id
+from harvest_celery._store.records import RunRow, aware, outbox_execution_id
 from harvest_celery._store.schema import (
     activity_tasks,
     attempt_errors,
@@ -45,8 +53,17 @@ from harvest_celery._store.tx import Tx
 
 # ── start (``starts``: id reuse, concurrent starts, starts in an app's transaction), signal,
 # cancel ──────────────────────────────────────────────────────────────────────────────────────
+def _lock_current(tx: Tx, execution_id: str) -> RunRow:
+    """The run an operator action addressed to ``execution_id`` acts on: along a continue-as-new
+    chain, its current run (``links.lock_current``)."""
+    row = links.lock_current(tx, execution_id)
+    if row is None:
+        raise ExecutionNotFound(execution_id)
+    return row
+
+
 def signal(tx: Tx, execution_id: str, name: str, payload: Any, now: datetime, decision_queue: str) -> None:
-    row = tx.lock_existing(execution_id)
+    row = _lock_current(tx, execution_id)
     if not operator_live.holds(row):
         raise InvalidState(execution_id, row.status, "signal")
     tx.append(row, [ev.SignalReceived(name, payload)], now, decide_on=decision_queue)
@@ -55,15 +72,15 @@ def signal(tx: Tx, execution_id: str, name: str, payload: Any, now: datetime, de
 def cancel(tx: Tx, execution_id: str, reason: str, now: datetime, decision_queue: str) -> str:
     """Seal the run: append WorkflowCancelled, set CANCELLED (FAILED mid-unwind), fail every
     open task row that has not started — no event for those — and request the post-cancel
-    decision. Returns the new status."""
-    row = tx.lock_existing(execution_id)
+    decision; its open children get their parent-close policy. Returns the new status."""
+    row = _lock_current(tx, execution_id)
     if not operator_live.holds(row):
         raise InvalidState(execution_id, row.status, "cancel")
-    history = [h.event for h in tx.history(execution_id)]
+    history = [h.event for h in tx.history(row.id)]
     tx.append(row, [ev.WorkflowCancelled(reason)], now)
     new_status = status_after_cancel(history)
     tx.update_run(
-        execution_id,
+        row.id,
         status=new_status,
         cancelled_at=now,
         cancel_reason=reason,
@@ -72,16 +89,18 @@ def cancel(tx: Tx, execution_id: str, reason: str, now: datetime, decision_queue
         nd_retry_at=None,
         paused_at=None,
     )
-    tx.abandon_open_tasks(execution_id, now, f"workflow cancelled: {reason}")
-    tx.request_decision(execution_id, now, decision_queue, force=True)
+    tx.abandon_open_tasks(row.id, now, f"workflow cancelled: {reason}")
+    tx.request_decision(row.id, now, decision_queue, force=True)
+    close_children(tx, history, f"parent {row.id} cancelled: {reason}", now, decision_queue)
     return new_status
 
 
 def request_cancellation(tx: Tx, execution_id: str, reason: str, now: datetime, decision_queue: str) -> bool:
     """Cooperative cancel: append ``WorkflowCancelRequested`` and request a decision, without
     sealing — the run stays RUNNING (shown CANCELLING) and may still schedule durable work.
-    False if a request is already open (idempotent: no second event)."""
-    row = tx.lock_existing(execution_id)
+    Passed on to its open children, except compensating ones (an undo in progress is not asked
+    to stop). False if a request is already open (idempotent: no second event)."""
+    row = _lock_current(tx, execution_id)
     if not operator_live.holds(row):
         raise InvalidState(execution_id, row.status, "request the cancellation of")
     if row.cancel_requested_at is not None:
@@ -94,7 +113,33 @@ def request_cancellation(tx: Tx, execution_id: str, reason: str, now: datetime, 
         cancel_requested_at=now,
         cancel_reason=reason,
     )
+    for child in links.open_children([h.event for h in tx.history(row.id)]):
+        if not child.compensation:  # parent locked first, then its children in id order
+            _pass_on(
+                tx, child.child_id, lambda cid: request_cancellation(tx, cid, reason, now, decision_queue)
+            )
     return True
+
+
+def close_children(
+    tx: Tx, history: Sequence[ev.Event], reason: str, now: datetime, decision_queue: str
+) -> None:
+    """A parent's close (or seal) applies each open child's parent-close policy, in id order,
+    under the parent's lock: terminate it, ask it to cancel, or leave it running."""
+    for child in links.open_children(history):
+        if child.policy == kids.TERMINATE:
+            _pass_on(tx, child.child_id, lambda cid: terminate(tx, cid, reason, now, decision_queue))
+        elif child.policy == kids.REQUEST_CANCEL:
+            _pass_on(
+                tx, child.child_id, lambda cid: request_cancellation(tx, cid, reason, now, decision_queue)
+            )
+
+
+def _pass_on(tx: Tx, child_id: str, action: Any) -> None:
+    """An action on a child that may have closed meanwhile (its notice not yet applied)."""
+    current = links.lock_current(tx, child_id)
+    if current is not None and operator_live.holds(current):
+        action(current.id)
 
 
 # ── the fork mechanism (retry-from-node, reset) and operator actions ─────────────────────
@@ -180,11 +225,14 @@ def reset(
     if any(isinstance(e, (ev.WorkflowCancelled, *ev.TERMINAL_EVENTS)) for e in prefix):
         raise ValueError("a reset point must come before the run was cancelled or finished")
     if operator_live.holds(m):  # a live source is terminated (as terminate checks)
-        terminate(tx, source_id, f"reset to event {to_seq} as {new_id}", now)
+        terminate(tx, source_id, f"reset to event {to_seq} as {new_id}", now, decision_queue)
     first = prefix[0]
     assert isinstance(first, ev.WorkflowStarted)
     row = _create_run(tx, new_id, m.workflow_type, first.input, source_id, now)
-    prefix[0] = dataclasses.replace(first, forked_from=source_id)
+    # a fork is a run of its own: no parent, and a chain of its own if it continues as new
+    prefix[0] = dataclasses.replace(
+        first, forked_from=source_id, parent_id=None, continued_from=None, chain_id=None, link=0
+    )
     tx.append(row, prefix, now)
     requested = [e for e in prefix if isinstance(e, ev.WorkflowCancelRequested)]
     if requested:  # the copied request is open on the new run too
@@ -206,9 +254,10 @@ def reset(
     tx.request_decision(new_id, now, decision_queue)
 
 
-def terminate(tx: Tx, execution_id: str, reason: str, now: datetime) -> None:
-    """Seal without the post-cancel decision: TERMINATED, unstarted work never runs."""
-    row = tx.lock_existing(execution_id)
+def terminate(tx: Tx, execution_id: str, reason: str, now: datetime, decision_queue: str) -> None:
+    """Seal without the post-cancel decision: TERMINATED, unstarted work never runs; its open
+    children get their parent-close policy."""
+    row = _lock_current(tx, execution_id)
     if not operator_live.holds(row):
         raise InvalidState(execution_id, row.status, "terminate")
     tx.append(
@@ -222,7 +271,9 @@ def terminate(tx: Tx, execution_id: str, reason: str, now: datetime) -> None:
         paused_at=None,
         error={"type": "Terminated", "message": reason},
     )
-    tx.abandon_open_tasks(execution_id, now, f"workflow terminated: {reason}")
+    tx.abandon_open_tasks(row.id, now, f"workflow terminated: {reason}")
+    history = [h.event for h in tx.history(row.id)]
+    close_children(tx, history, f"parent {row.id} terminated: {reason}", now, decision_queue)
 
 
 def pause(tx: Tx, execution_id: str, now: datetime) -> None:
@@ -282,18 +333,28 @@ def erase(
 
 
 def fork_family(tx: Tx, execution_id: str) -> set[str]:
-    """The runs linked to ``execution_id`` by forks, transitively, both ways (its sources and
-    their forks, its forks and theirs), itself included; a purged member is simply absent."""
+    """The runs that hold copies of each other's payloads, linked to ``execution_id``
+    transitively, both ways, itself included: forks (reset, DAG retry), continue-as-new links
+    and parents with their children. A purged member is simply absent."""
+    return linked_runs(
+        tx, execution_id, (executions.c.forked_from, executions.c.continued_from, executions.c.parent_id)
+    )
+
+
+def linked_runs(tx: Tx, execution_id: str, links_up: Sequence[Any]) -> set[str]:
+    """``execution_id`` and every run reached from it along the ``links_up`` columns (each
+    names one other run), in either direction."""
     found: set[str] = set()
     frontier = {execution_id}
     while frontier:
+        wanted = sorted(frontier)
         rows = tx.conn.execute(
-            sa.select(executions.c.id, executions.c.forked_from).where(
-                executions.c.id.in_(sorted(frontier)) | executions.c.forked_from.in_(sorted(frontier))
+            sa.select(executions.c.id, *links_up).where(
+                sa.or_(executions.c.id.in_(wanted), *(column.in_(wanted) for column in links_up))
             )
         ).all()
         found |= {r.id for r in rows if r.id in frontier}
-        linked = {r.id for r in rows} | {r.forked_from for r in rows if r.forked_from is not None}
+        linked = {r.id for r in rows} | {v for r in rows for v in r[1:] if v is not None}
         frontier = linked - found - frontier
         found |= {r.id for r in rows}
     return found
@@ -412,6 +473,9 @@ def _erase_attempt_errors(tx: Tx, execution_id: str) -> list[tuple[str, str]]:
 
 
 def purgeable(tx: Tx, cutoff: datetime, limit: int) -> list[str]:
+    """Terminal runs closed before ``cutoff``. A continue-as-new chain, or a parent with its
+    children, goes only as a whole, once every member is terminal and past the cutoff: purging
+    an early link would break ``result(first_id)`` and routing."""
     q = tx.dialect.lock(
         sa.select(executions.c.id)
         .where(executions.c.status.in_(sorted(TERMINAL_STATUSES)) & (executions.c.closed_at < cutoff))
@@ -419,7 +483,22 @@ def purgeable(tx: Tx, cutoff: datetime, limit: int) -> list[str]:
         .limit(limit),
         skip_locked=True,
     )
-    return [r[0] for r in tx.conn.execute(q).fetchall()]
+    out: list[str] = []
+    seen: set[str] = set()
+    for (run_id,) in tx.conn.execute(q).fetchall():
+        if run_id in seen:
+            continue
+        family = linked_runs(tx, run_id, (executions.c.continued_from, executions.c.parent_id))
+        seen |= family
+        members = tx.conn.execute(
+            sa.select(executions.c.status, executions.c.closed_at).where(executions.c.id.in_(sorted(family)))
+        ).all()
+        if all(
+            m.status in TERMINAL_STATUSES and (closed := aware(m.closed_at)) is not None and closed < cutoff
+            for m in members
+        ):
+            out.extend(sorted(family))
+    return out
 
 
 def delete_runs(tx: Tx, ids: Sequence[str]) -> tuple[int, list[tuple[str, str]]]:

@@ -70,7 +70,13 @@ executions = Table(
     # sha256 of the id and the canonical JSON of the input, taken before any codec: a second
     # start of the id is compared with it (survives encryption and erasure; _payloads.digest)
     Column("input_digest", String(80)),
+    # child workflows and continue-as-new chains (migration 0010): the parent that started this
+    # run; the previous and the next link of its chain
+    Column("parent_id", String(200)),
+    Column("continued_from", String(200)),
+    Column("continued_to", String(200)),
     Index("ix_harvest_executions_status", "status"),
+    Index("ix_harvest_executions_parent_id", "parent_id"),
     Index("ix_harvest_executions_workflow_type", "workflow_type"),
     Index("ix_harvest_executions_decision_requested_at", "decision_requested_at"),
     Index("ix_harvest_executions_nd_retry_at", "nd_retry_at"),
@@ -172,4 +178,19 @@ blobs = Table(
     Column("key", String(400), primary_key=True),
     Column("store_id", String(100), nullable=False),
     Column("data", LargeBinary, nullable=False),
+)
+
+# A child's close, written in the child's own transaction (it never touches its parent's row);
+# applied in the parent's transaction, right after the child's commit or by the sweeper, which
+# appends ChildWorkflowClosed once per child id and deletes the notice (migration 0010).
+child_notices = Table(
+    "harvest_child_notices",
+    metadata,
+    Column("parent_id", String(200), primary_key=True),
+    Column("child_id", String(200), primary_key=True),
+    Column("status", String(16), nullable=False),
+    Column("result", Json),
+    Column("error", Json),
+    Column("created_at", Ts, nullable=False),
+    Index("ix_harvest_child_notices_created_at", "created_at"),
 )

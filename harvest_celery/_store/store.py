@@ -188,6 +188,23 @@ class Store:
                 log.warning("execution %s: %s stays encoded: %s", execution_id, column, exc)
         return dataclasses.replace(execution, **decoded) if decoded else execution
 
+    def children(self, execution_id: str) -> tuple[dict[str, str], ...]:
+        """The runs ``execution_id`` started as children: id, workflow and status, by id."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(executions.c.id, executions.c.workflow_type, executions.c.status)
+                .where(executions.c.parent_id == execution_id)
+                .order_by(executions.c.id)
+            )
+            return tuple({"id": r.id, "workflow": r.workflow_type, "status": r.status} for r in rows)
+
+    def continued_to(self, execution_id: str) -> str | None:
+        with self.engine.connect() as conn:
+            found = conn.execute(
+                sa.select(executions.c.continued_to).where(executions.c.id == execution_id)
+            ).scalar()
+        return str(found) if found is not None else None
+
     def status(self, execution_id: str) -> str:
         """The run's status alone (no payload column is read)."""
         with self.engine.connect() as conn:

@@ -18,15 +18,30 @@ from sqlalchemy.engine import Connection
 
 from harvest_celery._core import events as ev
 from harvest_celery._core.commands import Decision, ScheduleActivity
-from harvest_celery._core.lifecycle import TERMINAL_STATUSES
+from harvest_celery._core.lifecycle import CONTINUED_AS_NEW, TERMINAL_STATUSES
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
 from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._store import pgwrite
 from harvest_celery._store.dialect import Dialect
-from harvest_celery._store.records import CompletionGuard, Dispatch, EagerClaim, RunRow, Timings, aware
-from harvest_celery._store.schema import activity_tasks, attempt_errors, events, executions, timers
+from harvest_celery._store.records import (
+    CompletionGuard,
+    Dispatch,
+    EagerClaim,
+    RunRow,
+    Timings,
+    aware,
+    utcnow,
+)
+from harvest_celery._store.schema import (
+    activity_tasks,
+    attempt_errors,
+    child_notices,
+    events,
+    executions,
+    timers,
+)
 from harvest_celery._store.staging import (
     Blob,
     RunWrite,
@@ -74,6 +89,8 @@ class Tx:
         self.payloads = payloads or Payloads()
         self.dispatches: list[Dispatch] = []
         self.metrics: list[tuple[str, dict[str, str]]] = []
+        # children whose close wrote a notice: applied to their parents once this commits
+        self.closed_children: list[str] = []
 
     # ── rows and history ─────────────────────────────────────────────────────────────────────
     def lock(self, execution_id: str, *, skip_locked: bool = False) -> RunRow | None:
@@ -101,6 +118,31 @@ class Tx:
     def _notify_if_closed(self, execution_id: str, values: dict[str, Any]) -> None:
         if _closes(values):
             self.dialect.notify(self.conn, execution_id)
+        if values.get("status") in TERMINAL_STATUSES:
+            self.write_child_notice(execution_id, values.get("closed_at") or utcnow())
+
+    def write_child_notice(self, execution_id: str, now: datetime) -> None:
+        """A closing child's notice to its parent (``_store.links``), in the child's own
+        transaction: it never touches the parent's row (lock order: parent first). None for a
+        run without a parent, or one that continued as new (its chain goes on)."""
+        found = self.conn.execute(
+            sa.select(
+                executions.c.parent_id, executions.c.status, executions.c.result, executions.c.error
+            ).where(executions.c.id == execution_id)
+        ).first()
+        if found is None or found.parent_id is None or found.status == CONTINUED_AS_NEW:
+            return
+        self.conn.execute(
+            self.dialect.insert_ignore(child_notices).values(
+                parent_id=found.parent_id,
+                child_id=execution_id,
+                status=found.status,
+                result=found.result,
+                error=found.error,
+                created_at=now,
+            )
+        )
+        self.closed_children.append(execution_id)
 
     def raw_history(self, execution_id: str, since: int = 0) -> list[RawEvent]:
         """Stored events, payload fields as written (possibly encoded or offloaded)."""

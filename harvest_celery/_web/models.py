@@ -14,9 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from harvest_celery._core.activities import Status as ActivityStatus
 
 # the run statuses of _lifecycle and the node statuses of _rungraph (a unit test pins both)
-Status = Literal["RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED"]
+Status = Literal["RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "CONTINUED_AS_NEW"]
 # what a list may filter on: a stored status, or the derived CANCELLING (an open cancel request)
-StatusFilter = Literal["RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "CANCELLING"]
+StatusFilter = Literal[
+    "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "CONTINUED_AS_NEW", "CANCELLING"
+]
 # outcomes of a sealed run's cancel branch (WorkflowCancelledError.OUTCOMES)
 BranchOutcome = Literal["returned", "cancelled", "failed", "stopped", "pending"]
 NodeStatus = ActivityStatus  # the core activity fold's words (``_core.activities.STATUSES``)
@@ -199,6 +201,19 @@ class WorkflowSummary(BaseModel):
     erased_at: datetime | None = Field(description="when the run's payloads were erased")
     forked_from: str | None = Field(description="the run this one was forked from (retry or reset)")
     forked_to: str | None = Field(description="the run forked from this one (retry or reset)")
+    parent_id: str | None = Field(default=None, description="the run that started this one as a child")
+    continued_from: str | None = Field(
+        default=None, description="the previous run of its continue-as-new chain"
+    )
+    continued_to: str | None = Field(
+        default=None, description="the next run of its continue-as-new chain (this one is CONTINUED_AS_NEW)"
+    )
+
+
+class ChildLink(BaseModel):
+    id: str = Field(description="the child's run id")
+    workflow: str
+    status: Status
 
 
 class WaitingHint(BaseModel):
@@ -218,6 +233,9 @@ class CancelBranchBody(BaseModel):
 
 class WorkflowDescription(WorkflowSummary):
     cancel_reason: str | None
+    children: list[ChildLink] = Field(
+        default_factory=list, description="the runs this one started as children"
+    )
     cancel_branch: CancelBranchBody | None = Field(
         default=None, description="the cancel branch of a run sealed by a cancel (null otherwise)"
     )

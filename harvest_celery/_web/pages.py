@@ -62,6 +62,7 @@ RUN_STATE_COLOUR = {
     "FAILED": "#c62828",
     "CANCELLED": "#6b6f76",
     "TERMINATED": "#6b6f76",
+    "CONTINUED_AS_NEW": "#1f8a3d",
 }
 
 # geometry of the SVG (px)

@@ -361,6 +361,18 @@ from . import cancels  # noqa: E402  (they need record() and r from this module)
 
 harvest.register(*cancels.ALL)
 
+# ── child workflows and continue-as-new (test_children.py) ───────────────────────────────────
+from . import children  # noqa: E402  (they need record() from this module)
+
+harvest.register(*children.ALL)
+
+# HARVEST_TEST_DIE_BEFORE_NOTICE=1: a worker restarted with it kills itself (SIGKILL) right after
+# a child's close commits, before its notice is applied (the sweeper's case)
+if os.environ.get("HARVEST_TEST_DIE_BEFORE_NOTICE"):
+    import signal as _signal
+
+    harvest.runtime.before_child_notices = lambda _ids: os.kill(os.getpid(), _signal.SIGKILL)
+
 
 # ── the console's browser test (test_console.py): an activity error that holds markup ─────────
 XSS_MESSAGE = '<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2">'

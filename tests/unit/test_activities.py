@@ -130,6 +130,9 @@ def test_every_known_event_type_is_decided():
                     "name",
                     "timer_id",
                     "fire_at",
+                    "child_id",
+                    "status",
+                    "next_id",
                 )
                 if f in cls.__dataclass_fields__
             },

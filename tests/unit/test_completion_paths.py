@@ -108,8 +108,26 @@ def test_the_fallback_reasons_are_a_closed_enum():
         "decision_pending",
         "not_decidable",
         "not_registered",
+        "child",
     )
     assert PATHS == ("one_statement", "inline", "task")
+
+
+def test_a_decision_that_writes_another_run_leaves_the_one_statement_path():
+    from harvest_celery._core import events as ev
+    from harvest_celery._core.commands import Completed, ContinuedAsNew, Decision, StartChildWorkflow
+    from harvest_celery._runtime.completion import _judged
+
+    plain = [ev.WorkflowStarted("wf", 1)]
+    child = [ev.WorkflowStarted("wf", 1, parent_id="p")]
+    parent = [*plain, ev.ChildWorkflowScheduled("r-c1", "kid")]
+    start = Decision(commands=[StartChildWorkflow("r-c1", "kid", 1, "", "terminate")])
+    assert _judged(start, plain).reason == "child"
+    assert _judged(Decision(outcome=ContinuedAsNew("r-n1", 1)), plain).reason == "child"
+    assert _judged(Decision(outcome=Completed(1)), child).reason == "child"  # its notice
+    assert _judged(Decision(outcome=Completed(1)), parent).reason == "child"  # its policies
+    assert _judged(Decision(outcome=Completed(1)), plain).reason is None
+    assert _judged(Decision(), child).reason is None  # a step of a child that does not close
 
 
 # ── erased_at: the guard refuses it; no completion can meet it ────────────────────────────────

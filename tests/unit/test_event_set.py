@@ -46,14 +46,31 @@ SAMPLES: dict[str, ev.Event] = {
     "WorkflowCancelRequested": ev.WorkflowCancelRequested("please"),
     "WorkflowCompleted": ev.WorkflowCompleted({"receipt": SECRET}),
     "WorkflowFailed": ev.WorkflowFailed("ValueError", f"bad card {SECRET}"),
+    "ChildWorkflowScheduled": ev.ChildWorkflowScheduled(
+        "r-1-c1", "book_trip", {"card": SECRET}, "trips", "abandon", True
+    ),
+    "ChildWorkflowStarted": ev.ChildWorkflowStarted("r-1-c1"),
+    "ChildWorkflowStartRefused": ev.ChildWorkflowStartRefused("mine", "other_wf"),
+    "ChildWorkflowClosed": ev.ChildWorkflowClosed(
+        "r-1-c1", "FAILED", {"receipt": SECRET}, "E", f"no {SECRET}"
+    ),
+    "WorkflowContinuedAsNew": ev.WorkflowContinuedAsNew("r-1-n1", {"card": SECRET}),
 }
 ALL = tuple(SAMPLES)
 
 # ── today's sets, literally ───────────────────────────────────────────────────────────────────
-COMMAND = {"ActivityScheduled", "MarkerRecorded", "TimerStarted"}
-RESULT = {"ActivityStarted", "ActivityCompleted", "ActivityFailed", "TimerFired"}
+COMMAND = {"ActivityScheduled", "MarkerRecorded", "TimerStarted", "ChildWorkflowScheduled"}
+RESULT = {
+    "ActivityStarted",
+    "ActivityCompleted",
+    "ActivityFailed",
+    "TimerFired",
+    "ChildWorkflowStarted",
+    "ChildWorkflowStartRefused",
+    "ChildWorkflowClosed",
+}
 INPUT = {"SignalReceived", "WorkflowCancelRequested"}
-TERMINAL = {"WorkflowCompleted", "WorkflowFailed"}
+TERMINAL = {"WorkflowCompleted", "WorkflowFailed", "WorkflowContinuedAsNew"}
 # positions a command matcher can meet (past position 0): commands, signals, the cancel seal,
 # and a WorkflowStarted anywhere but first (a corrupt history diverges against it)
 CANDIDATES = {
@@ -63,6 +80,7 @@ CANDIDATES = {
     "SignalReceived",
     "WorkflowCancelled",
     "WorkflowStarted",
+    "ChildWorkflowScheduled",
 }
 # of those, what the command matcher steps over (the saga marker's drained-signal check sees it)
 SKIPPED_BY_COMMANDS = {"SignalReceived"}
@@ -74,6 +92,9 @@ ADVANCE = {
     "TimerFired",
     "SignalReceived",
     "WorkflowCancelRequested",
+    "ChildWorkflowStarted",
+    "ChildWorkflowStartRefused",
+    "ChildWorkflowClosed",
 }
 PAYLOADS = {
     "WorkflowStarted": ("input", "carried"),
@@ -82,8 +103,15 @@ PAYLOADS = {
     "MarkerRecorded": ("details",),
     "SignalReceived": ("payload",),
     "WorkflowCompleted": ("result",),
+    "ChildWorkflowScheduled": ("input",),
+    "ChildWorkflowClosed": ("result",),
+    "WorkflowContinuedAsNew": ("input",),
 }
-SCRUBBED = {"ActivityFailed": ("message",), "WorkflowFailed": ("message",)}
+SCRUBBED = {
+    "ActivityFailed": ("message",),
+    "WorkflowFailed": ("message",),
+    "ChildWorkflowClosed": ("message",),
+}
 DESCRIBED = {
     "WorkflowStarted": "WorkflowStarted",
     "ActivityScheduled": "ActivityScheduled(charge)",
@@ -98,6 +126,11 @@ DESCRIBED = {
     "WorkflowCancelRequested": "WorkflowCancelRequested",
     "WorkflowCompleted": "WorkflowCompleted",
     "WorkflowFailed": "WorkflowFailed",
+    "ChildWorkflowScheduled": "ChildWorkflowScheduled(book_trip)",
+    "ChildWorkflowStarted": "ChildWorkflowStarted(r-1-c1)",
+    "ChildWorkflowStartRefused": "ChildWorkflowStartRefused(mine)",
+    "ChildWorkflowClosed": "ChildWorkflowClosed(r-1-c1)",
+    "WorkflowContinuedAsNew": "WorkflowContinuedAsNew(r-1-n1)",
 }
 TIMELINE = {
     "WorkflowStarted": 'wf input={"card":"4111-1111"}',
@@ -113,6 +146,11 @@ TIMELINE = {
     "WorkflowCancelRequested": 'reason="please"',
     "WorkflowCompleted": '-> {"receipt":"4111-1111"}',
     "WorkflowFailed": "ValueError: bad card 4111-1111",
+    "ChildWorkflowScheduled": 'book_trip id=r-1-c1 policy=abandon input={"card":"4111-1111"} (compensation)',
+    "ChildWorkflowStarted": "id=r-1-c1",
+    "ChildWorkflowStartRefused": "id=mine exists (other_wf)",
+    "ChildWorkflowClosed": "id=r-1-c1 FAILED E: no 4111-1111",
+    "WorkflowContinuedAsNew": '-> r-1-n1 input={"card":"4111-1111"}',
 }
 
 
@@ -121,7 +159,7 @@ def names(classes: Any) -> set[str]:
 
 
 def test_every_type_has_a_sample() -> None:
-    assert set(ev.EVENT_TYPES) == set(SAMPLES) and len(SAMPLES) == 13
+    assert set(ev.EVENT_TYPES) == set(SAMPLES) and len(SAMPLES) == 18
     assert all(type(SAMPLES[name]) is cls for name, cls in ev.EVENT_TYPES.items())
 
 
@@ -199,6 +237,7 @@ def _state(replay: Replay) -> dict[str, Any]:
         "seal": replay.seal_delivered,
         "consumed": sorted(replay.consumed),
         "time": replay.current_time,
+        "children": sorted(replay.children.answers),
     }
 
 
@@ -226,6 +265,11 @@ def test_deliver_every_type() -> None:
         "WorkflowCancelRequested": {"request"},
         "WorkflowCompleted": set(),
         "WorkflowFailed": set(),
+        "ChildWorkflowScheduled": set(),
+        "ChildWorkflowStarted": set(),
+        "ChildWorkflowStartRefused": {"children"},
+        "ChildWorkflowClosed": {"children"},
+        "WorkflowContinuedAsNew": set(),
     }
 
 
@@ -329,6 +373,11 @@ DECLARED = {  # name: (family, terminal, cursor, advance)
     "WorkflowCancelRequested": ("input", False, "stepped over", True),
     "WorkflowCompleted": ("lifecycle", True, "stepped over", False),
     "WorkflowFailed": ("lifecycle", True, "stepped over", False),
+    "ChildWorkflowScheduled": ("command", False, "matched", False),
+    "ChildWorkflowStarted": ("result", False, "stepped over", True),
+    "ChildWorkflowStartRefused": ("result", False, "stepped over", True),
+    "ChildWorkflowClosed": ("result", False, "stepped over", True),
+    "WorkflowContinuedAsNew": ("lifecycle", True, "stepped over", False),
 }
 
 
@@ -379,7 +428,7 @@ def test_contradictory_declarations_fail_at_creation(
 
 def test_the_registry_check() -> None:
     ev.check_closed_set(ev.EVENT_CLASSES)
-    with pytest.raises(TypeError, match="WorkflowFailed"):  # left out of AnyEvent
+    with pytest.raises(TypeError, match="WorkflowContinuedAsNew"):  # left out of AnyEvent
         ev.check_closed_set(ev.EVENT_CLASSES[:-1])
 
     @dataclasses.dataclass(frozen=True)

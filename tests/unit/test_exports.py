@@ -35,6 +35,7 @@ def test_the_exported_list_is_exactly_this():
             "BodyInterrupted",
             "AsyncHarvest",
             "Cancelled",
+            "ChildWorkflowFailed",
             "Codec",
             "CollectAll",
             "CompensatorNameCollidesWithNode",

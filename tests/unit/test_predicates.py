@@ -86,6 +86,9 @@ STATE = {
     },
     "forked_from": _all("lineage: a fork is a run of its own"),
     "forked_to": _all("lineage: a forked source is in the state its own columns say"),
+    "parent_id": _all("lineage: a child is a run of its own, decided on its own row"),
+    "continued_from": _all("lineage: a continued run is a run of its own"),
+    "continued_to": _all("lineage: a continued run is terminal, which status says"),
     "sticky_queue": {**_all("routing only: which worker decides"), "fast_path": READS},
 }
 
@@ -194,7 +197,7 @@ def _check_text(table):
 
 
 def test_the_schema_checks_the_status_constants():
-    assert RUN_STATUSES == ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED")
+    assert RUN_STATUSES == ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "CONTINUED_AS_NEW")
     assert TASK_STATUSES == tuple(s.value for s in TaskStatus)
     for table, statuses in ((executions, RUN_STATUSES), (activity_tasks, TASK_STATUSES)):
         text = _check_text(table)

@@ -542,6 +542,7 @@ SAMPLE_ARGS = {
     "PayloadNotSerializable": ("input of activity 'a'", "set is not JSON"),
     "ActivityError": ("charge", "RuntimeError", "card declined", 3),
     "WorkflowFailed": ("run-1", "ActivityError", "boom"),
+    "ChildWorkflowFailed": ("order-7-c1", "FAILED", "RuntimeError: no rooms"),
     "WorkflowCancelledError": (
         "run-1",
         "customer asked",

@@ -40,6 +40,7 @@ STATUS_CLASS = {
     "FAILED": "failed",
     "CANCELLED": "cancelled",
     "TERMINATED": "terminated",
+    "CONTINUED_AS_NEW": "continued",
     "CANCELLING": "cancelling",
 }
 

@@ -69,9 +69,29 @@ def _meta(x: Execution) -> str:
         items.append(
             f'<span>forked to <a id="forked-to" href="{e(run_href(x.forked_to))}">{e(x.forked_to)}</a></span>'
         )
+    items.extend(_links(x))
     if x.cancel_reason:
         items.append(f"<span>cancel reason <b>{e(x.cancel_reason)}</b></span>")
     return '<div class="meta">' + "".join(items) + "</div>"
+
+
+def _links(x: Execution) -> list[str]:
+    """The runs this one is linked to: its parent, its children, its chain's neighbours."""
+    out = []
+    for label, element, target in (
+        ("child of", "parent", x.parent_id),
+        ("continued from", "continued-from", x.continued_from),
+        ("continued as", "continued-to", x.continued_to),
+    ):
+        if target:
+            out.append(f'<span>{label} <a id="{element}" href="{e(run_href(target))}">{e(target)}</a></span>')
+    if x.children:
+        kids = ", ".join(
+            f'<a class="child" href="{e(run_href(c["id"]))}">{e(c["id"])}</a> {e(c["status"])}'
+            for c in x.children
+        )
+        out.append(f'<span id="children">children {kids}</span>')
+    return out
 
 
 def _header(x: Execution, done: str | None) -> str:
@@ -149,7 +169,12 @@ def _terminal_actions(page: Page, x: Execution, dag_nodes: list[str] | None) -> 
         # forks hold copies of the payloads: erasing without them is refused while they do
         forks = (
             '<label><input type="checkbox" name="with_forks" value="1"> with its forks</label>'
-            if x.forked_from is not None or x.forked_to is not None
+            if x.forked_from is not None
+            or x.forked_to is not None
+            or x.parent_id is not None
+            or x.continued_from is not None
+            or x.continued_to is not None
+            or x.children
             else ""
         )
         out.append(

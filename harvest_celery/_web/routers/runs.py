@@ -52,6 +52,9 @@ def _summary(x: Execution) -> dict[str, Any]:
         "erased_at": x.erased_at,
         "forked_from": x.forked_from,
         "forked_to": x.forked_to,
+        "parent_id": x.parent_id,
+        "continued_from": x.continued_from,
+        "continued_to": x.continued_to,
     }
 
 
@@ -59,6 +62,7 @@ def _description(x: Execution) -> dict[str, Any]:
     return {
         **_summary(x),
         "cancel_reason": x.cancel_reason,
+        "children": list(x.children),
         "nd_details": x.nd_details,
         "result": x.result,
         "error": x.error,
