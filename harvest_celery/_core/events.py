@@ -127,6 +127,9 @@ class WorkflowStarted(
     # the source run's succeeded nodes (their side effects are live, so they stay compensable).
     carried: Any = field(default=None, metadata=PAYLOAD)
     forked_from: str | None = None
+    # a schedule's tick: its nominal instant (ISO 8601, UTC), or the trigger time of a
+    # trigger-now; never the fire time (docs/schedules.md)
+    scheduled_for: str | None = None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from harvest_celery._core.cron import Cron, CronError
 from harvest_celery._core.ids import check_execution_id
-from harvest_celery._errors import InvalidExecutionId
+from harvest_celery._errors import InvalidExecutionId, InvalidSchedule
 
 UTC = timezone.utc
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -32,8 +32,7 @@ JITTER_SAMPLE = 1000  # a cron's shortest gap is taken over its next 1,000 ticks
 ON_TIME = timedelta(seconds=5)
 
 
-class ScheduleSpecError(ValueError):
-    """A schedule argument harvest cannot take (the message names it)."""
+ScheduleSpecError = InvalidSchedule
 
 
 def check_name(name: Any) -> str:

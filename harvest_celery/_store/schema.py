@@ -170,3 +170,38 @@ blobs = Table(
     Column("store_id", String(100), nullable=False),
     Column("data", LargeBinary, nullable=False),
 )
+
+# A durable schedule (docs/schedules.md). ``last_tick`` is the cursor: ticks after it are still
+# to be considered; ``next_fire_at`` (the next tick plus its jitter) is what the firing pass
+# selects on, NULL once the schedule has ended. The input is a payload (codec, offload).
+schedules = Table(
+    "harvest_schedules",
+    metadata,
+    Column("name", String(180), primary_key=True),
+    Column("workflow", String(200), nullable=False),
+    Column("decision_queue", String(200), nullable=False),
+    Column("cron", String(200)),
+    Column("every_seconds", Integer),
+    Column("timezone", String(64), nullable=False),
+    Column("jitter_seconds", Float, nullable=False),
+    Column("overlap", String(20), nullable=False),
+    Column("catchup_seconds", Float, nullable=False),
+    Column("end_at", Ts),
+    Column("max_runs", Integer),
+    Column("input", Json),
+    Column("input_digest", String(80)),
+    Column("spec_version", Integer, nullable=False),
+    Column("paused", Boolean, nullable=False),
+    Column("pause_note", Text),
+    Column("last_tick", Ts, nullable=False),
+    Column("next_fire_at", Ts),
+    Column("buffered_tick", Ts),
+    Column("last_run_id", String(200)),
+    Column("runs", Integer, nullable=False),
+    Column("fired", Integer, nullable=False),
+    Column("skipped", Integer, nullable=False),
+    Column("missed", Integer, nullable=False),
+    Column("created_at", Ts, nullable=False),
+    Column("updated_at", Ts, nullable=False),
+    Index("ix_harvest_schedules_due", "decision_queue", "next_fire_at"),
+)

@@ -7,8 +7,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from harvest_celery._core.schedule import (
-    Spec,
     ScheduleSpecError,
+    Spec,
     check_name,
     jitter_of,
     manual_id,
@@ -41,7 +41,7 @@ def test_a_star_hour_follows_real_time_through_the_spring_change():
     # local 02:00-03:00 does not exist on 2026-03-29: 00:00Z-02:00Z is 01:00-04:00 local
     ticks = list(paris("*/5 * * * *").ticks(u(2026, 3, 29, 0, 0), u(2026, 3, 29, 2, 0)))
     assert len(ticks) == 24
-    assert all(b - a == timedelta(minutes=5) for a, b in zip(ticks, ticks[1:]))
+    assert all(b - a == timedelta(minutes=5) for a, b in zip(ticks, ticks[1:], strict=False))
     assert not [t for t in ticks if t.astimezone(paris("* * * * *")._cron().zone).hour == 2]
 
 
@@ -51,7 +51,9 @@ def test_a_star_hour_fires_twelve_times_in_each_pass_of_the_repeated_hour():
     first = list(spec.ticks(u(2026, 10, 24, 23, 59, 59), u(2026, 10, 25, 0, 59, 59)))
     second = list(spec.ticks(u(2026, 10, 25, 0, 59, 59), u(2026, 10, 25, 1, 59, 59)))
     assert len(first) == len(second) == 12
-    assert all(b - a == timedelta(minutes=5) for a, b in zip(first + second, (first + second)[1:]))
+    assert all(
+        b - a == timedelta(minutes=5) for a, b in zip(first + second, (first + second)[1:], strict=False)
+    )
 
 
 def test_every_is_anchored_at_the_epoch():
