@@ -6,6 +6,7 @@ judges the runs and counters that exist."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -81,10 +82,11 @@ def sched(harvest: Any) -> Any:
     return h
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def sched_worker(sched: Any) -> Iterator[Worker]:
+    """A worker of the schedules' app, not yet started: its sweeper fires schedules too, so a
+    test starts it when its runs must run. Stopped after the test."""
     worker = Worker("sched", QUEUE, {"HARVEST_TEST_SCHED_QUEUE": QUEUE}, app="tests.integration.sched_app")
-    worker.start()
     try:
         yield worker
     finally:
@@ -150,13 +152,16 @@ def test_a_restarted_scheduler_catches_up_within_its_window(sched, sched_worker,
         catchup_window=timedelta(seconds=10),
     )
     s = Scheduler(f"c-{tag}")
+    sched_worker.start()  # its sweeper fires too: the outage stops both
     s.start()
     try:
         _wait(lambda: _row(name)["row"]["fired"] >= 2, "two fired ticks")
     finally:
         s.stop()
+        sched_worker.stop()
     before = _row(name)
     time.sleep(20)  # the outage (not an assertion)
+    sched_worker.start()
     s.start()
     try:
         _wait(
@@ -165,6 +170,7 @@ def test_a_restarted_scheduler_catches_up_within_its_window(sched, sched_worker,
         )
     finally:
         s.stop()
+        sched_worker.stop()
     after = _row(name)["row"]
     assert after["missed"] >= 1  # the ticks older than the window
     if overlap == "allow_all":
@@ -182,6 +188,7 @@ def test_a_restarted_scheduler_catches_up_within_its_window(sched, sched_worker,
 def test_overlap_skip_never_overlaps_runs(sched, sched_worker, tag):
     name = f"skip-{tag}"
     sched.create_schedule(name, workflow="sched.slow", every=timedelta(seconds=2))
+    sched_worker.start()
     s = Scheduler(f"s-{tag}")
     s.start()
     try:
@@ -212,6 +219,7 @@ def test_scheduled_for_is_the_nominal_tick_of_a_catch_up(sched, sched_worker, ta
         _wait(lambda: _row(name)["row"]["fired"] >= 2, "the catch-up")
     finally:
         s.stop()
+    sched_worker.start()  # now the runs run (its sweeper would have fired the ticks on time)
     first = _row(name)["runs"][0]["id"]
     answer = sched.result(first, timeout=60)
     nominal = datetime.strptime(first.split("@")[1], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
@@ -297,3 +305,114 @@ def test_the_input_is_encrypted_offloaded_and_deleted_with_the_schedule(sched, t
         ).scalar()
     engine.dispose()
     assert (left, rows) == (0, 0)
+
+
+def _db_now() -> datetime:
+    engine = sa.create_engine(DATABASE_URL)
+    with engine.connect() as conn:
+        now = conn.execute(sa.text("SELECT clock_timestamp()")).scalar_one()
+    engine.dispose()
+    return now  # type: ignore[no-any-return]
+
+
+def _tick_of(run_id: str) -> datetime:
+    return datetime.strptime(run_id.split("@")[1], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+
+
+def test_a_scheduler_killed_mid_run_loses_and_doubles_no_tick(sched, tag):
+    name = f"kill-{tag}"
+    sched.create_schedule(name, workflow="sched.tick", every=timedelta(seconds=2), overlap="allow_all")
+    created = _row(name)["row"]["created_at"]
+    a, b = Scheduler(f"ka-{tag}"), Scheduler(f"kb-{tag}")
+    a.start()
+    b.start()
+    try:
+        _wait(lambda: _row(name)["row"]["fired"] >= 4, "four ticks")
+        a.kill9()
+        _wait(lambda: _row(name)["row"]["fired"] >= 10, "six more ticks")
+    finally:
+        a.stop()
+        b.stop()
+    state = _row(name)
+    ids = [r["id"] for r in state["runs"]]
+    assert ids == _ticks(name, 2, created, state["row"]["last_tick"])  # none lost, none doubled
+    assert state["row"]["fired"] == len(ids) and state["row"]["missed"] == 0
+    printed = a.fired() + b.fired()
+    assert len(printed) == len(set(printed)) and set(printed) <= set(ids)
+
+
+def test_an_edit_while_two_schedulers_run_fires_no_old_tick_after_it(sched, tag):
+    name = f"edit-{tag}"
+    sched.create_schedule(name, workflow="sched.tick", every=timedelta(seconds=2), overlap="allow_all")
+    a, b = Scheduler(f"ea-{tag}"), Scheduler(f"eb-{tag}")
+    a.start()
+    b.start()
+    try:
+        _wait(lambda: _row(name)["row"]["fired"] >= 3, "three ticks of the old spec")
+        version = sched.update_schedule(name, every=timedelta(seconds=3))
+        edited = _db_now()  # after the edit committed
+        fired_then = _row(name)["row"]["fired"]
+        _wait(lambda: _row(name)["row"]["fired"] >= fired_then + 4, "four ticks of the new spec")
+    finally:
+        a.stop()
+        b.stop()
+    state = _row(name)
+    assert version == 2 and state["row"]["spec_version"] == 2
+    later = [r for r in state["runs"] if r["created_at"] > edited]
+    assert later and all(_tick_of(r["id"]).timestamp() % 3 == 0 for r in later)  # new spec only
+    ids = [r["id"] for r in state["runs"]]
+    assert len(ids) == len(set(ids)) == state["row"]["fired"]  # none fired twice
+    new_ticks = sorted(_tick_of(r["id"]) for r in later)
+    assert all(b - a == timedelta(seconds=3) for a, b in zip(new_ticks, new_ticks[1:], strict=False))
+
+
+def test_buffer_one_starts_the_buffered_tick_once_the_open_run_closes(sched, sched_worker, tag):
+    name = f"buffer-{tag}"
+    sched.create_schedule(name, workflow="sched.slow", every=timedelta(seconds=2), overlap="buffer_one")
+    sched_worker.start()
+    s = Scheduler(f"bu-{tag}")
+    s.start()
+    try:
+        _wait(lambda: _row(name)["row"]["fired"] >= 3, "three runs")
+    finally:
+        s.stop()
+    state = _row(name)
+    runs = state["runs"]
+    for earlier, later in zip(runs, runs[1:], strict=False):
+        assert earlier["closed_at"] is not None and earlier["closed_at"] <= later["created_at"]
+        # the buffered tick is older than the run that was open when it fell due closed
+        assert _tick_of(later["id"]) < earlier["closed_at"]
+    assert state["row"]["skipped"] >= 1  # further ticks were skipped, only one buffered
+    ticks = _ticks(name, 2, state["row"]["created_at"], state["row"]["last_tick"])
+    buffered = 1 if state["row"]["buffered_tick"] is not None else 0
+    assert state["row"]["fired"] + state["row"]["skipped"] + buffered == len(ticks)
+
+
+def test_trigger_now_and_backfill_ids(sched, sched_worker, tag):
+    name = f"trig-{tag}"
+    sched.create_schedule(name, workflow="sched.tick", every=timedelta(seconds=2), overlap="allow_all")
+    s = Scheduler(f"t-{tag}")
+    s.start()
+    try:
+        _wait(lambda: _row(name)["row"]["fired"] >= 3, "three ticks")
+    finally:
+        s.stop()
+    sched_worker.start()
+    run_id = sched.trigger_schedule(name)
+    assert run_id is not None and re.fullmatch(rf"{name}@manual-[0-9a-f]{{8}}", run_id)
+    assert sched.result(run_id, timeout=60)["scheduled_for"] is not None
+    row = _row(name)["row"]
+    assert row["runs"] == row["fired"] - 1  # trigger-now counts toward no max_runs
+    start, end = row["created_at"] - timedelta(seconds=10), row["last_tick"]
+    with pytest.raises(InvalidSchedule):
+        sched.backfill_schedule(name, start, end + timedelta(seconds=2))  # a future tick
+    fired = {r["id"] for r in _row(name)["runs"]}
+    first = sched.backfill_schedule(name, start, end)
+    assert set(first["already_ran"]) == {i for i in fired if "@manual-" not in i}
+    in_range = _ticks(name, 2, start - timedelta(microseconds=1), end)
+    assert sorted(first["started"] + first["already_ran"]) == in_range
+    assert set(_ticks(name, 2, start - timedelta(microseconds=1), row["created_at"])) <= set(first["started"])
+    again = sched.backfill_schedule(name, start, end)  # a resumed backfill starts nothing twice
+    assert again["started"] == [] and sorted(again["already_ran"]) == sorted(
+        first["already_ran"] + first["started"]
+    )
