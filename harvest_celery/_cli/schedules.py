@@ -12,11 +12,15 @@ import threading
 from datetime import datetime, timedelta
 
 from harvest_celery._cli.common import CliError, Command, harvest_of, parse_json
-from harvest_celery._runtime import scheduler
+from harvest_celery._runtime import metrics, scheduler
 
 
 def schedule_commands(command: Command, common: argparse.ArgumentParser) -> None:
     s = command("scheduler", help="fire due schedule ticks (any number may run; each tick makes one run)")
+    s.add_argument(
+        "--metrics-port", type=int, default=None, metavar="PORT", help="serve /metrics on this port"
+    )
+    s.add_argument("--metrics-addr", default="127.0.0.1", metavar="ADDR", help="address for --metrics-port")
     s.set_defaults(handler=cmd_scheduler)
 
     group = command(
@@ -87,6 +91,8 @@ def _instant(text: str, what: str) -> datetime:
 def cmd_scheduler(args: argparse.Namespace) -> int:
     harvest = harvest_of(args)
     stop = threading.Event()
+    if args.metrics_port is not None:
+        metrics.serve(args.metrics_port, args.metrics_addr)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     print(

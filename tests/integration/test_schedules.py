@@ -37,8 +37,9 @@ def _env(**extra: str) -> dict[str, str]:
 class Scheduler:
     """A ``harvest -A tests.integration.sched_app:harvest scheduler`` process."""
 
-    def __init__(self, name: str, **env: str) -> None:
+    def __init__(self, name: str, *args: str, **env: str) -> None:
         self.log = LOG_DIR / f"scheduler-{name}.log"
+        self.args = list(args)
         self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -416,3 +417,37 @@ def test_trigger_now_and_backfill_ids(sched, sched_worker, tag):
     assert again["started"] == [] and sorted(again["already_ran"]) == sorted(
         first["already_ran"] + first["started"]
     )
+
+
+def _scrape(port: int) -> dict[str, float]:
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith("harvest_schedule"):
+            key, _, value = line.rpartition(" ")
+            samples[key] = float(value)
+    return samples
+
+
+def test_the_scheduler_exports_its_tick_counters_and_lag(sched, tag):
+    name = f"metrics-{tag}"
+    sched.create_schedule(name, workflow="sched.tick", every=timedelta(seconds=2), overlap="allow_all")
+    port = int(os.environ.get("HARVEST_TEST_METRICS_PORT", "19808")) + 7
+    s = Scheduler(f"m-{tag}", "--metrics-port", str(port))
+    s.start()
+    try:
+        _wait(lambda: len(s.fired()) >= 2, "two ticks fired by this scheduler")
+        _wait(
+            lambda: (
+                _scrape(port).get('harvest_schedule_ticks_total{outcome="fired",workflow="sched.tick"}', 0)
+                >= len(s.fired())
+            ),
+            "the counter",
+        )
+        samples = _scrape(port)
+    finally:
+        s.stop()
+    assert samples['harvest_schedule_lag_seconds{workflow="sched.tick"}'] >= 0
+    assert 'harvest_schedule_failing{workflow="sched.tick"}' in samples
