@@ -428,9 +428,9 @@ def http_status(exc: BaseException) -> int:
     (``ExecutionAlreadyExists``, ``InvalidState``, ``RetryRefused``), 503 a stored payload the
     server cannot decode (its configuration, not the request), 400 every other client error
     (a bad id, payload or node)."""
-    if isinstance(exc, (ExecutionNotFound, RegistrationError)):
+    if isinstance(exc, (ExecutionNotFound, RegistrationError, ScheduleNotFound)):
         return 404
-    if isinstance(exc, (ExecutionAlreadyExists, InvalidState, RetryRefused)):
+    if isinstance(exc, (ExecutionAlreadyExists, InvalidState, RetryRefused, ScheduleAlreadyExists)):
         return 409
     if isinstance(exc, (PayloadStoreError, PayloadCodecError)):
         return 503

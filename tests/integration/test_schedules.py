@@ -10,6 +10,8 @@ import re
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -81,6 +83,14 @@ def sched(harvest: Any) -> Any:
 
     h.runtime.settings.decision_queue = QUEUE
     return h
+
+
+@pytest.fixture(autouse=True)
+def no_schedule_left(sched: Any) -> Iterator[None]:
+    """Each test's schedules are deleted after it: a later test's schedulers fire only its own."""
+    yield
+    for s in sched.list_schedules():
+        sched.delete_schedule(s["name"])
 
 
 @pytest.fixture
@@ -420,9 +430,10 @@ def test_trigger_now_and_backfill_ids(sched, sched_worker, tag):
 
 
 def _scrape(port: int) -> dict[str, float]:
-    import urllib.request
-
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    except urllib.error.URLError:
+        return {}  # not listening yet
     samples = {}
     for line in text.splitlines():
         if line.startswith("harvest_schedule"):
