@@ -32,6 +32,10 @@ def schedule_commands(command: Command, common: argparse.ArgumentParser) -> None
     def action(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], help=help)
 
+    _actions(action)
+
+
+def _actions(action: Command) -> None:
     ls = action("list", help="every schedule, its next fire time and its last run")
     ls.add_argument("--failing", action="store_true", help="only schedules whose last tick's run failed")
     ls.add_argument("--json", action="store_true")
