@@ -155,8 +155,10 @@ class Schedules(ClientBase):
 
     def backfill_schedule(self, name: str, start: datetime, end: datetime) -> dict[str, list[str]]:
         """Start the nominal ticks in ``[start, end]`` (``end`` at or before the schedule's
-        ``last_tick``: future ticks belong to the schedule), one transaction each. A run that
-        still exists answers ("already_ran"); a purged one runs again."""
+        ``last_tick``: future ticks belong to the schedule), one transaction each, each moving
+        the backfill's own cursor: a backfill killed mid-way and asked again for the same range
+        resumes after its cursor. A run that still exists answers ("already_ran"); a purged one
+        runs again."""
         start_at, end_at = _aware(start, "start"), _aware(end, "end")
         assert start_at is not None and end_at is not None
         with self.store.begin() as tx:
@@ -166,12 +168,16 @@ class Schedules(ClientBase):
                 f"a backfill must end at or before the schedule's last tick ({row.last_tick})"
             )
         out: dict[str, list[str]] = {"started": [], "already_ran": []}
-        for tick in rows.spec_of(row).ticks(start_at - timedelta(microseconds=1), end_at):
+        with self.store.begin() as tx:
+            cursor = rows.backfill_begin(tx, name, start_at, end_at)
+        for tick in rows.spec_of(row).ticks(cursor, end_at):
             with self.store.begin() as tx:
                 tx.payloads = payloads_on(self.store, tx.conn)
                 started = rows.backfill_tick(tx, name, tick, self.runtime.settings.decision_queue)
             self._after(tx)
             out["started" if started else "already_ran"].append(rows.tick_id(name, tick))
+        with self.store.begin() as tx:
+            rows.backfill_end(tx, name)
         return out
 
     def list_schedules(self) -> list[dict[str, Any]]:

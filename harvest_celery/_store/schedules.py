@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import sqlalchemy as sa
@@ -313,9 +313,35 @@ def trigger(tx: Tx, name: str, run_id: str, decision_queue: str, overlap: str | 
     return run_id
 
 
-def backfill_tick(tx: Tx, name: str, tick: datetime, decision_queue: str) -> bool:
-    """Start one nominal tick of a backfill; False if its run still exists ("already ran")."""
+def backfill_begin(tx: Tx, name: str, start: datetime, end: datetime) -> datetime:
+    """Record a backfill's range; returns where it starts: its cursor, when the same range was
+    begun before and killed mid-way (``backfill_tick`` moves the cursor past each tick)."""
     row = lock(tx, name)
+    if (aware(row.backfill_from), aware(row.backfill_to)) == (start, end) and row.backfill_cursor is not None:
+        return aware(row.backfill_cursor)  # type: ignore[no-any-return]
+    cursor = start - timedelta(microseconds=1)
+    tx.conn.execute(
+        schedules.update()
+        .where(t.name == name)
+        .values(backfill_from=start, backfill_to=end, backfill_cursor=cursor)
+    )
+    return cursor
+
+
+def backfill_end(tx: Tx, name: str) -> None:
+    lock(tx, name)
+    tx.conn.execute(
+        schedules.update()
+        .where(t.name == name)
+        .values(backfill_from=None, backfill_to=None, backfill_cursor=None)
+    )
+
+
+def backfill_tick(tx: Tx, name: str, tick: datetime, decision_queue: str) -> bool:
+    """Start one nominal tick of a backfill and move its cursor past it, in one transaction;
+    False if its run still exists ("already ran")."""
+    row = lock(tx, name)
+    tx.conn.execute(schedules.update().where(t.name == name).values(backfill_cursor=tick))
     data = tx.payloads.decode_value(row.input)
     return starts.start(
         tx,

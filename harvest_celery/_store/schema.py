@@ -173,7 +173,9 @@ blobs = Table(
 
 # A durable schedule (docs/schedules.md). ``last_tick`` is the cursor: ticks after it are still
 # to be considered; ``next_fire_at`` (the next tick plus its jitter) is what the firing pass
-# selects on, NULL once the schedule has ended. The input is a payload (codec, offload).
+# selects on, NULL once the schedule has ended. The input is a payload (codec, offload). A
+# backfill in progress keeps its range and its cursor (the last tick it started), so a killed one
+# resumes there.
 schedules = Table(
     "harvest_schedules",
     metadata,
@@ -197,6 +199,9 @@ schedules = Table(
     Column("next_fire_at", Ts),
     Column("buffered_tick", Ts),
     Column("last_run_id", String(200)),
+    Column("backfill_from", Ts),
+    Column("backfill_to", Ts),
+    Column("backfill_cursor", Ts),
     Column("runs", Integer, nullable=False),
     Column("fired", Integer, nullable=False),
     Column("skipped", Integer, nullable=False),

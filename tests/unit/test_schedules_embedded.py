@@ -100,3 +100,32 @@ def test_the_scheduler_refuses_to_start_without_an_app(monkeypatch, capsys):
     monkeypatch.delenv("HARVEST_APP", raising=False)
     assert main(["scheduler"]) == 2
     assert "needs --app" in capsys.readouterr().err
+
+
+def test_a_backfill_killed_mid_way_resumes_from_its_cursor(h, monkeypatch):
+    from harvest_celery._store import schedules as rows
+
+    h.create_schedule("b", workflow="se.tick", every=timedelta(minutes=1))
+    end = datetime.fromisoformat(h.describe_schedule("b")["last_tick"]).replace(second=0, microsecond=0)
+    start = end - timedelta(minutes=9)  # ten nominal ticks
+    real, calls = rows.backfill_tick, []
+
+    def dies_after_four(tx, name, tick, queue):
+        if len(calls) == 4:
+            raise KeyboardInterrupt  # the process is killed mid-way
+        calls.append(tick)
+        return real(tx, name, tick, queue)
+
+    monkeypatch.setattr(rows, "backfill_tick", dies_after_four)
+    with pytest.raises(KeyboardInterrupt):
+        h.backfill_schedule("b", start, end)
+    monkeypatch.setattr(rows, "backfill_tick", real)
+    resumed = h.backfill_schedule("b", start, end)
+    assert resumed == {
+        "started": [f"b@{t:%Y%m%dT%H%M}00Z" for t in (start + timedelta(minutes=m) for m in range(4, 10))],
+        "already_ran": [],
+    }
+    again = h.backfill_schedule("b", start, end)  # a finished backfill asked again: all answer
+    assert again["started"] == [] and len(again["already_ran"]) == 10
+    with pytest.raises(InvalidSchedule, match="last tick"):
+        h.backfill_schedule("b", start, end + timedelta(minutes=5))
