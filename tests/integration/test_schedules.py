@@ -452,7 +452,7 @@ def test_the_scheduler_exports_its_tick_counters_and_lag(sched, tag):
         _wait(lambda: len(s.fired()) >= 2, "two ticks fired by this scheduler")
         _wait(
             lambda: (
-                _scrape(port).get('harvest_schedule_ticks_total{outcome="fired",workflow="sched.tick"}', 0)
+                _scrape(port).get('harvest_schedule_ticks_total{workflow="sched.tick",outcome="fired"}', 0)
                 >= len(s.fired())
             ),
             "the counter",
