@@ -192,6 +192,11 @@ class Schedules(ClientBase):
             status = rows.run_statuses(tx, [row.last_run_id] if row.last_run_id else []).get(row.last_run_id)
         return _view(row, status)
 
+    def schedule_runs(self, name: str, limit: int = 10) -> list[tuple[str, str]]:
+        """The schedule's latest runs, newest first: (run id, status)."""
+        with self.store.begin() as tx:
+            return [(r.id, r.status) for r in rows.recent_runs(tx, name, limit)]
+
     def fire_schedules(self) -> list[rows.Fired]:
         """One firing pass of this process's schedules (the scheduler loop and the sweeper)."""
         return scheduler.fire_pass(self.runtime)

@@ -112,6 +112,18 @@ def run_statuses(tx: Tx, run_ids: Sequence[str]) -> dict[str, str]:
     return {r.id: r.status for r in rows}
 
 
+def recent_runs(tx: Tx, name: str, limit: int) -> list[Any]:
+    """The schedule's latest runs (nominal and manual ids), newest first: id and status."""
+    pattern = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "@%"
+    query = (
+        sa.select(executions.c.id, executions.c.status)
+        .where(executions.c.id.like(pattern, escape="\\"))
+        .order_by(executions.c.created_at.desc())
+        .limit(limit)
+    )
+    return list(tx.conn.execute(query).all())
+
+
 def _open(tx: Tx, run_id: str | None) -> bool:
     """Is the schedule's previous run open? A purged run is not."""
     if run_id is None:
