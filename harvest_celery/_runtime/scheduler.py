@@ -36,17 +36,25 @@ MAX_SLEEP = 5.0  # a schedule created or edited elsewhere is seen within this
 FIRED_HERE: Counter[str] = Counter()  # ticks this process fired, per schedule (tests, the CLI)
 
 
+PASS_LIMIT = 1000  # schedules fired in one pass; the rest on the next
+
+
 def fire_pass(runtime: Any) -> list[rows.Fired]:
-    """Fire what is due, in one transaction; decisions and counters after commit."""
-    store = runtime.store
-    kinds = sorted(runtime.registry.workflows)
-    with store.begin() as tx:
-        tx.payloads = payloads_on(store, tx.conn)
-        fired = rows.fire_due(tx, runtime.settings.decision_queue, kinds)
-        for f in fired:
-            for outcome, count in (("fired", len(f.fired)), ("skipped", f.skipped), ("missed", f.missed)):
-                tx.metrics.extend([("schedule_ticks", {"workflow": f.workflow, "outcome": outcome})] * count)
-    runtime._after_commit(tx)
+    """Fire what is due: each schedule in its own transaction (a schedule that fails, e.g. an
+    input its codec key no longer reads, is logged and left for the next pass without holding
+    up the others); decisions and counters after each commit."""
+    fired: list[rows.Fired] = []
+    failed: list[str] = []
+    while len(fired) + len(failed) < PASS_LIMIT:
+        try:
+            done = _fire_one(runtime, failed)
+        except rows.FiringFailed as exc:
+            log.exception("scheduler: firing schedule %s failed", exc.name)
+            failed.append(exc.name)
+            continue
+        if done is None:
+            break
+        fired.append(done)
     worst: dict[str, float] = {}
     for f in fired:
         FIRED_HERE[f.name] += len(f.fired)
@@ -55,6 +63,20 @@ def fire_pass(runtime: Any) -> list[rows.Fired]:
     for workflow, lag in worst.items():
         LAG.labels(workflow=workflow).set(lag)
     return fired
+
+
+def _fire_one(runtime: Any, failed: list[str]) -> rows.Fired | None:
+    store = runtime.store
+    with store.begin() as tx:
+        tx.payloads = payloads_on(store, tx.conn)
+        found = rows.fire_due(
+            tx, runtime.settings.decision_queue, sorted(runtime.registry.workflows), 1, failed
+        )
+        for f in found:
+            for outcome, count in (("fired", len(f.fired)), ("skipped", f.skipped), ("missed", f.missed)):
+                tx.metrics.extend([("schedule_ticks", {"workflow": f.workflow, "outcome": outcome})] * count)
+    runtime._after_commit(tx)
+    return found[0] if found else None
 
 
 def observe_failing(runtime: Any) -> None:

@@ -227,7 +227,9 @@ class Fired:
     lateness: list[float] = field(default_factory=list)
 
 
-def due(tx: Tx, decision_queue: str, kinds: Sequence[str] | None, limit: int) -> list[Any]:
+def due(
+    tx: Tx, decision_queue: str, kinds: Sequence[str] | None, limit: int, exclude: Sequence[str] = ()
+) -> list[Any]:
     """Lock the due rows of this decision queue (and of these workflows) that no other
     scheduler holds: ``FOR UPDATE SKIP LOCKED``, due by the database clock."""
     query = (
@@ -245,15 +247,31 @@ def due(tx: Tx, decision_queue: str, kinds: Sequence[str] | None, limit: int) ->
     )
     if kinds is not None:
         query = query.where(t.workflow.in_(list(kinds)))
+    if exclude:
+        query = query.where(t.name.not_in(list(exclude)))
     return list(tx.conn.execute(tx.dialect.lock(query, skip_locked=True)).all())
 
 
-def fire_due(tx: Tx, decision_queue: str, kinds: Sequence[str] | None, limit: int = 100) -> list[Fired]:
-    """One firing pass over the due rows, in this one transaction."""
+def fire_due(
+    tx: Tx, decision_queue: str, kinds: Sequence[str] | None, limit: int = 1, exclude: Sequence[str] = ()
+) -> list[Fired]:
+    """Fire up to ``limit`` due rows (not in ``exclude``), in this one transaction. A row that
+    fails raises ``FiringFailed`` naming it (the transaction is then rolled back)."""
     out = []
-    for row in due(tx, decision_queue, kinds, limit):
-        out.append(_fire_row(tx, row, decision_queue))
+    for row in due(tx, decision_queue, kinds, limit, exclude):
+        try:
+            out.append(_fire_row(tx, row, decision_queue))
+        except Exception as exc:  # noqa: BLE001 - named, so the pass can go on without it
+            raise FiringFailed(row.name) from exc
     return out
+
+
+class FiringFailed(Exception):
+    """Firing one schedule failed (the cause is chained)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"firing schedule {name!r} failed")
+        self.name = name
 
 
 def _fire_row(tx: Tx, row: Any, decision_queue: str) -> Fired:

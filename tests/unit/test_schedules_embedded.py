@@ -129,3 +129,25 @@ def test_a_backfill_killed_mid_way_resumes_from_its_cursor(h, monkeypatch):
     assert again["started"] == [] and len(again["already_ran"]) == 10
     with pytest.raises(InvalidSchedule, match="last tick"):
         h.backfill_schedule("b", start, end + timedelta(minutes=5))
+
+
+def test_a_schedule_that_cannot_fire_holds_up_no_other(h):
+
+    from harvest_celery._payloads.codec import CODEC_KEY
+    from harvest_celery._store.schema import schedules
+
+    for name in ("a-broken", "b-fine"):
+        h.create_schedule(name, workflow="se.tick", every=timedelta(seconds=1), overlap="allow_all")
+    with h.store.begin() as tx:  # an input encrypted with a key this process does not hold
+        tx.conn.execute(
+            schedules.update()
+            .where(schedules.c.name == "a-broken")
+            .values(input={CODEC_KEY: "fernet", "kid": "gone", "ct": "x"})
+        )
+    fired: list[str] = []
+    deadline = time.monotonic() + 10
+    while not fired and time.monotonic() < deadline:
+        fired = [run_id for f in h.fire_schedules() for run_id in f.fired]
+        time.sleep(0.05)
+    assert fired and all(run_id.startswith("b-fine@") for run_id in fired)
+    assert h.describe_schedule("a-broken")["fired"] == 0
