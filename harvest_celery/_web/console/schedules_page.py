@@ -123,7 +123,7 @@ class SchedulesConsole:
         return RedirectResponse(f"{PAGE}?done={action}", status_code=303)
 
     def router(self) -> APIRouter:
-        r = APIRouter()
+        r = APIRouter(include_in_schema=False)
         r.add_api_route(PAGE, self.page, methods=["GET"])
         r.add_api_route(PAGE + "/{name}/{action}", self.act, methods=["POST"])
         return r
