@@ -56,6 +56,7 @@ class Scheduler:
                     "-A",
                     "tests.integration.sched_app:harvest",
                     "scheduler",
+                    *self.args,
                 ],
                 cwd=ROOT,
                 env=_env(**self.env),
