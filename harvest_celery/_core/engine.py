@@ -72,7 +72,11 @@ class Session:
             raise CorruptHistory(f"WorkflowStarted.carried holds {type(carried).__name__}, not an object")
         scheduled = datetime.fromisoformat(started.scheduled_for) if started.scheduled_for else None
         info = WorkflowInfo(
-            activation.execution_id, activation.workflow_type, replay.times[0], dict(carried), scheduled
+            activation.execution_id,
+            activation.workflow_type,
+            replay.times[0],
+            dict(carried),
+            scheduled_for=scheduled,
         )
         self.main = _Task(replay, definition.fn(WorkflowContext(replay, info), started.input))
         replay.run_ready()
