@@ -5,10 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from datetime import datetime
 from typing import Any, Literal
 
 from harvest_celery._client_ops import Operations
 from harvest_celery._client_reads import Reads
+from harvest_celery._client_schedules import Schedules
 from harvest_celery._client_tasks import Tasks
 from harvest_celery._core.ids import check_execution_id
 from harvest_celery._core.invocation import register_start_task
@@ -40,7 +42,7 @@ log = logging.getLogger("harvest_celery")
 EMBEDDED_URL = "sqlite:///harvest-embedded.db"
 
 
-class Harvest(Operations, Reads, Tasks):
+class Harvest(Operations, Reads, Tasks, Schedules):
     """Start, signal, cancel and inspect durable workflows.
 
     With a ``celery_app``, activities and decisions are Celery tasks on that app (run
@@ -161,6 +163,7 @@ class Harvest(Operations, Reads, Tasks):
         *,
         connection: Any = None,
         id_reuse: str = "idempotent",
+        scheduled_for: datetime | None = None,
     ) -> str:
         """Start a run and return its id (``execution_id``, or a new uuid).
 
@@ -182,12 +185,21 @@ class Harvest(Operations, Reads, Tasks):
         or psycopg 3 connection, or a Django connection inside ``transaction.atomic()``. The run
         row, its ``WorkflowStarted`` and its offloaded blobs are written on that connection and
         nothing is committed here: if you roll back, no run exists and no message was sent; once
-        you commit, the first decision is dispatched (docs/django.md, docs/flask.md)."""
+        you commit, the first decision is dispatched (docs/django.md, docs/flask.md).
+
+        ``scheduled_for`` — the tick a scheduler starts this run for: recorded in
+        ``WorkflowStarted`` and read as ``ctx.info.scheduled_for`` (docs/schedules.md)."""
         self._preflight(name)
         payload = check_json(input, f"input of workflow {name!r}")
         execution_id = check_execution_id(execution_id or uuid.uuid4().hex)
         check_policy(id_reuse)
+        if scheduled_for is not None and (
+            not isinstance(scheduled_for, datetime) or scheduled_for.tzinfo is None
+        ):
+            raise ValueError(f"scheduled_for is an aware datetime, not {scheduled_for!r}")
         if connection is not None:
+            if scheduled_for is not None:
+                raise ValueError("scheduled_for is not taken with connection=")
             return self._start_on(connection, name, payload, execution_id, id_reuse)
         with self.store.begin() as tx:
             tx.payloads = payloads_on(self.store, tx.conn)  # its blobs in its own transaction
@@ -199,6 +211,7 @@ class Harvest(Operations, Reads, Tasks):
                 utcnow(),
                 self.runtime.settings.decision_queue,
                 id_reuse=id_reuse,
+                scheduled_for=scheduled_for,
             )
         self._after(tx)
         return execution_id

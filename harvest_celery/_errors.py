@@ -41,7 +41,10 @@
     ├── UnregisteredActivity           preflight: a DAG names an unregistered activity
     ├── DagTaskFailed                  a DAG run's terminal failure
     ├── RetryRefused                   retry-from-node refused (HTTP 409)
-    └── UnknownNode                    retry from a node the DAG does not declare (HTTP 400)
+    ├── UnknownNode                    retry from a node the DAG does not declare (HTTP 400)
+    ├── InvalidSchedule                a schedule argument harvest cannot take (also a ValueError)
+    ├── ScheduleNotFound
+    └── ScheduleAlreadyExists          create_schedule of a name that exists
 
 Every error carries structured fields and pickles across processes (``__reduce__``), because
 errors cross Celery. This module imports nothing of the package, so every layer may raise
@@ -452,9 +455,9 @@ def http_status(exc: BaseException) -> int:
     (``ExecutionAlreadyExists``, ``InvalidState``, ``RetryRefused``), 503 a stored payload the
     server cannot decode (its configuration, not the request), 400 every other client error
     (a bad id, payload or node)."""
-    if isinstance(exc, (ExecutionNotFound, RegistrationError)):
+    if isinstance(exc, (ExecutionNotFound, RegistrationError, ScheduleNotFound)):
         return 404
-    if isinstance(exc, (ExecutionAlreadyExists, InvalidState, RetryRefused)):
+    if isinstance(exc, (ExecutionAlreadyExists, InvalidState, RetryRefused, ScheduleAlreadyExists)):
         return 409
     if isinstance(exc, (PayloadStoreError, PayloadCodecError)):
         return 503
@@ -497,3 +500,25 @@ class BodyInterrupted(HarvestError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.error_type, self.error_message))
+
+
+class InvalidSchedule(HarvestError, ValueError):
+    """A schedule argument harvest cannot take: the message names it. Nothing was written."""
+
+
+class ScheduleNotFound(HarvestError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"no schedule named {name!r}")
+        self.name = name
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.name,))
+
+
+class ScheduleAlreadyExists(HarvestError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"a schedule named {name!r} exists")
+        self.name = name
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.name,))

@@ -40,6 +40,7 @@ from harvest_celery._cli.demo import demo_command
 from harvest_celery._cli.operator import operator_commands
 from harvest_celery._cli.replay import replay_commands
 from harvest_celery._cli.runs import run_commands, waiting_line
+from harvest_celery._cli.schedules import schedule_commands
 from harvest_celery._cli.worker import default_node_name, worker_argv, worker_commands, worker_queues
 from harvest_celery._errors import HarvestError
 
@@ -108,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
         run_commands,
         operator_commands,
         replay_commands,
+        schedule_commands,
         demo_command,
     ):
         add(command, common)

@@ -27,6 +27,8 @@ class WorkflowInfo:
     started_at: datetime
     # nodes a DAG retry-from-node carried over from its source run: {node: {input, output}}
     carried: Mapping[str, Any] = field(default_factory=dict)
+    # the nominal tick of a scheduled run (the trigger time of a trigger-now); None otherwise
+    scheduled_for: datetime | None = None
 
 
 class ReplayPort(Protocol):

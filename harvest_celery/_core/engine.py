@@ -21,6 +21,7 @@ deterministic event loop and replays it against the recorded history:
 from __future__ import annotations
 
 import dataclasses
+from datetime import datetime
 from typing import Any
 
 from harvest_celery._core import events as ev
@@ -74,7 +75,14 @@ class Session:
         carried = started.carried or {}
         if not isinstance(carried, dict):
             raise CorruptHistory(f"WorkflowStarted.carried holds {type(carried).__name__}, not an object")
-        info = WorkflowInfo(activation.execution_id, activation.workflow_type, replay.times[0], dict(carried))
+        scheduled = datetime.fromisoformat(started.scheduled_for) if started.scheduled_for else None
+        info = WorkflowInfo(
+            activation.execution_id,
+            activation.workflow_type,
+            replay.times[0],
+            dict(carried),
+            scheduled_for=scheduled,
+        )
         self.main = _Task(replay, definition.fn(WorkflowContext(replay, info), started.input))
         replay.run_ready()
         self.decision = self._drive(range(1, len(replay.events)))

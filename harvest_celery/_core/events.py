@@ -134,6 +134,9 @@ class WorkflowStarted(
     link: int = 0
     # a child workflow's parent (every link of a continued child names it too)
     parent_id: str | None = None
+    # a schedule's tick: its nominal instant (ISO 8601, UTC), or the trigger time of a
+    # trigger-now; never the fire time (docs/schedules.md)
+    scheduled_for: str | None = None
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,11 @@ _SPECS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Decisions taken, by path: one_statement (with the completion, in one guarded statement), inline (in the transaction of the worker that recorded the completion) or task (the decision task).",
         ("workflow", "path"),
     ),
+    "schedule_ticks": (
+        "harvest_schedule_ticks",
+        "Schedule ticks by outcome: fired, skipped (the overlap policy, or paused) or missed (older than the catch-up window), counted by the process that judged them (docs/schedules.md).",
+        ("workflow", "outcome"),
+    ),
     "decision_fallbacks": (
         "harvest_decision_fallbacks",
         "Completions that configuration and dialect allowed on the one-statement path but that went another way, and inline decisions handed to the decision task, by the first reason (docs/operations.md).",

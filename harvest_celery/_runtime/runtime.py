@@ -21,6 +21,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from harvest_celery._core import events as ev
@@ -29,7 +30,7 @@ from harvest_celery._core.commands import Decision, Failed
 from harvest_celery._core.engine import Activation, Session
 from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.registry import Registry
-from harvest_celery._runtime import activity_context, completion
+from harvest_celery._runtime import activity_context, completion, scheduler
 from harvest_celery._runtime.completion import Decided
 from harvest_celery._runtime.leases import LeaseKeeper
 from harvest_celery._runtime.messages import Message, encode
@@ -74,6 +75,7 @@ class Runtime:
         self.sweeper = Sweeper(
             store, settings, self._after_commit, self.send_message, lambda: sorted(self.registry.workflows)
         )
+        self.sweeper.fire_schedules = partial(scheduler.fire_pass, self)
         # a pool child forked while another thread held a lock must not inherit it held
         if hasattr(os, "register_at_fork"):
             me = weakref.ref(self)  # the hook must not keep every Runtime alive

@@ -53,6 +53,9 @@ class Sweeper:
         self._stop = threading.Event()
         self._wake = threading.Event()  # set by a start announcement, or by stop()
         self._thread: threading.Thread | None = None
+        # fires this process's due schedules on every pass (``_runtime.scheduler``), set by the
+        # runtime: every worker fires them too, beside any ``harvest scheduler`` process
+        self.fire_schedules: Callable[[], Any] | None = None
 
     def start(self) -> None:
         if self._thread is None:
@@ -157,6 +160,11 @@ class Sweeper:
             partial(sweeps.stale_decisions, timings=s.timings, decision_queue=s.decision_queue, kinds=kinds),
         )
         self._relay_outbox()
+        if self.fire_schedules is not None:
+            try:
+                self.fire_schedules()
+            except Exception:  # noqa: BLE001 - logged; the next pass fires what is still due
+                log.exception("sweeper: firing schedules failed")
 
     def _row(self, what: str, execution_id: str, work: Callable[..., Any]) -> None:
         """``work(tx, now=...)`` in its own transaction."""

@@ -15,6 +15,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from harvest_celery._store import pgwrite, sql
+from harvest_celery._store.records import utcnow
 from harvest_celery._store.schema import executions
 
 F = TypeVar("F")
@@ -68,6 +69,11 @@ class Dialect:
 
     def lock(self, query: Any, *, skip_locked: bool = False) -> Any:
         return query.with_for_update(skip_locked=skip_locked)
+
+    def clock(self) -> Any:
+        """The database's own time as an SQL expression (schedules fire by it, so host clock
+        skew does not matter): Postgres ``clock_timestamp()``, not the transaction's start."""
+        return sa.func.clock_timestamp()
 
     def one_statement(self, in_one: F, stepwise: F) -> F:
         """The form of an operation this database runs (``tasks.claim``, ``tasks.finish_completed``):
@@ -134,6 +140,9 @@ class SqliteDialect(Dialect):
 
     def lock(self, query: Any, *, skip_locked: bool = False) -> Any:
         return query
+
+    def clock(self) -> Any:
+        return sa.literal(utcnow(), sa.DateTime(timezone=True))  # one process: its own clock
 
     def one_statement(self, in_one: F, stepwise: F) -> F:
         return stepwise

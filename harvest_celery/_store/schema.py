@@ -194,3 +194,44 @@ child_notices = Table(
     Column("created_at", Ts, nullable=False),
     Index("ix_harvest_child_notices_created_at", "created_at"),
 )
+
+
+# A durable schedule (docs/schedules.md). ``last_tick`` is the cursor: ticks after it are still
+# to be considered; ``next_fire_at`` (the next tick plus its jitter) is what the firing pass
+# selects on, NULL once the schedule has ended. The input is a payload (codec, offload). A
+# backfill in progress keeps its range and its cursor (the last tick it started), so a killed one
+# resumes there.
+schedules = Table(
+    "harvest_schedules",
+    metadata,
+    Column("name", String(180), primary_key=True),
+    Column("workflow", String(200), nullable=False),
+    Column("decision_queue", String(200), nullable=False),
+    Column("cron", String(200)),
+    Column("every_seconds", Integer),
+    Column("timezone", String(64), nullable=False),
+    Column("jitter_seconds", Float, nullable=False),
+    Column("overlap", String(20), nullable=False),
+    Column("catchup_seconds", Float, nullable=False),
+    Column("end_at", Ts),
+    Column("max_runs", Integer),
+    Column("input", Json),
+    Column("input_digest", String(80)),
+    Column("spec_version", Integer, nullable=False),
+    Column("paused", Boolean, nullable=False),
+    Column("pause_note", Text),
+    Column("last_tick", Ts, nullable=False),
+    Column("next_fire_at", Ts),
+    Column("buffered_tick", Ts),
+    Column("last_run_id", String(200)),
+    Column("backfill_from", Ts),
+    Column("backfill_to", Ts),
+    Column("backfill_cursor", Ts),
+    Column("runs", Integer, nullable=False),
+    Column("fired", Integer, nullable=False),
+    Column("skipped", Integer, nullable=False),
+    Column("missed", Integer, nullable=False),
+    Column("created_at", Ts, nullable=False),
+    Column("updated_at", Ts, nullable=False),
+    Index("ix_harvest_schedules_due", "decision_queue", "next_fire_at"),
+)

@@ -87,11 +87,12 @@ def start(
     *,
     id_reuse: str = "idempotent",
     announce: bool = False,
+    scheduled_for: datetime | None = None,
 ) -> bool:
     """Create a run with its ``WorkflowStarted`` and request its first decision. False if the id
     exists and ``id_reuse`` accepts it (nothing written); ``ExecutionAlreadyExists`` if not.
     ``announce``: the transaction is the application's, so the request is also announced (see
-    the module docstring)."""
+    the module docstring). ``scheduled_for``: a schedule's tick, recorded in ``WorkflowStarted``."""
     check_policy(id_reuse)
     digest = input_digest(execution_id, input)
     insert = (
@@ -124,7 +125,9 @@ def start(
         raise ExecutionAlreadyExists(execution_id, "?", "exists")
     row = RunRow.from_mapping(inserted._mapping)
     encoded = tx.payloads.encode_value(input, f"{execution_id}/input")
-    tx.append(row, [ev.WorkflowStarted(workflow_type, input)], now, decide_on=decision_queue, input=encoded)
+    tick = scheduled_for.isoformat() if scheduled_for is not None else None
+    started = ev.WorkflowStarted(workflow_type, input, scheduled_for=tick)
+    tx.append(row, [started], now, decide_on=decision_queue, input=encoded)
     if announce:
         tx.dialect.announce_start(tx.conn, start_notice(execution_id, now, decision_queue))
     return True

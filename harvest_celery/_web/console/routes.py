@@ -31,6 +31,7 @@ from harvest_celery._web.console.html import SECURITY_HEADERS, Page, document, e
 from harvest_celery._web.console.run_page import render_run_page
 from harvest_celery._web.console.run_view import build_run_view
 from harvest_celery._web.console.runs_page import RunFilters, render_runs_page
+from harvest_celery._web.console.schedules_page import SchedulesConsole
 from harvest_celery._web.deps import check_id
 from harvest_celery._web.pages import compensation_states, render_graph
 
@@ -218,6 +219,7 @@ def register_console(app: FastAPI, harvest: Harvest, auth: Auth) -> None:
     """Serve the console, ``/docs`` and ``/openapi.json`` from ``app`` (built with
     ``docs_url=None, redoc_url=None, openapi_url=None``)."""
     app.include_router(Console(app, harvest, auth).router())
+    app.include_router(SchedulesConsole(harvest, auth).router())  # /console/schedules
     app.exception_handler(LoginRequired)(login_redirect)
 
 

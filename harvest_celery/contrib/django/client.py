@@ -27,10 +27,18 @@ class DjangoHarvest(Harvest):
         *,
         connection: Any = None,
         id_reuse: str = "idempotent",
+        scheduled_for: Any = None,
     ) -> str:
         alias = self.database_alias
-        if connection is not None or alias is None:
-            return super().start_workflow(name, input, execution_id, connection=connection, id_reuse=id_reuse)
+        if connection is not None or alias is None or scheduled_for is not None:
+            return super().start_workflow(
+                name,
+                input,
+                execution_id,
+                connection=connection,
+                id_reuse=id_reuse,
+                scheduled_for=scheduled_for,
+            )
         from django.db import connections, transaction
 
         django_connection = connections[alias]

@@ -1,0 +1,49 @@
+"""The app of the schedule tests' scheduler and worker processes: its own decision queue
+(``HARVEST_TEST_SCHED_QUEUE``), so the suite's shared workers never fire its schedules, and a
+codec when ``HARVEST_TEST_SCHED_CODEC`` holds a Fernet key."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+from harvest_celery import FernetCodec, PostgresPayloadStore, WorkflowContext, workflow
+from harvest_celery._client import Harvest, configure_dedicated_celery_app
+from harvest_celery._store.store import Timings
+
+DATABASE_URL = os.environ.get(
+    "HARVEST_TEST_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/harvest_it"
+)
+BROKER_URL = os.environ.get("HARVEST_TEST_BROKER_URL", "redis://127.0.0.1:6379/5")
+QUEUE = os.environ.get("HARVEST_TEST_SCHED_QUEUE", "sched")
+KEY = os.environ.get("HARVEST_TEST_SCHED_CODEC")
+
+app = Celery("harvest_sched", broker=BROKER_URL)
+configure_dedicated_celery_app(app)
+
+harvest = Harvest(
+    DATABASE_URL,
+    app,
+    decision_queue=QUEUE,
+    codec=FernetCodec({"k1": KEY}, "k1") if KEY else None,
+    payload_store=PostgresPayloadStore(),
+    offload_threshold=1024,
+    timings=Timings(redispatch_after=3.0),
+    sweep_interval=0.3,
+)
+
+
+@workflow(name="sched.tick")
+async def tick(ctx: WorkflowContext, data: object) -> dict[str, object]:
+    when = ctx.info.scheduled_for
+    return {"scheduled_for": when.isoformat() if when else None, "now": ctx.now().isoformat()}
+
+
+@workflow(name="sched.slow")
+async def slow(ctx: WorkflowContext, data: object) -> str:
+    await ctx.sleep(5)
+    return "slept"
+
+
+harvest.register(tick, slow)

@@ -1,0 +1,153 @@
+"""Schedules in embedded mode (SQLite, one process): create refuses bad input and writes
+nothing; a due tick fires once with its nominal ``scheduled_for``; pause, resume, trigger and
+delete. The multi-process guarantees are tests/integration/test_schedules.py's."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from harvest_celery import (
+    Harvest,
+    InvalidSchedule,
+    ScheduleAlreadyExists,
+    ScheduleNotFound,
+    UnknownWorkflow,
+    WorkflowContext,
+    workflow,
+)
+from harvest_celery._cli import main
+
+
+@workflow(name="se.tick")
+async def se_tick(ctx: WorkflowContext, data: object) -> dict[str, object]:
+    when = ctx.info.scheduled_for
+    return {"data": data, "scheduled_for": when.isoformat() if when else None}
+
+
+@pytest.fixture
+def h(tmp_path):
+    harvest = Harvest(f"sqlite:///{tmp_path / 's.db'}").register(se_tick)
+    harvest.migrate()
+    return harvest
+
+
+def test_bad_input_writes_nothing(h):
+    with pytest.raises(InvalidSchedule, match="exactly one"):
+        h.create_schedule("s", workflow="se.tick")
+    with pytest.raises(InvalidSchedule, match="end_at"):
+        h.create_schedule(
+            "s",
+            workflow="se.tick",
+            every=timedelta(seconds=5),
+            end_at=datetime(2020, 1, 1, tzinfo=timezone.utc),
+        )
+    with pytest.raises(InvalidSchedule, match="max_runs"):
+        h.create_schedule("s", workflow="se.tick", every=timedelta(seconds=5), max_runs=0)
+    with pytest.raises(InvalidSchedule, match="input"):
+        h.create_schedule("s", workflow="se.tick", every=timedelta(seconds=5), input=object())
+    with pytest.raises(InvalidSchedule, match="overlap"):
+        h.create_schedule("s", workflow="se.tick", every=timedelta(seconds=5), overlap="cancel_other")
+    with pytest.raises(InvalidSchedule, match="catchup_window"):
+        h.create_schedule(
+            "s", workflow="se.tick", every=timedelta(seconds=5), catchup_window=timedelta(seconds=-1)
+        )
+    with pytest.raises(UnknownWorkflow):
+        h.create_schedule("s", workflow="nope", every=timedelta(seconds=5))
+    assert h.list_schedules() == []
+    h.create_schedule("s", workflow="se.tick", every=timedelta(seconds=5))
+    with pytest.raises(ScheduleAlreadyExists):
+        h.create_schedule("s", workflow="se.tick", every=timedelta(seconds=9))
+    assert [s["every_seconds"] for s in h.list_schedules()] == [5]
+
+
+def test_a_due_tick_fires_once_with_its_nominal_time(h):
+    h.create_schedule(
+        "s", workflow="se.tick", every=timedelta(seconds=1), input={"v": 1}, overlap="allow_all"
+    )
+    fired: list[str] = []
+    deadline = time.monotonic() + 10
+    while not fired and time.monotonic() < deadline:
+        fired = [run_id for f in h.fire_schedules() for run_id in f.fired]
+        time.sleep(0.05)
+    assert len(fired) >= 1 and fired[0].startswith("s@")
+    nominal = datetime.strptime(fired[0][2:], "%Y%m%dT%H%M%SZ").replace(tzinfo=timezone.utc)
+    h.drain()
+    answer = h.result(fired[0])
+    assert answer == {"data": {"v": 1}, "scheduled_for": nominal.isoformat()}
+    assert h.describe(fired[0]).status == "COMPLETED"
+    assert h.describe_schedule("s")["fired"] == len(fired)
+
+
+def test_pause_resume_trigger_delete(h):
+    h.create_schedule("s", workflow="se.tick", every=timedelta(hours=1), input={"v": 2})
+    h.pause_schedule("s", "maintenance")
+    view = h.describe_schedule("s")
+    assert view["paused"] and view["pause_note"] == "maintenance"
+    assert h.resume_schedule("s") == 0 and not h.describe_schedule("s")["paused"]
+    run_id = h.trigger_schedule("s")
+    assert run_id is not None and run_id.startswith("s@manual-") and len(run_id) == len("s@manual-") + 8
+    assert h.result(run_id)["data"] == {"v": 2}
+    assert h.describe_schedule("s")["runs"] == 0  # trigger-now counts toward no max_runs
+    h.delete_schedule("s")
+    with pytest.raises(ScheduleNotFound):
+        h.describe_schedule("s")
+
+
+def test_the_scheduler_refuses_to_start_without_an_app(monkeypatch, capsys):
+    monkeypatch.delenv("HARVEST_APP", raising=False)
+    assert main(["scheduler"]) == 2
+    assert "needs --app" in capsys.readouterr().err
+
+
+def test_a_backfill_killed_mid_way_resumes_from_its_cursor(h, monkeypatch):
+    from harvest_celery._store import schedules as rows
+
+    h.create_schedule("b", workflow="se.tick", every=timedelta(minutes=1))
+    end = datetime.fromisoformat(h.describe_schedule("b")["last_tick"]).replace(second=0, microsecond=0)
+    start = end - timedelta(minutes=9)  # ten nominal ticks
+    real, calls = rows.backfill_tick, []
+
+    def dies_after_four(tx, name, tick, queue):
+        if len(calls) == 4:
+            raise KeyboardInterrupt  # the process is killed mid-way
+        calls.append(tick)
+        return real(tx, name, tick, queue)
+
+    monkeypatch.setattr(rows, "backfill_tick", dies_after_four)
+    with pytest.raises(KeyboardInterrupt):
+        h.backfill_schedule("b", start, end)
+    monkeypatch.setattr(rows, "backfill_tick", real)
+    resumed = h.backfill_schedule("b", start, end)
+    assert resumed == {
+        "started": [f"b@{t:%Y%m%dT%H%M}00Z" for t in (start + timedelta(minutes=m) for m in range(4, 10))],
+        "already_ran": [],
+    }
+    again = h.backfill_schedule("b", start, end)  # a finished backfill asked again: all answer
+    assert again["started"] == [] and len(again["already_ran"]) == 10
+    with pytest.raises(InvalidSchedule, match="last tick"):
+        h.backfill_schedule("b", start, end + timedelta(minutes=5))
+
+
+def test_a_schedule_that_cannot_fire_holds_up_no_other(h):
+
+    from harvest_celery._payloads.codec import CODEC_KEY
+    from harvest_celery._store.schema import schedules
+
+    for name in ("a-broken", "b-fine"):
+        h.create_schedule(name, workflow="se.tick", every=timedelta(seconds=1), overlap="allow_all")
+    with h.store.begin() as tx:  # an input encrypted with a key this process does not hold
+        tx.conn.execute(
+            schedules.update()
+            .where(schedules.c.name == "a-broken")
+            .values(input={CODEC_KEY: "fernet", "kid": "gone", "ct": "x"})
+        )
+    fired: list[str] = []
+    deadline = time.monotonic() + 10
+    while not fired and time.monotonic() < deadline:
+        fired = [run_id for f in h.fire_schedules() for run_id in f.fired]
+        time.sleep(0.05)
+    assert fired and all(run_id.startswith("b-fine@") for run_id in fired)
+    assert h.describe_schedule("a-broken")["fired"] == 0
