@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from typing import Any, Literal
 
 from harvest_celery._client_ops import Operations
 from harvest_celery._client_reads import Reads
 from harvest_celery._core.ids import check_execution_id
 from harvest_celery._core.jsonvalues import check_json
+from harvest_celery._core.limits import declare
 from harvest_celery._core.registry import ActivityDefinition, Registry, register_into
 from harvest_celery._core.retry import DEFAULT_RETRY, RetryPolicy
 from harvest_celery._dag.builder import preflight, preflight_all
@@ -131,8 +133,13 @@ class Harvest(Operations, Reads):
         queue: str = "default",
         retry: RetryPolicy | None = None,
         start_to_close: float | None = None,
+        concurrency: int | None = None,
+        rate_limit: str | None = None,
+        limit_key: Callable[[Any], str] | None = None,
     ) -> None:
-        """Use an existing Celery task as an activity by name (see docs/concepts.md)."""
+        """Use an existing Celery task as an activity by name (see docs/concepts.md). The limits
+        apply when harvest dispatches it, never to a plain ``.delay()`` (docs/flow-control.md)."""
+        limits = declare(concurrency, rate_limit, limit_key)
         definition = ActivityDefinition(
             name=name,
             fn=None,
@@ -140,6 +147,7 @@ class Harvest(Operations, Reads):
             retry=retry or DEFAULT_RETRY,
             start_to_close=start_to_close,
             adopted=True,
+            limits=limits,
         )
         self.registry.add_activity(definition)
         if self.celery_app is not None:

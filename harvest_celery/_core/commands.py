@@ -19,6 +19,9 @@ class ScheduleActivity:
     # a DAG node's own .retry(...) / .start_to_close(...) overrides (never a compensator's)
     retry: RetryPolicy | None = None
     start_to_close: float | None = None
+    # Flow control (docs/flow-control.md): kept on the task row, never part of event matching.
+    priority: int = 0
+    limit_key: str | None = None  # the activity's limit_key(input), computed once, here
 
 
 @dataclass(frozen=True)

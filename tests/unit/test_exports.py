@@ -52,6 +52,7 @@ def test_the_exported_list_is_exactly_this():
             "Harvest",
             "HarvestError",
             "InvalidExecutionId",
+            "InvalidLimitKey",
             "InvalidState",
             "NonDeterministic",
             "NotInActivity",

@@ -558,6 +558,7 @@ SAMPLE_ARGS = {
     "ExecutionNotFound": ("run-9",),
     "ExecutionAlreadyExists": ("run-1", "checkout"),
     "InvalidExecutionId": ("a:b", "an id may not hold a ':'"),
+    "InvalidLimitKey": ("charge", "limit_key returned int, not str"),
     "InvalidState": ("run-1", "COMPLETED", "cancel"),
     "ForksHoldCopies": ("run-1", ["run-1-reset", "run-1-retry"]),
     "PayloadCodecError": ("unknown key id 'k9'",),
