@@ -9,7 +9,7 @@ The semantics (global slots, GCRA, priority order) are in docs/flow-control.md.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -106,3 +106,11 @@ def limit_key_of(name: str, limits: Limits, input: Any) -> str | None:
     if len(key) > MAX_KEY_CHARS:
         raise InvalidLimitKey(name, f"limit_key returned {len(key)} characters, over {MAX_KEY_CHARS}")
     return key
+
+
+def slot_text(hint: Mapping[str, Any]) -> str:
+    """``waiting for a slot of charge_payment (3/3 in use)``; without a concurrency limit the
+    rate limit holds it: ``(rate limited)``. Names no key (a key is payload)."""
+    limit = hint.get("concurrency")
+    of = f"{hint.get('in_use', 0)}/{limit} in use" if limit is not None else "rate limited"
+    return f"waiting for a slot of {hint.get('activity')} ({of})"

@@ -37,7 +37,7 @@ RUNS, TASKS, EVENTS, TIMERS, BLOBS = (
     timers.name,
     blobs.name,
 )
-SCHEDULED, RUNNING_TASK, RETRY_WAIT, COMPLETED_TASK, CANCELLED_TASK = (
+SCHEDULED, RUNNING_TASK, RETRY_WAIT, COMPLETED_TASK, CANCELLED_TASK, WAITING = (
     literal(s.value)
     for s in (
         TaskStatus.SCHEDULED,
@@ -45,6 +45,7 @@ SCHEDULED, RUNNING_TASK, RETRY_WAIT, COMPLETED_TASK, CANCELLED_TASK = (
         TaskStatus.RETRY_WAIT,
         TaskStatus.COMPLETED,
         TaskStatus.CANCELLED,
+        TaskStatus.WAITING,
     )
 )
 STARTED = literal(ev.ActivityStarted.type)
@@ -103,7 +104,7 @@ WITH run AS (
     FROM run
     WHERE t.execution_id = run.id AND t.activity_id = :activity_id
       AND ((t.attempt = :attempt AND t.status IN ({RUNNING_TASK}, {RETRY_WAIT}))
-           OR (t.attempt = :attempt + 1 AND t.status = {SCHEDULED})
+           OR (t.attempt = :attempt + 1 AND t.status IN ({SCHEDULED}, {WAITING}))
            OR (t.status = {CANCELLED_TASK} AND t.attempt IN (:attempt, :attempt + 1)
                AND run.cancelled_at IS NOT NULL
                AND EXISTS (SELECT 1 FROM {EVENTS} AS s
@@ -139,7 +140,8 @@ GUARD = f"""run AS (
 CLOSING = f"""abandoned AS (
     UPDATE {TASKS} AS a
     SET status = {CANCELLED_TASK}, finished_at = %(g_closed_at)s, last_error = %(g_why)s
-    FROM done WHERE a.execution_id = done.execution_id AND a.status IN ({SCHEDULED}, {RETRY_WAIT})
+    FROM done WHERE a.execution_id = done.execution_id
+      AND a.status IN ({SCHEDULED}, {RETRY_WAIT}, {WAITING})
 ), stopped AS (
     UPDATE {TIMERS} AS tm SET fired = true FROM done WHERE tm.execution_id = done.execution_id
 )"""

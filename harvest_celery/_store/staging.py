@@ -33,6 +33,7 @@ from harvest_celery._core.lifecycle import (
 )
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
+from harvest_celery._payloads.digest import limit_digest
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import DeferredPuts
 from harvest_celery._store import predicates
@@ -169,7 +170,7 @@ def stage_decision(
         metrics=_decision_metrics(row, decision, status, write, workflow_label),
         wake=row.cancelled_at is not None,
     )
-    _stage_commands(staged, row, decision, registry)
+    _stage_commands(staged, row, decision, registry, payloads, key)
     if eager is not None and predicates.eager_claim.holds(row, closes=write.abandon is not None):
         _claim_eagerly(staged, row, decision, eager, payloads, key)
     return staged
@@ -199,12 +200,16 @@ def _stage_outcome(
         write.abandon = (now, "the workflow finished without awaiting it")
 
 
-def _stage_commands(staged: Staged, row: RunRow, decision: Decision, registry: Registry) -> None:
+def _stage_commands(
+    staged: Staged, row: RunRow, decision: Decision, registry: Registry, payloads: Payloads, key: str
+) -> None:
     """The task rows and first messages of its new activities, the rows of its new timers."""
     write = staged.write
     for i, command in enumerate(decision.commands):
         if isinstance(command, ScheduleActivity):
-            write.tasks.append(task_row(row.id, command, staged.first + i, registry, staged.now))
+            write.tasks.append(
+                task_row(row.id, command, staged.first + i, registry, staged.now, payloads, key)
+            )
             staged.dispatches.append(activity_dispatch(row.id, command, registry))
         elif isinstance(command, StartTimer):
             write.timers.append(timer_row(row.id, command.timer_id, command.fire_at))
@@ -311,11 +316,19 @@ def timer_row(execution_id: str, timer_id: str, fire_at: str) -> dict[str, Any]:
 
 
 def task_row(
-    execution_id: str, command: ScheduleActivity, event_seq: int, registry: Registry, now: datetime
+    execution_id: str,
+    command: ScheduleActivity,
+    event_seq: int,
+    registry: Registry,
+    now: datetime,
+    payloads: Payloads,
+    key: str,
 ) -> dict[str, Any]:
     """The task row of a new dispatch: the durable record of it (the sweeper re-sends it if its
-    message, ``activity_dispatch``, is lost)."""
+    message, ``activity_dispatch``, is lost). A limited activity's row carries its limit key
+    (through the codec: a payload) and the key's digest, which names its ``harvest_limits`` row."""
     definition = registry.activity(command.activity_name)
+    limit_key = command.limit_key
     return {
         "execution_id": execution_id,
         "activity_id": command.activity_id,
@@ -329,6 +342,15 @@ def task_row(
         "dispatched_at": now,
         "compensation": command.compensation,
         "adopted": definition.adopted,
+        "priority": command.priority,
+        "limit_key": (
+            None
+            if limit_key is None
+            else payloads.encode_value(limit_key, f"{key}/limit_key/{command.activity_id}")
+        ),
+        "limit_digest": (
+            limit_digest(command.activity_name, limit_key) if definition.limits.limited else None
+        ),
         # every row of one write has the same columns (one cached statement shape)
         "worker_id": None,
         "started_at": None,

@@ -132,7 +132,8 @@ def running_task(tx: Tx, execution_id: str, activity_id: str) -> tuple[RunRow, T
 def accepts_completion(task: TaskRow, attempt: int, *, started_in_cancelled_run: bool = False) -> bool:
     """A completion of ``attempt`` is recorded while no later attempt has claimed the row: its
     own attempt still running, or a late one (its lease expired during a database outage) whose
-    retry waits or is dispatched but not yet claimed — that retry is then refused by its claim.
+    retry waits, is held back by a limit (``waiting``) or is dispatched but not yet claimed —
+    that retry is then refused by its claim.
 
     A cancel abandons such a waiting retry (it never runs), not the attempt before it: that
     body was running when the cancel landed, and its side effect happened, so its late
@@ -141,7 +142,10 @@ def accepts_completion(task: TaskRow, attempt: int, *, started_in_cancelled_run:
     body ran; a row a cancel abandoned before any attempt started never has it)."""
     return (
         (task.attempt == attempt and task.status in (TaskStatus.RUNNING.value, TaskStatus.RETRY_WAIT.value))
-        or (task.attempt == attempt + 1 and task.status == TaskStatus.SCHEDULED.value)
+        or (
+            task.attempt == attempt + 1
+            and task.status in (TaskStatus.SCHEDULED.value, TaskStatus.WAITING.value)
+        )
         or (
             started_in_cancelled_run
             and task.status == TaskStatus.CANCELLED.value

@@ -65,6 +65,10 @@ def _outcome_unknown(exc: BaseException) -> bool:
     return isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError))
 
 
+# the rows a closing run abandons: dispatched, waiting for a retry, or held back by a limit
+UNSTARTED = (TaskStatus.SCHEDULED.value, TaskStatus.RETRY_WAIT.value, TaskStatus.WAITING.value)
+
+
 class Tx:
     """One transaction. Methods named for what they do to a run."""
 
@@ -221,13 +225,11 @@ class Tx:
             self._decide(execution_id, found.sticky_queue or queue, now)
 
     def abandon_open_tasks(self, execution_id: str, now: datetime, why: str) -> None:
-        """Rows that have not started never will (no event: their body never ran); timers stop."""
+        """Rows that have not started never will (no event: their body never ran), those a limit
+        holds back (``waiting``) included; timers stop."""
         self.conn.execute(
             activity_tasks.update()
-            .where(
-                (activity_tasks.c.execution_id == execution_id)
-                & activity_tasks.c.status.in_((TaskStatus.SCHEDULED.value, TaskStatus.RETRY_WAIT.value))
-            )
+            .where((activity_tasks.c.execution_id == execution_id) & activity_tasks.c.status.in_(UNSTARTED))
             .values(status=TaskStatus.CANCELLED.value, finished_at=now, last_error=why)
         )
         self.conn.execute(timers.update().where(timers.c.execution_id == execution_id).values(fired=True))
@@ -345,9 +347,8 @@ class Tx:
         self, execution_id: str, command: ScheduleActivity, event_seq: int, registry: Registry, now: datetime
     ) -> None:
         """A new task row, and its first message (sent after commit)."""
-        self.conn.execute(
-            activity_tasks.insert().values(**task_row(execution_id, command, event_seq, registry, now))
-        )
+        row = task_row(execution_id, command, event_seq, registry, now, self.payloads, execution_id)
+        self.conn.execute(activity_tasks.insert().values(**row))
         self.dispatches.append(activity_dispatch(execution_id, command, registry))
 
     def dispatch_activity(
