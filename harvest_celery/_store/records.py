@@ -116,6 +116,7 @@ class TaskRow:
     event_seq: int
     adopted: bool
     dispatched_at: datetime | None
+    limit_digest: str | None = None  # its harvest_limits row's key digest; None: not limited
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> TaskRow:
@@ -131,6 +132,7 @@ class TaskRow:
             int(m["event_seq"]),
             bool(m["adopted"]),
             aware(m["dispatched_at"]),
+            m.get("limit_digest"),
         )
 
 

@@ -16,6 +16,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    Sequence,
     String,
     Table,
     Text,
@@ -124,6 +125,9 @@ activity_tasks = Table(
     Index("ix_harvest_activity_tasks_waiting", "activity_name", "limit_digest", "status"),
     status_check("harvest_activity_tasks", TASK_STATUSES),
 )
+
+# The wait order of limited rows (migration 0011; Postgres only: SQLite has one writer)
+WAIT_SEQ = Sequence("harvest_wait_seq", metadata=metadata)
 
 # One row per (limit name, key digest): key_digest "" is the name's own row, holding the declared
 # values (synced from the decorators at worker start) and the override (``set_limit``).

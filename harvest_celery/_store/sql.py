@@ -111,9 +111,11 @@ WITH run AS (
                            WHERE s.execution_id = run.id AND s.type = {STARTED}
                              AND s.data->>'activity_id' = :activity_id
                              AND s.data->>'attempt' = CAST(:attempt AS TEXT))))
-    RETURNING t.activity_id
+    RETURNING t.activity_id, t.activity_name, t.limit_digest
 )
-SELECT run.*, EXISTS (SELECT 1 FROM task) AS finished FROM run
+SELECT run.*, EXISTS (SELECT 1 FROM task) AS finished,
+       (SELECT activity_name FROM task) AS task_name, (SELECT limit_digest FROM task) AS task_limit
+FROM run
 """)
 
 

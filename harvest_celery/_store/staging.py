@@ -210,7 +210,9 @@ def _stage_commands(
             write.tasks.append(
                 task_row(row.id, command, staged.first + i, registry, staged.now, payloads, key)
             )
-            staged.dispatches.append(activity_dispatch(row.id, command, registry))
+            if not registry.activity(command.activity_name).limits.limited:
+                # a limited one is sent once a settle gives it its slot (never eagerly here)
+                staged.dispatches.append(activity_dispatch(row.id, command, registry))
         elif isinstance(command, StartTimer):
             write.timers.append(timer_row(row.id, command.timer_id, command.fire_at))
 
@@ -329,12 +331,14 @@ def task_row(
     (through the codec: a payload) and the key's digest, which names its ``harvest_limits`` row."""
     definition = registry.activity(command.activity_name)
     limit_key = command.limit_key
+    limited = definition.limits.limited
     return {
         "execution_id": execution_id,
         "activity_id": command.activity_id,
         "activity_name": command.activity_name,
         "queue": command.queue,
-        "status": TaskStatus.SCHEDULED.value,
+        # a limited dispatch waits for its slot (settled before commit: ``_store.limits``)
+        "status": TaskStatus.WAITING.value if limited else TaskStatus.SCHEDULED.value,
         "attempt": 1,
         "retry": (command.retry or definition.retry).to_data(),
         "start_to_close": command.start_to_close or definition.start_to_close,
@@ -348,9 +352,8 @@ def task_row(
             if limit_key is None
             else payloads.encode_value(limit_key, f"{key}/limit_key/{command.activity_id}")
         ),
-        "limit_digest": (
-            limit_digest(command.activity_name, limit_key) if definition.limits.limited else None
-        ),
+        "limit_digest": limit_digest(command.activity_name, limit_key) if limited else None,
+        "wait_seq": None,  # given by the writing transaction (a database sequence)
         # every row of one write has the same columns (one cached statement shape)
         "worker_id": None,
         "started_at": None,

@@ -109,7 +109,9 @@ class Store:
     @contextmanager
     def begin(self) -> Iterator[Tx]:
         with self.engine.begin() as conn:
-            yield Tx(conn, self.dialect, self.payloads)
+            tx = Tx(conn, self.dialect, self.payloads)
+            yield tx
+            tx.settle_limits()  # before the commit: the limits it touched, in one order
 
     def transaction(self, work: Callable[[Tx], T], *, one_statement: bool = False) -> tuple[T, Tx]:
         """``work(tx)`` in one transaction, committed; returns its result and the committed
@@ -130,6 +132,7 @@ class Store:
                     tx = Tx(conn, self.dialect, self.payloads)
                     try:
                         result = work(tx)
+                        tx.settle_limits()  # before the commit: the limits it touched, in one order
                     except BaseException:
                         trans.rollback()
                         raise

@@ -18,7 +18,7 @@ from harvest_celery._runtime.inline import InlineDispatcher
 from harvest_celery._store import sweeps, tasks
 from harvest_celery._store.migrate import downgrade
 from harvest_celery._store.records import Timings
-from harvest_celery._store.schema import activity_tasks, limits
+from harvest_celery._store.schema import activity_tasks
 from harvest_celery._store.store import utcnow
 from harvest_celery._web.console.run_page import _activities
 from harvest_celery._web.console.run_view import build_run_view
@@ -182,21 +182,17 @@ def test_a_reset_copies_the_key_and_priority_from_the_source_row(h):
 
 
 def test_stuck_names_the_slot_from_postgres_even_when_no_worker_can_be_asked(h):
-    run_id = h.start_workflow("pay", {"merchant": "m-1"})
-    decide(h, run_id)
-    digest = limit_digest("charge", "m-1")
-    with h.store.begin() as tx:
-        tx.conn.execute(limits.insert().values(name="charge", key_digest="", declared_concurrency=3))
-        tx.conn.execute(limits.insert().values(name="charge", key_digest=digest, in_use=3))
+    held = [h.start_workflow("pay", {"merchant": "m-1"}) for _ in range(4)]
+    for run_id in held:
+        decide(h, run_id)
     assert h._consumers is None  # embedded: the workers cannot be asked
-    assert h.stuck(run_id) is None  # a scheduled row: cannot tell
-    hold(h, run_id)
-    (hint,) = h.stuck(run_id)
+    assert h.stuck(held[0]) is None  # a scheduled row: cannot tell
+    (hint,) = h.stuck(held[3])
     assert (hint["kind"], hint["activity"], hint["in_use"], hint["concurrency"]) == ("slot", "charge", 3, 3)
     assert slot_text(hint) == "waiting for a slot of charge (3/3 in use)"
     assert waiting_line(hint, "app").startswith("waiting: waiting for a slot of charge (3/3 in use) for ")
     assert "m-1" not in str(hint)
-    view = build_run_view(h.history(run_id), [], held=h.store.held_activities(run_id))
+    view = build_run_view(h.history(held[3]), [], held=h.store.held_activities(held[3]))
     assert "waiting for a slot of charge (3/3 in use)" in _activities(view)
 
 
