@@ -379,3 +379,9 @@ async def console_probe(ctx: WorkflowContext, data: dict) -> str:
 
 
 harvest.register(console_xss, console_probe)
+
+
+# ── the activity limits' tests (test_limits.py): their own queue and worker processes ────────
+from . import limited  # noqa: E402  (they need r from this module)
+
+harvest.register(*limited.ALL)
