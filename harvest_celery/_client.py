@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any, Literal
 
+from harvest_celery._client_limits import FlowControl
 from harvest_celery._client_ops import Operations
 from harvest_celery._client_reads import Reads
 from harvest_celery._core.ids import check_execution_id
@@ -40,7 +41,7 @@ log = logging.getLogger("harvest_celery")
 EMBEDDED_URL = "sqlite:///harvest-embedded.db"
 
 
-class Harvest(Operations, Reads):
+class Harvest(Operations, Reads, FlowControl):
     """Start, signal, cancel and inspect durable workflows.
 
     With a ``celery_app``, activities and decisions are Celery tasks on that app (run

@@ -196,3 +196,69 @@ def sync_declared(tx: Tx, registry: Registry, now: datetime) -> None:
             .where((limits.c.name == name) & (limits.c.key_digest == NAME_ROW))
             .values(updated_at=now, **_declared(definition.limits))
         )
+
+
+# ── run-time overrides (``harvest.set_limit``, ``harvest limits``) ───────────────────────────
+def known(tx: Tx, name: str) -> bool:
+    """The name has a limit row (a worker declared it, or it was dispatched)."""
+    found = tx.conn.execute(
+        sa.select(limits.c.name).where((limits.c.name == name) & (limits.c.key_digest == NAME_ROW))
+    ).first()
+    return found is not None
+
+
+def set_override(tx: Tx, name: str, concurrency: int | None, now: datetime) -> None:
+    """Write (or, with None, clear) the name's override, then settle every key of it: a raised
+    limit releases what now fits; a lowered one stops no running body, only new slots."""
+    tx.conn.execute(
+        tx.dialect.lock(
+            sa.select(limits.c.name).where((limits.c.name == name) & (limits.c.key_digest == NAME_ROW))
+        )
+    ).first()
+    tx.conn.execute(
+        limits.update()
+        .where((limits.c.name == name) & (limits.c.key_digest == NAME_ROW))
+        .values(
+            override_concurrency=concurrency,
+            override_set_at=None if concurrency is None else now,
+            updated_at=now,
+        )
+    )
+
+
+def keys_of(tx: Tx, name: str) -> list[str]:
+    """Every key digest a name's limit has a row for (its own row included)."""
+    rows = tx.conn.execute(sa.select(limits.c.key_digest).where(limits.c.name == name)).all()
+    return [r.key_digest for r in rows]
+
+
+def usage(tx: Tx) -> list[dict[str, Any]]:
+    """One entry per limited name: declared and override values, when the override was set,
+    slots in use and rows waiting, summed over its keys (no key is named: a key is payload)."""
+    rows = tx.conn.execute(sa.select(limits).order_by(limits.c.name, limits.c.key_digest)).all()
+    waiting: dict[str, int] = {
+        name: int(n)
+        for name, n in tx.conn.execute(
+            sa.select(activity_tasks.c.activity_name, sa.func.count())
+            .where(activity_tasks.c.status == TaskStatus.WAITING.value)
+            .group_by(activity_tasks.c.activity_name)
+        ).all()
+    }
+    found: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        entry = found.setdefault(r.name, {"name": r.name, "in_use": 0, "keys": 0})
+        if r.key_digest == NAME_ROW:
+            entry.update(
+                declared_concurrency=r.declared_concurrency,
+                override_concurrency=r.override_concurrency,
+                override_set_at=r.override_set_at,
+            )
+        else:
+            entry["keys"] += 1
+        entry["in_use"] += int(r.in_use)
+    for entry in found.values():
+        entry["waiting"] = int(waiting.get(entry["name"], 0))
+        entry.setdefault("declared_concurrency", None)
+        entry.setdefault("override_concurrency", None)
+        entry.setdefault("override_set_at", None)
+    return list(found.values())

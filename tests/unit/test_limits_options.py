@@ -21,7 +21,7 @@ def merchant(payload):
     return payload["merchant"]
 
 
-@activity(name="charge", concurrency=2, rate_limit="5/s", limit_key=merchant)
+@activity(name="charge", concurrency=2, limit_key=merchant)
 def charge(payload):
     return payload["amount"]
 
@@ -71,8 +71,7 @@ def sim():
 # ── decoration-time checks ───────────────────────────────────────────────────────────────────
 def test_the_declared_limits_are_on_the_definition():
     limits = charge.__harvest_activity__.limits
-    assert limits.concurrency == 2 and limits.limited
-    assert (limits.rate_limit.count, limits.rate_limit.period, limits.rate_limit.interval) == (5, 1.0, 0.2)
+    assert limits.concurrency == 2 and limits.limited and limits.rate_limit is None
     assert plain.__harvest_activity__.limits.limited is False
 
 
@@ -82,6 +81,12 @@ def test_the_declared_limits_are_on_the_definition():
 def test_rate_limits_take_celerys_format(text, count, period):
     rate = parse_rate_limit(text)
     assert (rate.count, rate.period, rate.text) == (count, period, text)
+
+
+def test_a_valid_rate_limit_is_refused_while_this_build_cannot_enforce_it():
+    with pytest.raises(NotImplementedError, match="not enforced by this build"):
+        activity(name="x", rate_limit="20/s")
+    assert parse_rate_limit("5/s").interval == 0.2
 
 
 @pytest.mark.parametrize("bad", ["ten per second", "0/s", "20/d", "-1/s", "20", " 20/s", "1.5/s", 20, ""])
@@ -119,9 +124,11 @@ def test_adopt_task_checks_the_same_options_and_registers_nothing_when_bad():
     with pytest.raises(ValueError, match="limit_key without a limit"):
         harvest.adopt_task("legacy.send", limit_key=str)
     assert "legacy.send" not in harvest.registry.activities
-    harvest.adopt_task("legacy.send", concurrency=3, rate_limit="2/s")
-    limits = harvest.registry.activity("legacy.send").limits
-    assert (limits.concurrency, limits.rate_limit.text) == (3, "2/s")
+    with pytest.raises(NotImplementedError):
+        harvest.adopt_task("legacy.send", rate_limit="2/s")
+    assert "legacy.send" not in harvest.registry.activities
+    harvest.adopt_task("legacy.send", concurrency=3)
+    assert harvest.registry.activity("legacy.send").limits.concurrency == 3
 
 
 # ── priority ─────────────────────────────────────────────────────────────────────────────────

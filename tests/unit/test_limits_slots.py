@@ -11,7 +11,8 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from harvest_celery import Harvest, RetryPolicy, WorkflowContext, activity, workflow
+from harvest_celery import Harvest, RetryPolicy, UnknownActivity, WorkflowContext, activity, workflow
+from harvest_celery._cli import main
 from harvest_celery._runtime.inline import InlineDispatcher
 from harvest_celery._store import limits as store_limits
 from harvest_celery._store import tasks
@@ -195,3 +196,54 @@ def test_the_sweeper_backstop_releases_what_a_lost_process_did_not(h):
     assert status(h, waiting) == "waiting"
     h.runtime.sweeper.sweep_once()
     assert status(h, waiting) == "scheduled"
+
+
+# ── run-time overrides: set_limit and harvest limits ─────────────────────────────────────────
+def limit_rows(h):
+    with h.store.begin() as tx:
+        return [tuple(r) for r in tx.conn.execute(sa.select(limits).order_by(limits.c.name)).all()]
+
+
+def test_set_limit_of_an_unknown_name_or_a_bad_value_writes_nothing(h):
+    start(h, "pay", {"label": "r0"})
+    before = limit_rows(h)
+    with pytest.raises(UnknownActivity):
+        h.set_limit("no_such_activity", 2)
+    for bad in (-1, True, 2.5, "3"):
+        with pytest.raises(ValueError, match="concurrency must be an int >= 0"):
+            h.set_limit("charge", bad)
+    with pytest.raises(ValueError, match="not both"):
+        h.set_limit("charge", 2, clear=True)
+    assert limit_rows(h) == before
+
+
+def test_an_override_lowers_new_slots_and_clearing_it_restores_the_decorators(h):
+    runs = [start(h, "pay", {"label": f"r{i}"}) for i in range(4)]
+    first, second = messages(h)
+    h.set_limit("charge", 1)  # lowering stops no running body: both holders keep their slots
+    (entry,) = [e for e in h.limits() if e["name"] == "charge"]
+    assert (entry["declared_concurrency"], entry["override_concurrency"], entry["in_use"]) == (2, 1, 2)
+    assert entry["waiting"] == 2 and entry["override_set_at"] is not None
+    run_body(h, first)
+    assert messages(h) == [] and [status(h, r) for r in runs[2:]] == ["waiting", "waiting"]
+    run_body(h, second)
+    (third,) = messages(h)  # new slots follow 1
+    assert third.args[0] == runs[2]
+    h.runtime.sync_limits()  # a worker start with the decorator's 2 keeps the override
+    (entry,) = [e for e in h.limits() if e["name"] == "charge"]
+    assert (entry["declared_concurrency"], entry["override_concurrency"]) == (2, 1)
+    start(h, "pay", {"label": "r4"})
+    h.set_limit("charge", clear=True)  # 2 again: the waiting row is released at once
+    assert [status(h, r) for r in runs[2:]] == ["scheduled", "scheduled"]
+
+
+def test_the_limits_cli_lists_sets_and_clears(h, capsys):
+    start(h, "pay", {"label": "r0"})
+    url = h.database_url
+    assert main(["--database-url", url, "limits", "set", "charge", "--concurrency", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "charge: 1/0 in use, 0 waiting, declared 2, override 0 set " in out
+    assert main(["--database-url", url, "limits", "clear", "charge"]) == 0
+    assert "charge: 1/2 in use, 0 waiting, declared 2\n" in capsys.readouterr().out
+    assert main(["--database-url", url, "limits", "set", "nope", "--concurrency", "1"]) != 0
+    assert "no limited activity named 'nope'" in capsys.readouterr().err
