@@ -10,7 +10,7 @@ import os
 import time
 from typing import Any
 
-from harvest_celery import WorkflowContext, activity, workflow
+from harvest_celery import RetryPolicy, Saga, WorkflowContext, activity, workflow
 
 from .app import r
 
@@ -65,4 +65,27 @@ async def limited_call(ctx: WorkflowContext, data: dict[str, Any]) -> str:
     return result
 
 
-ALL = (limited_three, limited_per_key, limited_one, limited_call)
+@activity(queue=QUEUE, retry=RetryPolicy(max_attempts=1))
+def fails_when_released(data: dict[str, Any]) -> str:
+    body({**data, "hold": True})
+    raise RuntimeError("declined")
+
+
+@workflow
+async def limited_saga(ctx: WorkflowContext, data: dict[str, Any]) -> str:
+    """A forward step under ``limited_one`` whose compensation runs under the same limit, then
+    a step that fails once the test releases it: the unwind's compensation waits for a slot."""
+    saga = Saga(ctx)
+    await saga.step(
+        lambda: ctx.execute_activity(limited_one, {**data, "label": "saga-forward"}),
+        lambda _r: ctx.execute_activity(limited_one, {**data, "label": "compensation"}),
+    )
+    try:
+        result: str = await ctx.execute_activity(fails_when_released, {"tag": f"{data['tag']}-fail"})
+    except Exception as exc:
+        await saga.compensate_all_after(exc)
+        raise
+    return result
+
+
+ALL = (limited_three, limited_per_key, limited_one, limited_call, fails_when_released, limited_saga)

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from harvest_celery import WorkflowFailed
 from harvest_celery._store.schema import activity_tasks, limits
 from tests.integration.app import harvest as _app  # noqa: F401  (imports limited after app)
 from tests.integration.conftest import Worker, wait_for
@@ -167,3 +168,48 @@ def test_cancel_and_terminate_cancel_waiting_rows_that_are_never_released(
     started = [m["label"] for m in stamps(redis_client, tag) if m["what"] == "start"]
     assert started == [f"{tag}-2"]  # only the run left alone ran its body
     assert statuses(harvest, [cancelled, terminated]) == ["cancelled"] * 2
+
+
+def test_a_saga_unwind_goes_ahead_of_forward_work_queued_earlier(harvest, limited_workers, redis_client, tag):
+    saga = harvest.start_workflow("limited_saga", {"tag": tag, "activity": "limited_one", "sleep": 0.0})
+    wait_for(lambda: stamps(redis_client, f"{tag}-fail"), what="the failing step to start")
+    holder = _hold_the_slot(harvest, redis_client, tag)
+    forward = start_calls(harvest, tag, "limited_one", 5, sleep=0.0)
+    wait_for(lambda: statuses(harvest, forward).count("waiting") == 5, what="5 waiting forward rows")
+    redis_client.set(f"release:{tag}-fail", 1)  # the step fails: the unwind's compensation waits
+    wait_for(
+        lambda: [r["status"] for r in harvest.store.activity_rows(saga)][2:] == ["waiting"],
+        what="the compensation waiting for the slot",
+    )
+    (compensation,) = harvest.store.activity_rows(saga)[2:]
+    assert compensation["compensation"], compensation
+    redis_client.set(f"release:{tag}-hold", 1)
+    wait_finished(harvest, [holder, *forward])
+    with pytest.raises(WorkflowFailed):
+        harvest.result(saga, timeout=60)  # the saga failed, compensated
+    starts = [m["label"] for m in stamps(redis_client, tag) if m["what"] == "start"]
+    assert starts[0] == "saga-forward" and starts[1] == "compensation", starts
+    assert len(starts) == 7
+    assert max_overlap([m for m in stamps(redis_client, tag)]) == 1
+
+
+def test_an_override_lowers_new_slots_survives_a_worker_restart_and_clears(
+    harvest, limited_workers, redis_client, tag
+):
+    holders = start_calls(harvest, f"{tag}-hold", "limited_three", 3, hold=True)
+    wait_for(lambda: len(stamps(redis_client, f"{tag}-hold")) == 3, what="3 holders running")
+    later = start_calls(harvest, tag, "limited_three", 4, sleep=0.1)
+    wait_for(lambda: statuses(harvest, later).count("waiting") == 4, what="4 waiting rows")
+    harvest.set_limit("limited_three", 1)  # while work waits
+    redis_client.set(f"release:{tag}-hold", 1)
+    wait_finished(harvest, [*holders, *later])
+    assert max_overlap(stamps(redis_client, tag)) == 1  # new slots followed 1
+    limited_workers[0].restart()  # a worker start syncs the decorator's 3: the override stays
+    (entry,) = [e for e in harvest.limits() if e["name"] == "limited_three"]
+    assert (entry["declared_concurrency"], entry["override_concurrency"]) == (3, 1)
+    harvest.set_limit("limited_three", clear=True)
+    (entry,) = [e for e in harvest.limits() if e["name"] == "limited_three"]
+    assert (entry["declared_concurrency"], entry["override_concurrency"]) == (3, None)
+    again = start_calls(harvest, f"{tag}-again", "limited_three", 30, sleep=0.1)
+    wait_finished(harvest, again)
+    assert max_overlap(stamps(redis_client, f"{tag}-again")) == 3  # the declared 3 again
