@@ -213,3 +213,24 @@ def test_an_override_lowers_new_slots_survives_a_worker_restart_and_clears(
     again = start_calls(harvest, f"{tag}-again", "limited_three", 30, sleep=0.1)
     wait_finished(harvest, again)
     assert max_overlap(stamps(redis_client, f"{tag}-again")) == 3  # the declared 3 again
+
+
+def test_an_adopted_task_is_limited_when_harvest_dispatches_it_and_delay_is_not(
+    harvest, limited_workers, redis_client, tag
+):
+    from tests.integration.app import limited_send
+
+    (holder,) = start_calls(harvest, f"{tag}-hold", "legacy.limited_send", 1, hold=True)
+    redis_client.delete(f"release:{tag}-hold")
+    wait_for(lambda: stamps(redis_client, f"{tag}-hold"), what="the adopted holder to start")
+    queued = start_calls(harvest, tag, "legacy.limited_send", 3, sleep=0.0)
+    wait_for(lambda: statuses(harvest, queued).count("waiting") == 3, what="3 waiting dispatches")
+    plain = [limited_send.delay({"tag": f"{tag}-plain", "label": f"plain-{i}"}) for i in range(2)]
+    wait_for(  # a plain .delay() runs beside the held slot: harvest never sees it
+        lambda: len([m for m in stamps(redis_client, f"{tag}-plain") if m["what"] == "end"]) == 2,
+        what="the plain calls to run",
+    )
+    assert statuses(harvest, queued).count("waiting") == 3 and len(plain) == 2
+    redis_client.set(f"release:{tag}-hold", 1)
+    wait_finished(harvest, [holder, *queued])
+    assert max_overlap(stamps(redis_client, tag)) == 1
