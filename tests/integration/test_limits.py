@@ -234,3 +234,23 @@ def test_an_adopted_task_is_limited_when_harvest_dispatches_it_and_delay_is_not(
     redis_client.set(f"release:{tag}-hold", 1)
     wait_finished(harvest, [holder, *queued])
     assert max_overlap(stamps(redis_client, tag)) == 1
+
+
+def test_kill_9_of_a_worker_holding_a_slot_frees_it_only_at_lease_expiry(
+    harvest, limited_workers, redis_client, tag
+):
+    holder = _hold_the_slot(harvest, redis_client, tag)
+    (held,) = stamps(redis_client, f"{tag}-hold")
+    (victim,) = [w for w in limited_workers if w.proc is not None and w.proc.pid == held["pid"]]
+    queued = start_calls(harvest, tag, "limited_one", 3, sleep=0.0)
+    wait_for(lambda: statuses(harvest, queued).count("waiting") == 3, what="3 waiting rows")
+    victim.kill9()
+    try:
+        # the dead body's row still holds the slot: nothing is released until its lease expires
+        assert in_use(harvest, "limited_one") == 1 and statuses(harvest, queued).count("waiting") == 3
+        redis_client.set(f"release:{tag}-hold", 1)  # its retry (after the expiry) finishes at once
+        wait_finished(harvest, [holder, *queued], timeout=120)
+    finally:
+        victim.start()
+    assert max_overlap(stamps(redis_client, tag)) == 1
+    assert in_use(harvest, "limited_one") == 0
