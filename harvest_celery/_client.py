@@ -5,9 +5,11 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Literal
 
+from harvest_celery._client_limits import FlowControl
 from harvest_celery._client_ops import Operations
 from harvest_celery._client_reads import Reads
 from harvest_celery._client_schedules import Schedules
@@ -15,6 +17,7 @@ from harvest_celery._client_tasks import Tasks
 from harvest_celery._core.ids import check_execution_id
 from harvest_celery._core.invocation import register_start_task
 from harvest_celery._core.jsonvalues import check_json
+from harvest_celery._core.limits import declare
 from harvest_celery._core.registry import ActivityDefinition, Registry, register_into
 from harvest_celery._core.retry import DEFAULT_RETRY, RetryPolicy
 from harvest_celery._dag.builder import preflight, preflight_all
@@ -42,7 +45,7 @@ log = logging.getLogger("harvest_celery")
 EMBEDDED_URL = "sqlite:///harvest-embedded.db"
 
 
-class Harvest(Operations, Reads, Tasks, Schedules):
+class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
     """Start, signal, cancel and inspect durable workflows.
 
     With a ``celery_app``, activities and decisions are Celery tasks on that app (run
@@ -136,8 +139,13 @@ class Harvest(Operations, Reads, Tasks, Schedules):
         queue: str = "default",
         retry: RetryPolicy | None = None,
         start_to_close: float | None = None,
+        concurrency: int | None = None,
+        rate_limit: str | None = None,
+        limit_key: Callable[[Any], str] | None = None,
     ) -> None:
-        """Use an existing Celery task as an activity by name (see docs/concepts.md)."""
+        """Use an existing Celery task as an activity by name (see docs/concepts.md). The limits
+        apply when harvest dispatches it, never to a plain ``.delay()`` (docs/flow-control.md)."""
+        limits = declare(concurrency, rate_limit, limit_key)
         definition = ActivityDefinition(
             name=name,
             fn=None,
@@ -145,6 +153,7 @@ class Harvest(Operations, Reads, Tasks, Schedules):
             retry=retry or DEFAULT_RETRY,
             start_to_close=start_to_close,
             adopted=True,
+            limits=limits,
         )
         self.registry.add_activity(definition)
         if self.celery_app is not None:

@@ -16,6 +16,8 @@ from harvest_celery._errors import WorkflowCancelledError, WorkflowFailed
 from harvest_celery._runtime.consumers import waiting_hints
 from harvest_celery._store.records import AttemptError, CancelBranch, Execution, utcnow
 
+_OPEN = (TaskStatus.SCHEDULED.value, TaskStatus.WAITING.value)
+
 
 class Reads(ClientBase):
     """``Harvest``'s reads: none of them writes."""
@@ -26,28 +28,29 @@ class Reads(ClientBase):
         return dataclasses.replace(self.store.get(execution_id), children=self.store.children(execution_id))
 
     def stuck(self, execution_id: str) -> list[dict[str, Any]] | None:
-        """What a RUNNING run waits on that no live worker will take: each open activity on a
-        queue no live worker consumes (``{"kind": "activity", "activity", "queue",
-        "waiting_seconds"}``), and a pending decision request when none consumes the decision
-        queue (``{"kind": "decision", "queue", "waiting_seconds"}``). ``[]``: nothing is (or the
-        run is not running); None: cannot tell (embedded mode, or the workers could not be asked).
+        """What a RUNNING run waits on that no live worker will take: each activity a limit
+        holds back (``{"kind": "slot", "activity", "queue", "waiting_seconds", "in_use",
+        "concurrency"}``, from Postgres alone), each open activity on a queue no live worker
+        consumes (``{"kind": "activity", "activity", "queue", "waiting_seconds"}``), and a
+        pending decision request when none consumes the decision queue (``{"kind": "decision",
+        "queue", "waiting_seconds"}``). ``[]``: nothing is (or the run is not running); None:
+        cannot tell (embedded mode, or the workers could not be asked) and no slot is awaited.
 
         Asks the workers (a broadcast that waits ~1 s) at most every ~15 s per ``Harvest``, and
         only when the run has open work; never raises for that. Not part of ``describe``."""
         consumers = self._consumers
-        if consumers is None:
-            return None
         status, requested_at, updated_at = self.store.decision_request(execution_id)
         if status != RUNNING:
-            return []
-        rows = [
-            r for r in self.store.activity_rows(execution_id) if r["status"] == TaskStatus.SCHEDULED.value
-        ]
-        if not rows and requested_at is None:
-            return []
-        consumed = consumers.queues()
+            return [] if consumers is not None else None
+        rows = [r for r in self.store.activity_rows(execution_id) if r["status"] in _OPEN]
+        held = [r for r in rows if r["status"] == TaskStatus.WAITING.value]
+        slots = self.store.limit_usage({(r["activity_name"], r["limit_digest"] or "") for r in held})
+        if consumers is not None and len(held) == len(rows) and requested_at is None:
+            return waiting_hints(held, (), utcnow(), slots=slots)  # no worker needs asking
+        consumed = consumers.queues() if consumers is not None else None
         if consumed is None:
-            return None
+            # the workers cannot be asked: what Postgres alone tells (a slot), or "cannot tell"
+            return waiting_hints(held, (), utcnow(), slots=slots) or None
         first_attempts = [r["event_seq"] for r in rows if r["queue"] not in consumed and r["attempt"] <= 1]
         scheduled_at = {}
         if first_attempts:  # when each was scheduled: its ActivityScheduled's time
@@ -58,7 +61,9 @@ class Reads(ClientBase):
             if requested_at is None
             else (self.runtime.settings.decision_queue, min(requested_at, updated_at))
         )
-        return waiting_hints(rows, consumed, utcnow(), scheduled_at=scheduled_at, decision=decision)
+        return waiting_hints(
+            rows, consumed, utcnow(), scheduled_at=scheduled_at, decision=decision, slots=slots
+        )
 
     def history(self, execution_id: str, *, strict: bool = True) -> list[ev.HistoryEvent]:
         """The run's events, decoded. ``strict=False`` (read-only views) leaves a payload that

@@ -131,6 +131,16 @@ class PayloadTooLarge(HarvestError):
         self.cap = cap
 
 
+class InvalidLimitKey(HarvestError):
+    """An activity's ``limit_key`` raised, returned a non-string or more than 200 characters: raised
+    by ``ctx.execute_activity`` into the workflow before anything is recorded."""
+
+    def __init__(self, activity_name: str, reason: str) -> None:
+        super().__init__(f"invalid limit key for activity {activity_name!r}: {reason}")
+        self.activity_name = activity_name
+        self.reason = reason
+
+
 class PayloadNotSerializable(HarvestError):
     """A workflow input, activity input/output, signal or result that is not JSON."""
 

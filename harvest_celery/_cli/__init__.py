@@ -37,6 +37,7 @@ from typing import Any
 
 from harvest_celery._cli.common import PROG, CliError, load_app
 from harvest_celery._cli.demo import demo_command
+from harvest_celery._cli.limits import limits_commands
 from harvest_celery._cli.operator import operator_commands
 from harvest_celery._cli.replay import replay_commands
 from harvest_celery._cli.runs import run_commands, waiting_line
@@ -108,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
         partial(worker_commands, execute=_execute),
         run_commands,
         operator_commands,
+        limits_commands,
         replay_commands,
         schedule_commands,
         demo_command,

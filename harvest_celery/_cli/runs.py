@@ -10,6 +10,7 @@ from typing import Any
 
 from harvest_celery._cli.common import PROG, CliError, Command, harvest_of, load_app, parse_json, store_of
 from harvest_celery._client import Harvest
+from harvest_celery._core.limits import slot_text
 from harvest_celery._core.timeline import render_errors, render_status, render_timeline
 from harvest_celery._errors import WorkflowCancelledError, WorkflowFailed
 from harvest_celery._store.store import Store
@@ -106,6 +107,8 @@ def _waiting(args: argparse.Namespace, store: Store) -> list[dict[str, Any]]:
 
 
 def waiting_line(hint: dict[str, Any], app: str) -> str:
+    if hint["kind"] == "slot":  # held back by a limit: no worker is missing
+        return f"waiting: {slot_text(hint)} for {hint['waiting_seconds']:.0f}s"
     what = f"activity {hint['activity']}" if hint["kind"] == "activity" else "a decision"
     queue = hint["queue"]
     return (

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, NoReturn, Protocol
 
 from harvest_celery._core.futures import Future
+from harvest_celery._core.limits import DEFAULT_PRIORITY, check_priority
 from harvest_celery._core.registry import activity_name, workflow_name
 from harvest_celery._core.retry import RetryPolicy
 from harvest_celery._errors import Cancelled
@@ -56,6 +57,7 @@ class ReplayPort(Protocol):
         retry: RetryPolicy | None = None,
         start_to_close: float | None = None,
         call_convention: str | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> Future: ...
 
     def schedule_task(self, task: Any, args: Any, kwargs: Any, queue: str | None) -> Future: ...
@@ -114,16 +116,26 @@ class WorkflowContext:
         *,
         retry: RetryPolicy | None = None,
         start_to_close: float | None = None,
+        priority: int | None = None,
     ) -> Future:
         """Dispatch an activity (a decorated function or its name) and return an awaitable of its
-        output. ``queue`` empty → the activity's default queue → ``"default"``.
+        output. ``queue`` empty → the activity's default queue → ``"default"``. ``priority``: an
+        int from 0 to 9, 9 first, ordering what waits for a limit (docs/flow-control.md); 0 by
+        default.
 
-        Raises ``UnknownActivity``, ``PayloadNotSerializable`` or ``PayloadTooLarge`` before
-        anything is recorded; awaiting raises ``ActivityError`` if the activity failed for good.
+        Raises ``UnknownActivity``, ``PayloadNotSerializable``, ``PayloadTooLarge``,
+        ``InvalidLimitKey`` or (a bad priority) ``ValueError`` before anything is recorded;
+        awaiting raises ``ActivityError`` if the activity failed for good.
         """
         self._replay.check_running("ctx.execute_activity")
+        chosen = DEFAULT_PRIORITY if priority is None else check_priority(priority)
         return self._replay.schedule_activity(
-            activity_name(activity), input, queue, retry=retry, start_to_close=start_to_close
+            activity_name(activity),
+            input,
+            queue,
+            retry=retry,
+            start_to_close=start_to_close,
+            priority=chosen,
         )
 
     def execute_task(self, task: Any, *args: Any, queue: str | None = None, **kwargs: Any) -> Future:

@@ -39,6 +39,8 @@ class TaskStatus(str, Enum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # held back by a limit (docs/flow-control.md): no message staged; only a release moves it on
+    WAITING = "waiting"
 
 
 # ── how an adopted task is called with its recorded input (``ActivityScheduled.call_convention``,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
+from harvest_celery._core.limits import NO_LIMITS, Limits, declare
 from harvest_celery._core.retry import DEFAULT_RETRY, RetryPolicy
 from harvest_celery._errors import DuplicateRegistration, UnknownActivity, UnknownWorkflow
 
@@ -33,6 +34,7 @@ class ActivityDefinition:
     # An existing Celery task used by name: it gets the input as its ordinary argument, so for
     # adopted tasks the payload transits the broker.
     adopted: bool = False
+    limits: Limits = NO_LIMITS  # concurrency, rate_limit, limit_key (docs/flow-control.md)
 
     def resolve_queue(self, queue: str) -> str:
         """Empty queue → the activity's default queue → ``"default"``."""
@@ -56,6 +58,9 @@ def activity(
     queue: str = DEFAULT_QUEUE,
     retry: RetryPolicy | None = None,
     start_to_close: float | None = None,
+    concurrency: int | None = None,
+    rate_limit: str | None = None,
+    limit_key: Callable[[Any], str] | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -66,12 +71,17 @@ def activity(
     queue: str = DEFAULT_QUEUE,
     retry: RetryPolicy | None = None,
     start_to_close: float | None = None,
+    concurrency: int | None = None,
+    rate_limit: str | None = None,
+    limit_key: Callable[[Any], str] | None = None,
 ) -> Any:
     """Declare an activity: a side-effecting function run as a Celery task of the same name.
 
     The function takes one JSON value (the input) and returns one JSON value. It must be
-    idempotent: delivery is at-least-once.
+    idempotent: delivery is at-least-once. ``concurrency``, ``rate_limit`` and ``limit_key`` are
+    global limits (docs/flow-control.md), checked here: a bad value raises at decoration.
     """
+    limits = declare(concurrency, rate_limit, limit_key)
 
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.iscoroutinefunction(f):
@@ -84,6 +94,7 @@ def activity(
             default_queue=queue,
             retry=retry or DEFAULT_RETRY,
             start_to_close=start_to_close,
+            limits=limits,
         )
         return f
 

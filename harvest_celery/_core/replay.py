@@ -26,6 +26,7 @@ from harvest_celery._core.commands import (
 from harvest_celery._core.futures import Future
 from harvest_celery._core.invocation import adopted_task_name, invocation, schema_too_old
 from harvest_celery._core.jsonvalues import check_cap, check_json
+from harvest_celery._core.limits import DEFAULT_PRIORITY, limit_key_of
 from harvest_celery._core.names import (
     PATCH,
     SAGA_COMPENSATED,
@@ -229,16 +230,20 @@ class Replay:
         retry: RetryPolicy | None = None,
         start_to_close: float | None = None,
         call_convention: str | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> Future:
         definition = self.registry.activity(name)
         what = f"input of activity {name!r}"
         payload = check_json(input, what)
+        key = None
         if not self.recorded_next(name):
             # A deterministic pre-dispatch rejection: before an id is allocated or anything
             # recorded, so it is re-decided on every replay. A dispatch the history already
-            # records is never re-checked: lowering the cap cannot strand a run in flight.
+            # records is never re-checked: lowering the cap cannot strand a run in flight, and
+            # limit_key is never called for it.
             config = self.activation.config
             check_cap(payload, what, config.max_activity_input_bytes, config.offloads)
+            key = limit_key_of(name, definition.limits, payload)
         resolved_queue = definition.resolve_queue(queue)
         self.activity_seq += 1
         activity_id = str(self.activity_seq)
@@ -262,6 +267,8 @@ class Replay:
                     retry,
                     start_to_close,
                     call_convention,
+                    priority,
+                    key,
                 )
             )
         else:

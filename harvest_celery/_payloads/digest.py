@@ -21,6 +21,19 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
+def limit_digest(name: str, key: str | None) -> str:
+    """The ``harvest_limits.key_digest`` of a limited dispatch: ``""`` without a key (the
+    name's own row), else ``sha256:<hex>`` of the limit name and the key, so the limit row never
+    holds the key (a payload) and one key digests differently under two limits."""
+    if key is None:
+        return ""
+    h = hashlib.sha256()
+    h.update(name.encode("utf-8"))
+    h.update(b"\x00")
+    h.update(key.encode("utf-8"))
+    return PREFIX + h.hexdigest()
+
+
 def input_digest(execution_id: str, value: Any) -> str:
     """``sha256:<hex>`` of the execution id and the canonical JSON of ``value``."""
     h = hashlib.sha256()

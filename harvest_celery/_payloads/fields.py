@@ -18,3 +18,5 @@ SCRUBBED_FIELDS: dict[str, tuple[str, ...]] = {
 }
 # execution-row columns that hold user payloads
 EXECUTION_PAYLOAD_COLUMNS = ("input", "result")
+# activity-task-row columns that hold user payloads: an activity's limit key (a merchant id)
+TASK_PAYLOAD_COLUMNS = ("limit_key",)

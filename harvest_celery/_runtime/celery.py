@@ -198,6 +198,7 @@ def _connect_worker_signals(app: Celery, runtime: Runtime) -> None:
         except Exception as exc:
             log.critical("harvest preflight failed: %s", exc)
             raise SystemExit(f"harvest preflight failed: {exc}") from exc
+        runtime.sync_limits()
 
     signals.worker_init.connect(_preflight, weak=False)
 

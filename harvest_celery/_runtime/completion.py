@@ -62,6 +62,7 @@ FALLBACK_REASONS = (
     "cold_history",  # the run is cold here and its history long (or held by another process)
     "closing_with_work",  # the decision closes the run while scheduling work
     "unsupported_shape",  # the write has no plain-SQL guarded form
+    "limited",  # a limited activity completes, or is dispatched: its slot is settled in lock order
     "decision_pending",  # a decision is already requested: the decision task takes it
     "not_decidable",  # the run takes no decision now (paused, sealed, finished)
     "not_registered",  # the workflow is not registered in this process
@@ -129,6 +130,8 @@ def choose(rt: Runtime, claim: Claim) -> tuple[Choice, Session | None]:
         return Choice(INLINE if rt.settings.inline_decisions else TASK), None
     if payloads.offload_threshold is not None and not listable(payloads.store):
         return Choice(INLINE, "offload", "the payload store cannot list its blobs"), None
+    if rt.registry.activity(claim.activity_name).limits.limited:
+        return Choice(INLINE, "limited"), None  # its slot is freed in the lock order (``_store.limits``)
     session = rt.sessions.take(claim.execution_id)
     if session is None:
         return Choice(INLINE, "not_warm"), None

@@ -103,9 +103,13 @@ def waiting_hints(
     *,
     scheduled_at: Mapping[int, datetime] | None = None,
     decision: tuple[str, datetime] | None = None,
+    slots: Mapping[tuple[str, str], tuple[int, int | None]] | None = None,
 ) -> list[dict[str, Any]]:
-    """One hint per open (``scheduled``) activity row whose queue is not in ``consumed``, then
-    one for a pending decision request ``(queue, since)`` whose queue is not.
+    """One hint per ``waiting`` row, held back by a limit (``{"kind": "slot", ..., "in_use",
+    "concurrency"}`` from ``slots``, ``(activity, limit_digest) → (in_use, concurrency)``,
+    read from Postgres: it needs no worker's answer), one per open (``scheduled``) activity row
+    whose queue is not in ``consumed``, then one for a pending decision request
+    ``(queue, since)`` whose queue is not.
 
     An activity waits since its ``ActivityScheduled`` was recorded (``scheduled_at``, by the
     row's ``event_seq``) for a first attempt, since its previous attempt started for a retry,
@@ -114,6 +118,9 @@ def waiting_hints(
     scheduled_at = scheduled_at or {}
     hints: list[dict[str, Any]] = []
     for row in rows:
+        if row.get("status") == TaskStatus.WAITING.value:
+            hints.append(slot_hint(row, now, (slots or {}).get(_limit_of(row), (0, None))))
+            continue
         if row.get("status") != TaskStatus.SCHEDULED.value or row.get("queue") in consumed:
             continue
         since = (
@@ -136,6 +143,23 @@ def waiting_hints(
     return hints
 
 
+def _limit_of(row: Mapping[str, Any]) -> tuple[str, str]:
+    return (str(row.get("activity_name")), str(row.get("limit_digest") or ""))
+
+
+def slot_hint(row: Mapping[str, Any], now: datetime, usage: tuple[int, int | None]) -> dict[str, Any]:
+    """A row a limit holds back: waiting since it was dispatched (written ``waiting``)."""
+    in_use, concurrency = usage
+    return {
+        "kind": "slot",
+        "activity": row.get("activity_name"),
+        "queue": row.get("queue"),
+        "waiting_seconds": _seconds(now, row.get("dispatched_at")),
+        "in_use": in_use,
+        "concurrency": concurrency,
+    }
+
+
 def _seconds(now: datetime, since: datetime | None) -> float:
     if since is None:
         return 0.0
@@ -144,4 +168,4 @@ def _seconds(now: datetime, since: datetime | None) -> float:
     return round(max(0.0, (now - since).total_seconds()), 1)
 
 
-__all__ = ["QueueConsumers", "consumed_queues", "waiting_hints"]
+__all__ = ["QueueConsumers", "consumed_queues", "slot_hint", "waiting_hints"]

@@ -38,7 +38,7 @@ from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._runtime.sessions import SessionCache
 from harvest_celery._runtime.settings import Settings
 from harvest_celery._runtime.sweeper import Sweeper
-from harvest_celery._store import links, runs, tasks
+from harvest_celery._store import limits, links, runs, tasks
 from harvest_celery._store.records import (
     Claim,
     Dispatch,
@@ -335,6 +335,15 @@ class Runtime:
             raise decided.reraise
 
     # ── activities ───────────────────────────────────────────────────────────────────────────
+    def sync_limits(self) -> None:
+        """The decorators' limits into their declared columns (worker start; an override stays).
+        A database that cannot be reached now is logged: the first dispatch declares them."""
+        try:
+            with self.store.begin() as tx:
+                limits.sync_declared(tx, self.registry, utcnow())
+        except Exception as exc:  # noqa: BLE001 - the worker starts; the next start syncs again
+            log.warning("cannot sync the declared activity limits: %s", exc)
+
     def claim(self, execution_id: str, activity_id: str, attempt: int) -> Claim | None:
         def work(tx: Tx) -> Claim | None:
             if self.before_claim_append is not None:

@@ -154,6 +154,7 @@ class Sweeper:
             )
         self._row("lost messages", "*", partial(sweeps.stale_scheduled, timings=s.timings, kinds=kinds))
         self._child_notices(now)
+        self._row("waiting rows", "*", sweeps.settle_waiting)  # the release backstop
         self._row(
             "lost decisions",
             "*",

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from harvest_celery._store import pgwrite, sql
 from harvest_celery._store.records import utcnow
-from harvest_celery._store.schema import executions
+from harvest_celery._store.schema import WAIT_SEQ, activity_tasks, executions
 
 F = TypeVar("F")
 Inserts = Sequence[tuple[sa.Table, Any]]
@@ -107,6 +107,10 @@ class Dialect:
         """INSERT that skips a row whose key exists (a record written twice is written once)."""
         return postgresql.insert(table).on_conflict_do_nothing()
 
+    def next_wait_seq(self, conn: Connection) -> int:
+        """The next wait order of a limited row (``harvest_wait_seq``): FIFO within a priority."""
+        return int(conn.execute(sa.select(WAIT_SEQ.next_value())).scalar_one())
+
     def notify(self, conn: Any, execution_id: str) -> None:
         """Wake waiters of the run once this transaction commits (``_store.listener``)."""
         conn.execute(sql.NOTIFY, {"execution_id": execution_id})
@@ -161,6 +165,11 @@ class SqliteDialect(Dialect):
 
     def insert_ignore(self, table: Any) -> Any:
         return sqlite.insert(table).on_conflict_do_nothing()
+
+    def next_wait_seq(self, conn: Connection) -> int:
+        """One writer at a time (the file lock): the highest order so far, plus one."""
+        top = conn.execute(sa.select(sa.func.max(activity_tasks.c.wait_seq))).scalar()
+        return int(top or 0) + 1
 
     def notify(self, conn: Any, execution_id: str) -> None:
         """One process: its waiters poll (embedded mode drains before it reads)."""

@@ -117,6 +117,7 @@ class TaskRow:
     adopted: bool
     dispatched_at: datetime | None
     call_convention: str | None = None
+    limit_digest: str | None = None  # its harvest_limits row's key digest; None: not limited
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> TaskRow:
@@ -133,6 +134,7 @@ class TaskRow:
             bool(m["adopted"]),
             aware(m["dispatched_at"]),
             m.get("call_convention"),
+            m.get("limit_digest"),
         )
 
 

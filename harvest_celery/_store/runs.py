@@ -36,7 +36,7 @@ from harvest_celery._payloads.erasure import (
     is_erased,
     references,
 )
-from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS, PAYLOAD_FIELDS
+from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS, PAYLOAD_FIELDS, TASK_PAYLOAD_COLUMNS
 from harvest_celery._store import links
 from harvest_celery._store.predicates import operator_live
 from harvest_celery._store.records import RunRow, aware, outbox_execution_id
@@ -237,21 +237,42 @@ def reset(
     requested = [e for e in prefix if isinstance(e, ev.WorkflowCancelRequested)]
     if requested:  # the copied request is open on the new run too
         tx.update_run(new_id, cancel_requested_at=now, cancel_reason=requested[0].reason)
+    flow = _flow_of(tx, source_id)
     for dispatch in fold_dispatches(history[:to_seq]).dispatches:  # the open ones run again
         if dispatch.outcome == OPEN:
             s = dispatch.scheduled
-            tx.insert_task(
-                new_id,
-                ScheduleActivity(s.activity_id, s.activity_name, s.input, s.queue, s.compensation),
-                dispatch.seq,
-                registry,
-                now,
+            priority, key = flow.get(s.activity_id, (0, None))  # copied, never recomputed
+            command = ScheduleActivity(
+                s.activity_id,
+                s.activity_name,
+                s.input,
+                s.queue,
+                s.compensation,
+                priority=priority,
+                limit_key=key,
             )
+            tx.insert_task(new_id, command, dispatch.seq, registry, now)
     fired = {e.timer_id for e in prefix if isinstance(e, ev.TimerFired)}
     for event in prefix:
         if isinstance(event, ev.TimerStarted) and event.timer_id not in fired:
             tx.insert_timer(new_id, event.timer_id, event.fire_at)
     tx.request_decision(new_id, now, decision_queue)
+
+
+def _flow_of(tx: Tx, execution_id: str) -> dict[str, tuple[int, str | None]]:
+    """Each task row's priority and limit key (decoded), by activity id: what a fork copies."""
+    rows = tx.conn.execute(
+        sa.select(activity_tasks.c.activity_id, activity_tasks.c.priority, activity_tasks.c.limit_key).where(
+            activity_tasks.c.execution_id == execution_id
+        )
+    ).all()
+    return {
+        r.activity_id: (
+            int(r.priority),
+            None if r.limit_key is None else tx.payloads.decode_value(r.limit_key),
+        )
+        for r in rows
+    }
 
 
 def terminate(tx: Tx, execution_id: str, reason: str, now: datetime, decision_queue: str) -> None:
@@ -384,6 +405,8 @@ def _check_erasable(tx: Tx, m: RunRow) -> None:
         raise InvalidState(execution_id, m.status, "erase the payloads of")
     if m.paused_at is not None and m.erased_at is None:
         raise InvalidState(execution_id, "paused", "erase the payloads of (resume it first)")
+    if m.erased_at is None and _holds_waiting(tx, execution_id):  # every close abandons them
+        raise InvalidState(execution_id, "closed with work still waiting", "erase the payloads of")
     if m.cancelled_at is not None and m.erased_at is None:
         running = tx.conn.execute(
             sa.select(sa.func.count())
@@ -399,6 +422,19 @@ def _check_erasable(tx: Tx, m: RunRow) -> None:
                 "cancelled with work still finishing",
                 "erase the payloads of (retry once it settles)",
             )
+
+
+def _holds_waiting(tx: Tx, execution_id: str) -> bool:
+    """A row a limit holds back: a closed run never keeps one (no waiting row outlives it)."""
+    found = tx.conn.execute(
+        sa.select(activity_tasks.c.activity_id)
+        .where(
+            (activity_tasks.c.execution_id == execution_id)
+            & (activity_tasks.c.status == TaskStatus.WAITING.value)
+        )
+        .limit(1)
+    ).first()
+    return found is not None
 
 
 def _erase_one(tx: Tx, m: RunRow, now: datetime) -> tuple[dict[str, Any], list[tuple[str, str]]]:
@@ -425,6 +461,9 @@ def _erase_one(tx: Tx, m: RunRow, now: datetime) -> tuple[dict[str, Any], list[t
     )
     _delete_outbox_rows(tx, [execution_id])
     refs += _erase_attempt_errors(tx, execution_id)
+    keys, key_refs = _erase_task_payloads(tx, execution_id)
+    fields += keys
+    refs += key_refs
     touched = 0
     for seq, data, _at in tx.raw_history(execution_id):
         changed, blobs, erased = erase_event(data)
@@ -444,6 +483,33 @@ def _erase_one(tx: Tx, m: RunRow, now: datetime) -> tuple[dict[str, Any], list[t
         "blobs": len(refs),
         "forks": [],
     }, refs
+
+
+def _erase_task_payloads(tx: Tx, execution_id: str) -> tuple[int, list[tuple[str, str]]]:
+    """Tombstone the task rows' payload columns (an activity's limit key): (fields, blobs)."""
+    fields = 0
+    refs: list[tuple[str, str]] = []
+    for column in TASK_PAYLOAD_COLUMNS:
+        col = activity_tasks.c[column]
+        rows = tx.conn.execute(
+            sa.select(activity_tasks.c.activity_id, col).where(
+                (activity_tasks.c.execution_id == execution_id) & col.is_not(None)
+            )
+        ).all()
+        for activity_id, value in rows:
+            if value is None or is_erased(value):
+                continue
+            refs += references(value)
+            fields += 1
+            tx.conn.execute(
+                activity_tasks.update()
+                .where(
+                    (activity_tasks.c.execution_id == execution_id)
+                    & (activity_tasks.c.activity_id == activity_id)
+                )
+                .values({column: ERASED})
+            )
+    return fields, refs
 
 
 def _delete_outbox_rows(tx: Tx, ids: Sequence[str]) -> None:

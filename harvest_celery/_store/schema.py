@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     CheckConstraint,
     Column,
@@ -15,6 +16,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     MetaData,
+    Sequence,
     String,
     Table,
     Text,
@@ -105,7 +107,7 @@ activity_tasks = Table(
     Column("activity_id", String(40), primary_key=True),
     Column("activity_name", String(200), nullable=False),
     Column("queue", String(200), nullable=False),
-    # scheduled · running · retry_wait · completed · failed · cancelled
+    # scheduled · running · retry_wait · completed · failed · cancelled · waiting (a limit)
     Column("status", String(16), nullable=False),
     Column("attempt", Integer, nullable=False),
     Column("retry", Json),
@@ -123,8 +125,34 @@ activity_tasks = Table(
     # how the adopted task is called with its input (``names.CallConvention``; NULL: its one
     # argument), as its ActivityScheduled records it (migration 0008)
     Column("call_convention", String(16)),
+    # flow control (migration 0011, docs/flow-control.md): never part of event matching
+    Column("priority", Integer, nullable=False, server_default="0"),
+    Column("limit_key", Json),  # the limit_key(input), a payload: codec, tombstoned by erasure
+    Column("limit_digest", String(80)),  # its harvest_limits.key_digest; NULL: not limited
+    Column("wait_seq", BigInteger),  # from harvest_wait_seq: FIFO within a priority
     Index("ix_harvest_activity_tasks_status", "status"),
+    Index("ix_harvest_activity_tasks_waiting", "activity_name", "limit_digest", "status"),
     status_check("harvest_activity_tasks", TASK_STATUSES),
+)
+
+# The wait order of limited rows (migration 0011; Postgres only: SQLite has one writer)
+WAIT_SEQ = Sequence("harvest_wait_seq", metadata=metadata)
+
+# One row per (limit name, key digest): key_digest "" is the name's own row, holding the declared
+# values (synced from the decorators at worker start) and the override (``set_limit``).
+limits = Table(
+    "harvest_limits",
+    metadata,
+    Column("name", String(200), primary_key=True),
+    Column("key_digest", String(80), primary_key=True),
+    Column("declared_concurrency", Integer),
+    Column("declared_rate_limit", String(40)),
+    Column("override_concurrency", Integer),
+    Column("override_rate_limit", String(40)),
+    Column("override_set_at", Ts),
+    Column("in_use", Integer, nullable=False, server_default="0"),
+    Column("tat", Ts),  # GCRA's theoretical arrival time, from clock_timestamp()
+    Column("updated_at", Ts),
 )
 
 timers = Table(

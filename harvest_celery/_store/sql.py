@@ -37,7 +37,7 @@ RUNS, TASKS, EVENTS, TIMERS, BLOBS = (
     timers.name,
     blobs.name,
 )
-SCHEDULED, RUNNING_TASK, RETRY_WAIT, COMPLETED_TASK, CANCELLED_TASK = (
+SCHEDULED, RUNNING_TASK, RETRY_WAIT, COMPLETED_TASK, CANCELLED_TASK, WAITING = (
     literal(s.value)
     for s in (
         TaskStatus.SCHEDULED,
@@ -45,6 +45,7 @@ SCHEDULED, RUNNING_TASK, RETRY_WAIT, COMPLETED_TASK, CANCELLED_TASK = (
         TaskStatus.RETRY_WAIT,
         TaskStatus.COMPLETED,
         TaskStatus.CANCELLED,
+        TaskStatus.WAITING,
     )
 )
 STARTED = literal(ev.ActivityStarted.type)
@@ -103,16 +104,18 @@ WITH run AS (
     FROM run
     WHERE t.execution_id = run.id AND t.activity_id = :activity_id
       AND ((t.attempt = :attempt AND t.status IN ({RUNNING_TASK}, {RETRY_WAIT}))
-           OR (t.attempt = :attempt + 1 AND t.status = {SCHEDULED})
+           OR (t.attempt = :attempt + 1 AND t.status IN ({SCHEDULED}, {WAITING}))
            OR (t.status = {CANCELLED_TASK} AND t.attempt IN (:attempt, :attempt + 1)
                AND run.cancelled_at IS NOT NULL
                AND EXISTS (SELECT 1 FROM {EVENTS} AS s
                            WHERE s.execution_id = run.id AND s.type = {STARTED}
                              AND s.data->>'activity_id' = :activity_id
                              AND s.data->>'attempt' = CAST(:attempt AS TEXT))))
-    RETURNING t.activity_id
+    RETURNING t.activity_id, t.activity_name, t.limit_digest
 )
-SELECT run.*, EXISTS (SELECT 1 FROM task) AS finished FROM run
+SELECT run.*, EXISTS (SELECT 1 FROM task) AS finished,
+       (SELECT activity_name FROM task) AS task_name, (SELECT limit_digest FROM task) AS task_limit
+FROM run
 """)
 
 
@@ -139,7 +142,8 @@ GUARD = f"""run AS (
 CLOSING = f"""abandoned AS (
     UPDATE {TASKS} AS a
     SET status = {CANCELLED_TASK}, finished_at = %(g_closed_at)s, last_error = %(g_why)s
-    FROM done WHERE a.execution_id = done.execution_id AND a.status IN ({SCHEDULED}, {RETRY_WAIT})
+    FROM done WHERE a.execution_id = done.execution_id
+      AND a.status IN ({SCHEDULED}, {RETRY_WAIT}, {WAITING})
 ), stopped AS (
     UPDATE {TIMERS} AS tm SET fired = true FROM done WHERE tm.execution_id = done.execution_id
 )"""

@@ -33,6 +33,7 @@ from harvest_celery._core.lifecycle import (
 )
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
+from harvest_celery._payloads.digest import limit_digest
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import DeferredPuts
 from harvest_celery._store import predicates
@@ -169,7 +170,7 @@ def stage_decision(
         metrics=_decision_metrics(row, decision, status, write, workflow_label),
         wake=row.cancelled_at is not None,
     )
-    _stage_commands(staged, row, decision, registry)
+    _stage_commands(staged, row, decision, registry, payloads, key)
     if eager is not None and predicates.eager_claim.holds(row, closes=write.abandon is not None):
         _claim_eagerly(staged, row, decision, eager, payloads, key)
     return staged
@@ -199,13 +200,19 @@ def _stage_outcome(
         write.abandon = (now, "the workflow finished without awaiting it")
 
 
-def _stage_commands(staged: Staged, row: RunRow, decision: Decision, registry: Registry) -> None:
+def _stage_commands(
+    staged: Staged, row: RunRow, decision: Decision, registry: Registry, payloads: Payloads, key: str
+) -> None:
     """The task rows and first messages of its new activities, the rows of its new timers."""
     write = staged.write
     for i, command in enumerate(decision.commands):
         if isinstance(command, ScheduleActivity):
-            write.tasks.append(task_row(row.id, command, staged.first + i, registry, staged.now))
-            staged.dispatches.append(activity_dispatch(row.id, command, registry))
+            write.tasks.append(
+                task_row(row.id, command, staged.first + i, registry, staged.now, payloads, key)
+            )
+            if not registry.activity(command.activity_name).limits.limited:
+                # a limited one is sent once a settle gives it its slot (never eagerly here)
+                staged.dispatches.append(activity_dispatch(row.id, command, registry))
         elif isinstance(command, StartTimer):
             write.timers.append(timer_row(row.id, command.timer_id, command.fire_at))
 
@@ -311,17 +318,27 @@ def timer_row(execution_id: str, timer_id: str, fire_at: str) -> dict[str, Any]:
 
 
 def task_row(
-    execution_id: str, command: ScheduleActivity, event_seq: int, registry: Registry, now: datetime
+    execution_id: str,
+    command: ScheduleActivity,
+    event_seq: int,
+    registry: Registry,
+    now: datetime,
+    payloads: Payloads,
+    key: str,
 ) -> dict[str, Any]:
     """The task row of a new dispatch: the durable record of it (the sweeper re-sends it if its
-    message, ``activity_dispatch``, is lost)."""
+    message, ``activity_dispatch``, is lost). A limited activity's row carries its limit key
+    (through the codec: a payload) and the key's digest, which names its ``harvest_limits`` row."""
     definition = registry.activity(command.activity_name)
+    limit_key = command.limit_key
+    limited = definition.limits.limited
     return {
         "execution_id": execution_id,
         "activity_id": command.activity_id,
         "activity_name": command.activity_name,
         "queue": command.queue,
-        "status": TaskStatus.SCHEDULED.value,
+        # a limited dispatch waits for its slot (settled before commit: ``_store.limits``)
+        "status": TaskStatus.WAITING.value if limited else TaskStatus.SCHEDULED.value,
         "attempt": 1,
         "retry": (command.retry or definition.retry).to_data(),
         "start_to_close": command.start_to_close or definition.start_to_close,
@@ -330,6 +347,14 @@ def task_row(
         "compensation": command.compensation,
         "adopted": definition.adopted,
         "call_convention": command.call_convention,
+        "priority": command.priority,
+        "limit_key": (
+            None
+            if limit_key is None
+            else payloads.encode_value(limit_key, f"{key}/limit_key/{command.activity_id}")
+        ),
+        "limit_digest": limit_digest(command.activity_name, limit_key) if limited else None,
+        "wait_seq": None,  # given by the writing transaction (a database sequence)
         # every row of one write has the same columns (one cached statement shape)
         "worker_id": None,
         "started_at": None,

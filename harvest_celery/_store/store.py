@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from harvest_celery._core import events as ev
 from harvest_celery._core.lifecycle import CANCELLING, RUNNING, TERMINATED
+from harvest_celery._core.limits import slot_text
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
@@ -37,6 +38,7 @@ from harvest_celery._store.records import (
     utcnow,
 )
 from harvest_celery._store.schema import activity_tasks, attempt_errors, events, executions
+from harvest_celery._store.schema import limits as limits_table
 from harvest_celery._store.tx import RawEvent, Tx
 
 log = logging.getLogger("harvest_celery")
@@ -116,7 +118,9 @@ class Store:
     @contextmanager
     def begin(self) -> Iterator[Tx]:
         with self.engine.begin() as conn:
-            yield Tx(conn, self.dialect, self.payloads)
+            tx = Tx(conn, self.dialect, self.payloads)
+            yield tx
+            tx.settle_limits()  # before the commit: the limits it touched, in one order
 
     def transaction(self, work: Callable[[Tx], T], *, one_statement: bool = False) -> tuple[T, Tx]:
         """``work(tx)`` in one transaction, committed; returns its result and the committed
@@ -137,6 +141,7 @@ class Store:
                     tx = Tx(conn, self.dialect, self.payloads)
                     try:
                         result = work(tx)
+                        tx.settle_limits()  # before the commit: the limits it touched, in one order
                     except BaseException:
                         trans.rollback()
                         raise
@@ -286,6 +291,44 @@ class Store:
         with self.engine.connect() as conn:
             rows = conn.execute(q.order_by(activity_tasks.c.event_seq)).fetchall()
         return [dict(r._mapping) for r in rows]
+
+    def held_activities(self, execution_id: str) -> dict[str, str]:
+        """Activity id → "waiting for a slot of <name> (n/m in use)" for each of the run's rows a
+        limit holds back (the console's run view; no key is shown)."""
+        rows = [r for r in self.activity_rows(execution_id) if r["status"] == TaskStatus.WAITING.value]
+        usage = self.limit_usage({(r["activity_name"], r["limit_digest"] or "") for r in rows})
+        texts = {}
+        for r in rows:
+            in_use, concurrency = usage[(r["activity_name"], r["limit_digest"] or "")]
+            texts[r["activity_id"]] = slot_text(
+                {"activity": r["activity_name"], "in_use": in_use, "concurrency": concurrency}
+            )
+        return texts
+
+    def limit_usage(
+        self, limits: Collection[tuple[str, str]]
+    ) -> dict[tuple[str, str], tuple[int, int | None]]:
+        """``(name, key digest) → (in_use, concurrency)``: the slots taken under each limit and
+        its concurrency in force (the override, else the declared value; None: none)."""
+        if not limits:
+            return {}
+        names = sorted({name for name, _ in limits})
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(limits_table).where(limits_table.c.name.in_(names))).all()
+        own = {r.name: r for r in rows if r.key_digest == ""}
+        used = {(r.name, r.key_digest): int(r.in_use) for r in rows}
+        found: dict[tuple[str, str], tuple[int, int | None]] = {}
+        for name, digest in limits:
+            head = own.get(name)
+            concurrency = None
+            if head is not None:
+                concurrency = (
+                    head.override_concurrency
+                    if head.override_concurrency is not None
+                    else head.declared_concurrency
+                )
+            found[(name, digest)] = (used.get((name, digest), 0), concurrency)
+        return found
 
     def attempt_errors(self, execution_id: str) -> builtins.list[AttemptError]:
         """Every recorded failed attempt of the run (and the workflow's own failure, activity

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from harvest_celery._core import events as ev
 from harvest_celery._core.names import TaskStatus
+from harvest_celery._store import limits
 from harvest_celery._store.predicates import operator_live
 from harvest_celery._store.records import RelayedMessage, TaskRow, Timings
 from harvest_celery._store.schema import activity_tasks, executions, outbox, timers
@@ -161,3 +162,11 @@ def stale_outbox(tx: Tx, now: datetime, older_than: float, limit: int = 500) -> 
 def delete_outbox(tx: Tx, ids: Sequence[int]) -> None:
     if ids:
         tx.conn.execute(outbox.delete().where(outbox.c.id.in_(list(ids))))
+
+
+def settle_waiting(tx: Tx, now: datetime) -> None:
+    """Settle every limit some row waits under (``_store.limits``): the backstop that releases
+    what a freeing transaction committed but whose process died before sending, within one
+    sweep interval. Settled before this transaction commits."""
+    for name, digest in limits.waiting_limits(tx):
+        tx.touch_limit(name, digest)

@@ -135,7 +135,8 @@ def running_task(tx: Tx, execution_id: str, activity_id: str) -> tuple[RunRow, T
 def accepts_completion(task: TaskRow, attempt: int, *, started_in_cancelled_run: bool = False) -> bool:
     """A completion of ``attempt`` is recorded while no later attempt has claimed the row: its
     own attempt still running, or a late one (its lease expired during a database outage) whose
-    retry waits or is dispatched but not yet claimed — that retry is then refused by its claim.
+    retry waits, is held back by a limit (``waiting``) or is dispatched but not yet claimed —
+    that retry is then refused by its claim.
 
     A cancel abandons such a waiting retry (it never runs), not the attempt before it: that
     body was running when the cancel landed, and its side effect happened, so its late
@@ -144,7 +145,10 @@ def accepts_completion(task: TaskRow, attempt: int, *, started_in_cancelled_run:
     body ran; a row a cancel abandoned before any attempt started never has it)."""
     return (
         (task.attempt == attempt and task.status in (TaskStatus.RUNNING.value, TaskStatus.RETRY_WAIT.value))
-        or (task.attempt == attempt + 1 and task.status == TaskStatus.SCHEDULED.value)
+        or (
+            task.attempt == attempt + 1
+            and task.status in (TaskStatus.SCHEDULED.value, TaskStatus.WAITING.value)
+        )
         or (
             started_in_cancelled_run
             and task.status == TaskStatus.CANCELLED.value
@@ -182,6 +186,7 @@ def _finish_in_one(tx: Tx, execution_id: str, activity_id: str, attempt: int, no
     ).first()
     if found is None or not found.finished:
         return None
+    tx.touch_limit(found.task_name, found.task_limit)  # its slot is free
     return RunRow.from_mapping(found._mapping)
 
 
@@ -200,6 +205,7 @@ def _finish_stepwise(
     if not accepts_completion(task, attempt, started_in_cancelled_run=started):
         return None
     _finish(tx, execution_id, activity_id, TaskStatus.COMPLETED.value, now, None)
+    tx.touch_limit(task.activity_name, task.limit_digest)  # its slot is free
     return located[0]
 
 
@@ -246,6 +252,7 @@ def fail_attempt(
         # cancel never fails an await, so nothing may be recorded for it
         return IGNORED, None, None
     tx.metrics.append(("activity_attempt_failed", {"workflow": row.workflow_type, "queue": task.queue}))
+    tx.touch_limit(task.activity_name, task.limit_digest)  # a retry_wait or failed row holds no slot
     tx.record_error(execution_id, activity_id, attempt, error_type, message, traceback, now)
     policy = RetryPolicy.from_data(task.retry)
     if policy.should_retry(attempt, error_type) and operator_live.holds(row):
@@ -329,6 +336,12 @@ def redispatch_next_attempt(tx: Tx, execution_id: str, activity_id: str, now: da
     if task is None or task.status != TaskStatus.RETRY_WAIT.value:
         return
     attempt = task.attempt + 1
+    if task.limit_digest is not None:
+        # a limited retry waits in line again, with its priority and first wait order: its
+        # settle (before this commits) moves it on at once when a slot is free
+        _update(tx, execution_id, activity_id, status=TaskStatus.WAITING.value, attempt=attempt, due_at=None)
+        tx.touch_limit(task.activity_name, task.limit_digest)
+        return
     _update(
         tx,
         execution_id,

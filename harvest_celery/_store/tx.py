@@ -23,7 +23,7 @@ from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
 from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.pipeline import Payloads
-from harvest_celery._store import pgwrite
+from harvest_celery._store import limits, pgwrite
 from harvest_celery._store.dialect import Dialect
 from harvest_celery._store.records import (
     CompletionGuard,
@@ -80,6 +80,10 @@ def _outcome_unknown(exc: BaseException) -> bool:
     return isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError))
 
 
+# the rows a closing run abandons: dispatched, waiting for a retry, or held back by a limit
+UNSTARTED = (TaskStatus.SCHEDULED.value, TaskStatus.RETRY_WAIT.value, TaskStatus.WAITING.value)
+
+
 class Tx:
     """One transaction. Methods named for what they do to a run."""
 
@@ -91,6 +95,31 @@ class Tx:
         self.metrics: list[tuple[str, dict[str, str]]] = []
         # children whose close wrote a notice: applied to their parents once this commits
         self.closed_children: list[str] = []
+        self.touched: set[tuple[str, str]] = set()  # limits to settle before commit
+
+    # ── limits (``_store.limits``) ───────────────────────────────────────────────────────────
+    def touch_limit(self, name: str, digest: str | None) -> None:
+        """A slot of this limit may be free, or a row now waits under it: settle before commit."""
+        if digest is not None:
+            self.touched.add((name, digest))
+
+    def settle_limits(self, now: datetime | None = None) -> None:
+        """Settle every touched limit, in one order (name, key digest): called just before commit,
+        after every run row this transaction locks."""
+        moment = now or utcnow()
+        while self.touched:
+            touched, self.touched = sorted(self.touched), set()
+            for name, digest in touched:
+                limits.settle(self, name, digest, moment)
+
+    def _wait_in_line(self, rows: Sequence[dict[str, Any]], registry: Registry) -> None:
+        """New limited rows: their wait order, their limit's row (declared values on first use)."""
+        for task in rows:
+            if task.get("limit_digest") is not None:
+                name = task["activity_name"]
+                limits.declare(self, name, registry.activity(name).limits)
+                task["wait_seq"] = limits.next_wait_seq(self)
+                self.touch_limit(name, task["limit_digest"])
 
     # ── rows and history ─────────────────────────────────────────────────────────────────────
     def lock(self, execution_id: str, *, skip_locked: bool = False) -> RunRow | None:
@@ -231,9 +260,10 @@ class Tx:
             self._delete_blobs(blobs)
             raise
 
-    def write_staged(self, staged: Staged) -> None:
+    def write_staged(self, staged: Staged, registry: Registry) -> None:
         """Write a staged decision: its blobs, then its statement; then what it asks for (its
         messages and counts, acted on after commit) is handed to this transaction."""
+        self._wait_in_line(staged.write.tasks, registry)
         self._put_blobs(staged.blobs)
         self._written_or_undone(staged.blobs, lambda: self.write(staged.write))
         self._take(staged)
@@ -263,13 +293,13 @@ class Tx:
             self._decide(execution_id, found.sticky_queue or queue, now)
 
     def abandon_open_tasks(self, execution_id: str, now: datetime, why: str) -> None:
-        """Rows that have not started never will (no event: their body never ran); timers stop."""
+        """Rows that have not started never will (no event: their body never ran), those a limit
+        holds back (``waiting``) included; timers stop. A scheduled one frees its slot."""
+        for name, digest in limits.open_limits(self, execution_id):
+            self.touch_limit(name, digest)
         self.conn.execute(
             activity_tasks.update()
-            .where(
-                (activity_tasks.c.execution_id == execution_id)
-                & activity_tasks.c.status.in_((TaskStatus.SCHEDULED.value, TaskStatus.RETRY_WAIT.value))
-            )
+            .where((activity_tasks.c.execution_id == execution_id) & activity_tasks.c.status.in_(UNSTARTED))
             .values(status=TaskStatus.CANCELLED.value, finished_at=now, last_error=why)
         )
         self.conn.execute(timers.update().where(timers.c.execution_id == execution_id).values(fired=True))
@@ -320,7 +350,7 @@ class Tx:
             sticky=sticky,
             eager=eager,
         )
-        self.write_staged(staged)
+        self.write_staged(staged, registry)
         return [] if staged.nd else staged.written()
 
     def apply_guarded_decision(
@@ -362,6 +392,8 @@ class Tx:
         w = staged.write
         if w.abandon is not None and (w.tasks or w.timers):
             return None, "closing_with_work"
+        if any(t["limit_digest"] is not None for t in w.tasks):
+            return None, "limited"  # its slot is settled in the lock order: the ordinary way
         sql = pgwrite.guarded(
             row, w.inserts(), w.values, guard, now, closing=w.abandon, notify=_closes(w.values)
         )
@@ -387,10 +419,11 @@ class Tx:
         self, execution_id: str, command: ScheduleActivity, event_seq: int, registry: Registry, now: datetime
     ) -> None:
         """A new task row, and its first message (sent after commit)."""
-        self.conn.execute(
-            activity_tasks.insert().values(**task_row(execution_id, command, event_seq, registry, now))
-        )
-        self.dispatches.append(activity_dispatch(execution_id, command, registry))
+        row = task_row(execution_id, command, event_seq, registry, now, self.payloads, execution_id)
+        self._wait_in_line([row], registry)
+        self.conn.execute(activity_tasks.insert().values(**row))
+        if row["limit_digest"] is None:  # a limited one is sent when its settle releases it
+            self.dispatches.append(activity_dispatch(execution_id, command, registry))
 
     def dispatch_activity(
         self,

@@ -217,12 +217,15 @@ class ChildLink(BaseModel):
 
 
 class WaitingHint(BaseModel):
-    kind: Literal["activity", "decision"] = Field(
-        description="an open activity, or a pending decision request"
+    kind: Literal["activity", "decision", "slot"] = Field(
+        description="an open activity, a pending decision request, or an activity a limit holds "
+        "back (slot: known from Postgres alone)"
     )
     activity: str | None = Field(default=None, description="the activity's name (null for a decision)")
     queue: str = Field(description="the queue it was sent to, which no live worker consumes")
     waiting_seconds: float = Field(description="how long it has waited")
+    in_use: int | None = Field(default=None, description="slot: the limit's slots in use")
+    concurrency: int | None = Field(default=None, description="slot: the limit in force (null: a rate limit)")
 
 
 class CancelBranchBody(BaseModel):

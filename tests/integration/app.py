@@ -391,3 +391,18 @@ async def console_probe(ctx: WorkflowContext, data: dict) -> str:
 
 
 harvest.register(console_xss, console_probe)
+
+
+# ── the activity limits' tests (test_limits.py): their own queue and worker processes ────────
+from . import limited  # noqa: E402  (they need r from this module)
+
+harvest.register(*limited.ALL)
+
+
+@app.task(name="legacy.limited_send")
+def limited_send(data: dict) -> str:
+    """An existing Celery task, adopted with a limit: limited when harvest dispatches it."""
+    return limited.body(data)
+
+
+harvest.adopt_task("legacy.limited_send", queue=limited.QUEUE, concurrency=1)

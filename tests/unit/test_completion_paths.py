@@ -105,6 +105,7 @@ def test_the_fallback_reasons_are_a_closed_enum():
         "cold_history",
         "closing_with_work",
         "unsupported_shape",
+        "limited",
         "decision_pending",
         "not_decidable",
         "not_registered",

@@ -53,6 +53,7 @@ def test_the_exported_list_is_exactly_this():
             "Harvest",
             "HarvestError",
             "InvalidExecutionId",
+            "InvalidLimitKey",
             "InvalidSchedule",
             "InvalidState",
             "InvalidTaskCall",

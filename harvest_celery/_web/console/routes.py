@@ -127,7 +127,10 @@ class Console:
             message = f"no run with id {run_id!r}" if isinstance(exc, ExecutionNotFound) else str(exc)
             return page.respond(str(status), error_body(status, message), status=status)
         view = build_run_view(
-            history, self.harvest.store.attempt_errors(run_id), live=x.status not in TERMINAL_STATUSES
+            history,
+            self.harvest.store.attempt_errors(run_id),
+            live=x.status not in TERMINAL_STATUSES,
+            held=self.harvest.store.held_activities(run_id),
         )
         graph_html, nodes, link = self._graph(x, history)
         body = render_run_page(

@@ -239,11 +239,16 @@ def _attempts(act: Activity) -> str:
     return '<ul class="attempts">' + "".join(items) + "</ul>" if items else '<span class="muted">-</span>'
 
 
+def _held(act: Activity) -> str:
+    return f'<br><span class="muted held">{e(act.held)}</span>' if act.held else ""
+
+
 def _activities(view: RunView) -> str:
     rows = [
         f'<tr data-activity="{e(a.name)}" data-status="{e(a.status)}"><td class="mono nw">#{e(a.activity_id)}</td>'
         f"<td>{e(a.name)}{' <span class=tag>compensation</span>' if a.compensation else ''}</td>"
-        f'<td>{e(a.queue)}</td><td class="nw">{e(status_label(a.status))}</td><td>{e(when(a.scheduled_at))}</td>'
+        f'<td>{e(a.queue)}</td><td class="nw">{e(status_label(a.status))}{_held(a)}</td>'
+        f"<td>{e(when(a.scheduled_at))}</td>"
         f'<td>{_attempts(a)}</td><td><code class="snip">{e(snippet(a.input, 120))}</code></td></tr>'
         for a in view.activities
     ]

@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -50,6 +50,7 @@ class Activity:
     output: Any = None
     status: str = core.PENDING  # the core fold's word
     attempts: dict[int, Attempt] = field(default_factory=dict)
+    held: str | None = None  # "waiting for a slot of charge (3/3 in use)": a limit holds it back
 
     def attempt(self, number: int) -> Attempt:
         return self.attempts.setdefault(number, Attempt(number))
@@ -142,11 +143,18 @@ def _add_error(view: RunView, acts: dict[str, Activity], err: Any) -> None:
 
 
 def build_run_view(
-    history: Sequence[ev.HistoryEvent], attempt_errors: Sequence[Any], live: bool | None = None
+    history: Sequence[ev.HistoryEvent],
+    attempt_errors: Sequence[Any],
+    live: bool | None = None,
+    held: Mapping[str, str] | None = None,
 ) -> RunView:
     """Fold ``history`` and the run's ``AttemptError`` records into a ``RunView`` (``live`` as in
-    ``fold_activities``: by default read from history)."""
+    ``fold_activities``: by default read from history). ``held``: activity id → the slot text of
+    each task row a limit holds back (``waiting``; the store knows it, history does not)."""
     acts = {a.activity_id: _activity(a) for a in core.fold_activities(history, live)}
+    for activity_id, text in (held or {}).items():
+        if activity_id in acts:
+            acts[activity_id].held = text
     view = RunView(list(acts.values()), [], [], [])
     for item in history:
         event, at = item.event, item.recorded_at

@@ -1,0 +1,264 @@
+"""Concurrency slots, enforced in Postgres for every worker (docs/flow-control.md).
+
+A limited dispatch is written ``waiting`` with no message (``staging.task_row``); the
+transaction that wrote it, and every transaction that frees a slot of its limit, *touches* the
+limit (``Tx.touch_limit``); just before it commits, ``settle`` runs for each limit it touched,
+in (name, key digest) order:
+
+1. lock the limit row (created on first use): after the transaction's own run row, always;
+2. count the limit's ``scheduled`` and ``running`` rows: that is ``in_use`` (a slot is held from
+   the moment a row leaves ``waiting`` until it completes, fails, waits for a retry, is
+   abandoned or its lease expires), stored back on the row, so the invariant holds by
+   construction after every settle;
+3. move the next waiting rows on, compensations first, then priority descending, then
+   ``wait_seq`` (FIFO within a priority), locked ``FOR UPDATE SKIP LOCKED``: a release never
+   waits for another run's lock, and changes only those rows' status and ``dispatched_at``;
+   their messages are staged and sent after commit.
+
+Freeing a slot without the lock (a completion marks its row completed first) only lowers the
+count the next settle sees: the limit errs toward fewer starts, never more. The sweeper settles
+every limit with waiting rows each pass, the backstop for a process that died between commit and
+send.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from harvest_celery._core.limits import Limits
+from harvest_celery._core.names import TaskStatus
+from harvest_celery._core.registry import Registry
+from harvest_celery._store.dialect import Dialect
+from harvest_celery._store.schema import activity_tasks, limits
+
+
+class Tx(Protocol):
+    """What a settle needs of its transaction (``_store.tx.Tx``): its connection and dialect,
+    and the messages it sends after commit."""
+
+    conn: Connection
+    dialect: Dialect
+
+    def dispatch_activity(
+        self,
+        execution_id: str,
+        activity_id: str,
+        name: str,
+        queue: str,
+        attempt: int,
+        adopted: bool,
+        deadline: float | None,
+    ) -> None: ...
+
+
+HOLDING = (TaskStatus.SCHEDULED.value, TaskStatus.RUNNING.value)
+NAME_ROW = ""  # key_digest of the name's own row: declared and override values
+
+
+def _of(name: str, digest: str) -> sa.ColumnElement[bool]:
+    return (activity_tasks.c.activity_name == name) & (activity_tasks.c.limit_digest == digest)
+
+
+def ensure(tx: Tx, name: str, digest: str) -> None:
+    """The limit row exists (a key's row appears on its first dispatch)."""
+    tx.conn.execute(tx.dialect.insert_ignore(limits).values(name=name, key_digest=digest, in_use=0))
+
+
+def concurrency_in_force(tx: Tx, name: str) -> int | None:
+    """The override, else the declared value; None: no concurrency limit (rate only)."""
+    found = tx.conn.execute(
+        sa.select(limits.c.declared_concurrency, limits.c.override_concurrency).where(
+            (limits.c.name == name) & (limits.c.key_digest == NAME_ROW)
+        )
+    ).first()
+    if found is None:
+        return None
+    return (
+        found.override_concurrency if found.override_concurrency is not None else found.declared_concurrency
+    )
+
+
+def settle(tx: Tx, name: str, digest: str, now: datetime) -> int:
+    """Recount the limit's slots and release what fits (see the module); the rows released."""
+    ensure(tx, name, digest)
+    tx.conn.execute(
+        tx.dialect.lock(
+            sa.select(limits.c.in_use).where((limits.c.name == name) & (limits.c.key_digest == digest))
+        )
+    ).first()
+    in_use = tx.conn.execute(
+        sa.select(sa.func.count())
+        .select_from(activity_tasks)
+        .where(_of(name, digest) & activity_tasks.c.status.in_(HOLDING))
+    ).scalar_one()
+    limit = concurrency_in_force(tx, name)
+    free = None if limit is None else max(0, limit - in_use)
+    released = _release(tx, name, digest, free, now) if free is None or free > 0 else []
+    tx.conn.execute(
+        limits.update()
+        .where((limits.c.name == name) & (limits.c.key_digest == digest))
+        .values(in_use=in_use + len(released), updated_at=now)
+    )
+    for row in released:
+        tx.dispatch_activity(
+            row.execution_id,
+            row.activity_id,
+            row.activity_name,
+            row.queue,
+            row.attempt,
+            row.adopted,
+            row.start_to_close,
+        )
+    return len(released)
+
+
+def _release(tx: Tx, name: str, digest: str, free: int | None, now: datetime) -> list[sa.Row]:
+    q = (
+        sa.select(activity_tasks)
+        .where(_of(name, digest) & (activity_tasks.c.status == TaskStatus.WAITING.value))
+        .order_by(
+            activity_tasks.c.compensation.desc(),
+            activity_tasks.c.priority.desc(),
+            activity_tasks.c.wait_seq,
+        )
+    )
+    if free is not None:
+        q = q.limit(free)
+    rows = tx.conn.execute(tx.dialect.lock(q, skip_locked=True)).all()
+    for row in rows:
+        tx.conn.execute(
+            activity_tasks.update()
+            .where(
+                (activity_tasks.c.execution_id == row.execution_id)
+                & (activity_tasks.c.activity_id == row.activity_id)
+            )
+            .values(status=TaskStatus.SCHEDULED.value, dispatched_at=now)
+        )
+    return list(rows)
+
+
+def open_limits(tx: Tx, execution_id: str) -> list[tuple[str, str]]:
+    """The limits a run's unstarted limited rows are under (what abandoning them frees)."""
+    rows = tx.conn.execute(
+        sa.select(activity_tasks.c.activity_name, activity_tasks.c.limit_digest)
+        .where(
+            (activity_tasks.c.execution_id == execution_id)
+            & activity_tasks.c.limit_digest.is_not(None)
+            & activity_tasks.c.status.in_((TaskStatus.SCHEDULED.value, TaskStatus.WAITING.value))
+        )
+        .distinct()
+    ).all()
+    return [(r.activity_name, r.limit_digest) for r in rows]
+
+
+def waiting_limits(tx: Tx, limit: int = 100) -> list[tuple[str, str]]:
+    """Every limit some row waits under (the sweeper's backstop settles each)."""
+    rows = tx.conn.execute(
+        sa.select(activity_tasks.c.activity_name, activity_tasks.c.limit_digest)
+        .where(activity_tasks.c.status == TaskStatus.WAITING.value)
+        .distinct()
+        .limit(limit)
+    ).all()
+    return [(r.activity_name, r.limit_digest) for r in rows]
+
+
+def next_wait_seq(tx: Tx) -> int:
+    return tx.dialect.next_wait_seq(tx.conn)
+
+
+def _declared(spec: Limits) -> dict[str, Any]:
+    return {
+        "declared_concurrency": spec.concurrency,
+        "declared_rate_limit": spec.rate_limit.text if spec.rate_limit is not None else None,
+    }
+
+
+def declare(tx: Tx, name: str, spec: Limits) -> None:
+    """The name's own row exists, with the declared values if it is new (a first dispatch)."""
+    tx.conn.execute(
+        tx.dialect.insert_ignore(limits).values(name=name, key_digest=NAME_ROW, in_use=0, **_declared(spec))
+    )
+
+
+def sync_declared(tx: Tx, registry: Registry, now: datetime) -> None:
+    """Write the decorators' values into each limited name's own row (worker start); an
+    override is never touched by it."""
+    for name, definition in sorted(registry.activities.items()):
+        if not definition.limits.limited:
+            continue
+        declare(tx, name, definition.limits)
+        tx.conn.execute(
+            limits.update()
+            .where((limits.c.name == name) & (limits.c.key_digest == NAME_ROW))
+            .values(updated_at=now, **_declared(definition.limits))
+        )
+
+
+# ── run-time overrides (``harvest.set_limit``, ``harvest limits``) ───────────────────────────
+def known(tx: Tx, name: str) -> bool:
+    """The name has a limit row (a worker declared it, or it was dispatched)."""
+    found = tx.conn.execute(
+        sa.select(limits.c.name).where((limits.c.name == name) & (limits.c.key_digest == NAME_ROW))
+    ).first()
+    return found is not None
+
+
+def set_override(tx: Tx, name: str, concurrency: int | None, now: datetime) -> None:
+    """Write (or, with None, clear) the name's override, then settle every key of it: a raised
+    limit releases what now fits; a lowered one stops no running body, only new slots."""
+    tx.conn.execute(
+        tx.dialect.lock(
+            sa.select(limits.c.name).where((limits.c.name == name) & (limits.c.key_digest == NAME_ROW))
+        )
+    ).first()
+    tx.conn.execute(
+        limits.update()
+        .where((limits.c.name == name) & (limits.c.key_digest == NAME_ROW))
+        .values(
+            override_concurrency=concurrency,
+            override_set_at=None if concurrency is None else now,
+            updated_at=now,
+        )
+    )
+
+
+def keys_of(tx: Tx, name: str) -> list[str]:
+    """Every key digest a name's limit has a row for (its own row included)."""
+    rows = tx.conn.execute(sa.select(limits.c.key_digest).where(limits.c.name == name)).all()
+    return [r.key_digest for r in rows]
+
+
+def usage(tx: Tx) -> list[dict[str, Any]]:
+    """One entry per limited name: declared and override values, when the override was set,
+    slots in use and rows waiting, summed over its keys (no key is named: a key is payload)."""
+    rows = tx.conn.execute(sa.select(limits).order_by(limits.c.name, limits.c.key_digest)).all()
+    waiting: dict[str, int] = {
+        name: int(n)
+        for name, n in tx.conn.execute(
+            sa.select(activity_tasks.c.activity_name, sa.func.count())
+            .where(activity_tasks.c.status == TaskStatus.WAITING.value)
+            .group_by(activity_tasks.c.activity_name)
+        ).all()
+    }
+    found: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        entry = found.setdefault(r.name, {"name": r.name, "in_use": 0, "keys": 0})
+        if r.key_digest == NAME_ROW:
+            entry.update(
+                declared_concurrency=r.declared_concurrency,
+                override_concurrency=r.override_concurrency,
+                override_set_at=r.override_set_at,
+            )
+        else:
+            entry["keys"] += 1
+        entry["in_use"] += int(r.in_use)
+    for entry in found.values():
+        entry["waiting"] = int(waiting.get(entry["name"], 0))
+        entry.setdefault("declared_concurrency", None)
+        entry.setdefault("override_concurrency", None)
+        entry.setdefault("override_set_at", None)
+    return list(found.values())

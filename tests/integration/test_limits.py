@@ -1,0 +1,256 @@
+"""Activity limits across worker processes (docs/flow-control.md), on real Postgres, Redis and
+Celery: two worker processes of this module's own consume the ``limited`` queue. Overlaps are
+computed from the bodies' own start and end stamps (time, pid); no assertion is timed (the waits
+are generous bounds). After every test, each limit's ``in_use`` equals its scheduled and running
+rows."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from harvest_celery import WorkflowFailed
+from harvest_celery._store.schema import activity_tasks, limits
+from tests.integration.app import harvest as _app  # noqa: F401  (imports limited after app)
+from tests.integration.conftest import Worker, wait_for
+from tests.integration.limited import QUEUE
+
+
+@pytest.fixture(scope="module")
+def limited_workers(workers: Any) -> Iterator[list[Worker]]:
+    started = [Worker(f"lim{i}", QUEUE) for i in (1, 2)]
+    try:
+        for w in started:
+            w.start()
+        yield started
+    finally:
+        for w in started:
+            w.stop()
+
+
+@pytest.fixture(autouse=True)
+def in_use_matches(harvest: Any) -> Iterator[None]:
+    yield
+    assert_in_use_matches(harvest)
+
+
+def assert_in_use_matches(harvest: Any) -> None:
+    """The invariant: each limit row's in_use is the scheduled and running rows of its limit."""
+    t = activity_tasks.c
+    with harvest.store.engine.connect() as conn:
+        held = conn.execute(
+            sa.select(t.activity_name, t.limit_digest, sa.func.count())
+            .where(t.status.in_(("scheduled", "running")) & t.limit_digest.is_not(None))
+            .group_by(t.activity_name, t.limit_digest)
+        ).all()
+        rows = conn.execute(sa.select(limits.c.name, limits.c.key_digest, limits.c.in_use)).all()
+    counts = {(name, digest): n for name, digest, n in held}
+    used = {(name, digest): n for name, digest, n in rows if n or (name, digest) in counts}
+    assert used == counts
+
+
+def stamps(redis_client: Any, tag: str) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in redis_client.lrange(f"stamps:{tag}", 0, -1)]
+
+
+def max_overlap(marks: list[dict[str, Any]]) -> int:
+    """The most bodies between their start and end stamps at once (an end before a start at
+    the same instant: touching intervals do not overlap)."""
+    events = sorted((m["at"], 0 if m["what"] == "end" else 1) for m in marks)
+    current = peak = 0
+    for _at, kind in events:
+        current += 1 if kind else -1
+        peak = max(peak, current)
+    return peak
+
+
+def start_calls(harvest: Any, tag: str, activity: str, n: int, **extra: Any) -> list[str]:
+    return [
+        harvest.start_workflow(
+            "limited_call", {"tag": tag, "activity": activity, "label": f"{tag}-{i}", **extra}
+        )
+        for i in range(n)
+    ]
+
+
+def wait_finished(harvest: Any, runs: list[str], timeout: float = 180) -> None:
+    for run_id in runs:
+        harvest.result(run_id, timeout=timeout)
+
+
+def statuses(harvest: Any, runs: list[str]) -> list[str]:
+    return [
+        harvest.store.activity_rows(r)[0]["status"] if harvest.store.activity_rows(r) else "none"
+        for r in runs
+    ]
+
+
+def in_use(harvest: Any, name: str) -> int:
+    with harvest.store.engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.select(sa.func.coalesce(sa.func.sum(limits.c.in_use), 0)).where(limits.c.name == name)
+            ).scalar_one()
+        )
+
+
+def test_200_runs_of_a_concurrency_3_activity_overlap_exactly_3_across_two_processes(
+    harvest, limited_workers, redis_client, tag
+):
+    runs = start_calls(harvest, tag, "limited_three", 200)
+    wait_finished(harvest, runs)
+    marks = stamps(redis_client, tag)
+    assert len([m for m in marks if m["what"] == "start"]) == 200
+    assert max_overlap(marks) == 3
+    assert len({m["pid"] for m in marks}) >= 2  # bodies ran in both processes
+    assert in_use(harvest, "limited_three") == 0
+
+
+def test_a_keyed_limit_gives_each_key_its_own_slots(harvest, limited_workers, redis_client, tag):
+    runs = []
+    for i in range(15):
+        runs += start_calls(harvest, f"{tag}", "limited_per_key", 1, key=f"k{i % 3}", sleep=0.1)
+    wait_finished(harvest, runs)
+    marks = stamps(redis_client, tag)
+    for key in ("k0", "k1", "k2"):
+        assert max_overlap([m for m in marks if m["key"] == key]) == 2
+    assert max_overlap(marks) > 2  # different keys overlapped
+    assert in_use(harvest, "limited_per_key") == 0
+
+
+def _hold_the_slot(harvest: Any, redis_client: Any, tag: str) -> str:
+    (holder,) = start_calls(harvest, f"{tag}-hold", "limited_one", 1, hold=True)
+    redis_client.delete(f"release:{tag}-hold")
+    wait_for(lambda: stamps(redis_client, f"{tag}-hold"), what="the holder's body to start")
+    assert in_use(harvest, "limited_one") == 1  # the slot is busy while the queue forms
+    return holder
+
+
+def test_priority_9_bodies_all_start_before_any_priority_0_body(harvest, limited_workers, redis_client, tag):
+    holder = _hold_the_slot(harvest, redis_client, tag)
+    low = start_calls(harvest, tag, "limited_one", 50, priority=0, sleep=0.0)
+    high = [
+        harvest.start_workflow(
+            "limited_call",
+            {"tag": tag, "activity": "limited_one", "label": f"{tag}-hi-{i}", "priority": 9, "sleep": 0.0},
+        )
+        for i in range(10)
+    ]
+    wait_for(lambda: statuses(harvest, low + high).count("waiting") == 60, what="60 waiting rows")
+    assert in_use(harvest, "limited_one") == 1
+    redis_client.set(f"release:{tag}-hold", 1)
+    wait_finished(harvest, [holder, *low, *high])
+    starts = [m["label"] for m in stamps(redis_client, tag) if m["what"] == "start"]
+    assert len(starts) == 60
+    assert all("-hi-" in label for label in starts[:10]), starts[:12]
+    assert in_use(harvest, "limited_one") == 0
+
+
+def test_cancel_and_terminate_cancel_waiting_rows_that_are_never_released(
+    harvest, limited_workers, redis_client, tag
+):
+    holder = _hold_the_slot(harvest, redis_client, tag)
+    cancelled, terminated, kept = start_calls(harvest, tag, "limited_one", 3, sleep=0.0)
+    wait_for(
+        lambda: statuses(harvest, [cancelled, terminated, kept]) == ["waiting"] * 3, what="3 waiting rows"
+    )
+    harvest.cancel_workflow_execution(cancelled, "stop")
+    harvest.terminate(terminated, "stop")
+    wait_for(
+        lambda: statuses(harvest, [cancelled, terminated]) == ["cancelled"] * 2, what="both rows cancelled"
+    )
+    redis_client.set(f"release:{tag}-hold", 1)
+    wait_finished(harvest, [holder, kept])
+    started = [m["label"] for m in stamps(redis_client, tag) if m["what"] == "start"]
+    assert started == [f"{tag}-2"]  # only the run left alone ran its body
+    assert statuses(harvest, [cancelled, terminated]) == ["cancelled"] * 2
+
+
+def test_a_saga_unwind_goes_ahead_of_forward_work_queued_earlier(harvest, limited_workers, redis_client, tag):
+    saga = harvest.start_workflow("limited_saga", {"tag": tag, "activity": "limited_one", "sleep": 0.0})
+    wait_for(lambda: stamps(redis_client, f"{tag}-fail"), what="the failing step to start")
+    holder = _hold_the_slot(harvest, redis_client, tag)
+    forward = start_calls(harvest, tag, "limited_one", 5, sleep=0.0)
+    wait_for(lambda: statuses(harvest, forward).count("waiting") == 5, what="5 waiting forward rows")
+    redis_client.set(f"release:{tag}-fail", 1)  # the step fails: the unwind's compensation waits
+    wait_for(
+        lambda: [r["status"] for r in harvest.store.activity_rows(saga)][2:] == ["waiting"],
+        what="the compensation waiting for the slot",
+    )
+    (compensation,) = harvest.store.activity_rows(saga)[2:]
+    assert compensation["compensation"], compensation
+    redis_client.set(f"release:{tag}-hold", 1)
+    wait_finished(harvest, [holder, *forward])
+    with pytest.raises(WorkflowFailed):
+        harvest.result(saga, timeout=60)  # the saga failed, compensated
+    starts = [m["label"] for m in stamps(redis_client, tag) if m["what"] == "start"]
+    assert starts[0] == "saga-forward" and starts[1] == "compensation", starts
+    assert len(starts) == 7
+    assert max_overlap([m for m in stamps(redis_client, tag)]) == 1
+
+
+def test_an_override_lowers_new_slots_survives_a_worker_restart_and_clears(
+    harvest, limited_workers, redis_client, tag
+):
+    holders = start_calls(harvest, f"{tag}-hold", "limited_three", 3, hold=True)
+    wait_for(lambda: len(stamps(redis_client, f"{tag}-hold")) == 3, what="3 holders running")
+    later = start_calls(harvest, tag, "limited_three", 4, sleep=0.1)
+    wait_for(lambda: statuses(harvest, later).count("waiting") == 4, what="4 waiting rows")
+    harvest.set_limit("limited_three", 1)  # while work waits
+    redis_client.set(f"release:{tag}-hold", 1)
+    wait_finished(harvest, [*holders, *later])
+    assert max_overlap(stamps(redis_client, tag)) == 1  # new slots followed 1
+    limited_workers[0].restart()  # a worker start syncs the decorator's 3: the override stays
+    (entry,) = [e for e in harvest.limits() if e["name"] == "limited_three"]
+    assert (entry["declared_concurrency"], entry["override_concurrency"]) == (3, 1)
+    harvest.set_limit("limited_three", clear=True)
+    (entry,) = [e for e in harvest.limits() if e["name"] == "limited_three"]
+    assert (entry["declared_concurrency"], entry["override_concurrency"]) == (3, None)
+    again = start_calls(harvest, f"{tag}-again", "limited_three", 30, sleep=0.1)
+    wait_finished(harvest, again)
+    assert max_overlap(stamps(redis_client, f"{tag}-again")) == 3  # the declared 3 again
+
+
+def test_an_adopted_task_is_limited_when_harvest_dispatches_it_and_delay_is_not(
+    harvest, limited_workers, redis_client, tag
+):
+    from tests.integration.app import limited_send
+
+    (holder,) = start_calls(harvest, f"{tag}-hold", "legacy.limited_send", 1, hold=True)
+    redis_client.delete(f"release:{tag}-hold")
+    wait_for(lambda: stamps(redis_client, f"{tag}-hold"), what="the adopted holder to start")
+    queued = start_calls(harvest, tag, "legacy.limited_send", 3, sleep=0.0)
+    wait_for(lambda: statuses(harvest, queued).count("waiting") == 3, what="3 waiting dispatches")
+    plain = [limited_send.delay({"tag": f"{tag}-plain", "label": f"plain-{i}"}) for i in range(2)]
+    wait_for(  # a plain .delay() runs beside the held slot: harvest never sees it
+        lambda: len([m for m in stamps(redis_client, f"{tag}-plain") if m["what"] == "end"]) == 2,
+        what="the plain calls to run",
+    )
+    assert statuses(harvest, queued).count("waiting") == 3 and len(plain) == 2
+    redis_client.set(f"release:{tag}-hold", 1)
+    wait_finished(harvest, [holder, *queued])
+    assert max_overlap(stamps(redis_client, tag)) == 1
+
+
+def test_kill_9_of_a_worker_holding_a_slot_frees_it_only_at_lease_expiry(
+    harvest, limited_workers, redis_client, tag
+):
+    holder = _hold_the_slot(harvest, redis_client, tag)
+    (held,) = stamps(redis_client, f"{tag}-hold")
+    (victim,) = [w for w in limited_workers if w.proc is not None and w.proc.pid == held["pid"]]
+    queued = start_calls(harvest, tag, "limited_one", 3, sleep=0.0)
+    wait_for(lambda: statuses(harvest, queued).count("waiting") == 3, what="3 waiting rows")
+    victim.kill9()
+    try:
+        # the dead body's row still holds the slot: nothing is released until its lease expires
+        assert in_use(harvest, "limited_one") == 1 and statuses(harvest, queued).count("waiting") == 3
+        redis_client.set(f"release:{tag}-hold", 1)  # its retry (after the expiry) finishes at once
+        wait_finished(harvest, [holder, *queued], timeout=120)
+    finally:
+        victim.start()
+    assert max_overlap(stamps(redis_client, tag)) == 1
+    assert in_use(harvest, "limited_one") == 0
