@@ -26,12 +26,17 @@ class Pools:
     """The sizes of a process's two Postgres pools: the transactions' (``size`` kept open,
     ``overflow`` more opened under load and closed when given back) and the autocommit pool of
     one-statement operations, the claim (``claim_size``, ``claim_overflow``). ``Harvest``'s
-    ``pool_size``, ``max_overflow``, ``claim_pool_size`` and ``claim_max_overflow``."""
+    ``pool_size``, ``max_overflow``, ``claim_pool_size`` and ``claim_max_overflow``.
+
+    ``pooled``: the URL reaches Postgres through a transaction pooler (PgBouncer): psycopg 3
+    makes no server-side prepared statements (a prepared statement lives in one server session,
+    which a pooler hands to another client after each transaction)."""
 
     size: int = 5
     overflow: int = 10
     claim_size: int = 2
     claim_overflow: int = 10
+    pooled: bool = False
 
 
 DEFAULT_POOLS = Pools()
@@ -53,6 +58,8 @@ class Dialect:
         # ``Store.transaction`` runs the transaction once more when that came before COMMIT.
         # ``autocommit``: a pool for one-statement operations (the claim).
         options: dict[str, Any] = {"echo": echo, "pool_pre_ping": False, "hide_parameters": True}
+        if pools.pooled and sa.engine.make_url(url).get_driver_name() == "psycopg":
+            options["connect_args"] = {"prepare_threshold": None}  # never prepare on the server
         if autocommit:
             engine = sa.create_engine(
                 url,
