@@ -10,13 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from celery import Celery
 
 import harvest_celery
 from harvest_celery import Harvest
 from harvest_celery._runtime.settings import checked
-from harvest_celery._store.dialect import Dialect, Pools
+from harvest_celery._store.dialect import Pools, pooler_options
 from harvest_celery._store.listener import Listener, PollingListener, listener_of
 
 PG = "postgresql+psycopg://nobody@127.0.0.1:1/nowhere"  # nothing listens on port 1
@@ -71,25 +70,10 @@ def test_a_polling_process_says_so_once(caplog: pytest.LogCaptureFixture) -> Non
     assert len(told) == 1
 
 
-def _connect_args(url: str, pools: Pools) -> dict[str, Any]:
-    engine = Dialect().create_engine(url, False, pools=pools)
-    seen: dict[str, Any] = {}
-
-    @sa.event.listens_for(engine, "do_connect")
-    def _capture(_dialect: Any, _record: Any, _args: Any, kwargs: Any) -> None:
-        seen.update(kwargs)
-        raise RuntimeError("captured")  # never connect
-
-    with pytest.raises(Exception, match="captured"):
-        engine.connect()
-    engine.dispose()
-    return seen
-
-
 def test_a_pooled_psycopg3_engine_never_prepares_on_the_server() -> None:
-    assert _connect_args(PG, Pools(pooled=True))["prepare_threshold"] is None
-    assert "prepare_threshold" not in _connect_args(PG, Pools())
-    assert "prepare_threshold" not in _connect_args(DIRECT, Pools(pooled=True))  # psycopg2: none to stop
+    assert pooler_options(PG, Pools(pooled=True)) == {"connect_args": {"prepare_threshold": None}}
+    assert pooler_options(PG, Pools()) == {}
+    assert pooler_options(DIRECT, Pools(pooled=True)) == {}  # psycopg2: none to stop
 
 
 SESSION_STATE = re.compile(
