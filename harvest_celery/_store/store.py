@@ -25,6 +25,7 @@ from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import listable, run_prefix
 from harvest_celery._store import redaction, runs, sql
+from harvest_celery._store.blobs import PostgresPayloadStore
 from harvest_celery._store.dialect import Dialect, Pools, dialect_for
 from harvest_celery._store.listener import Listener, PollingListener, listener_of
 from harvest_celery._store.records import (
@@ -72,7 +73,9 @@ class Store:
         self.pools = pools or Pools()  # Postgres: the two pools' sizes (SQLite: unused)
         self.payloads = payloads or Payloads()
         bind = getattr(self.payloads.store, "bind", None)
-        if bind is not None:
+        if isinstance(self.payloads.store, PostgresPayloadStore):  # its pool follows the settings
+            self.payloads.store.bind(database_url, self.pools)
+        elif bind is not None:
             bind(database_url)
         self._engine: Engine | None = None
         self._autocommit: tuple[Engine, Engine] | None = None

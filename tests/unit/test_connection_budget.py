@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from harvest_celery._store.dialect import no_slot
 from harvest_celery._store.sweeps import resend_at
@@ -29,3 +30,22 @@ def test_re_sends_that_went_stale_together_spread_and_back_off() -> None:
     later = resend_at(now, now - timedelta(days=3))
     assert later <= now + timedelta(hours=1)  # the backoff is capped
     assert resend_at(now, now + timedelta(seconds=5)) == now  # a clock ahead: no negative wait
+
+
+def test_the_postgres_payload_store_pool_follows_the_pool_settings() -> None:
+    """Its own pool (blobs) is sized as the claim pool, no longer SQLAlchemy's 5 + 10."""
+    from harvest_celery import Harvest, PostgresPayloadStore
+
+    store = PostgresPayloadStore()
+    h = Harvest(
+        "postgresql+psycopg://nobody@127.0.0.1:1/nowhere",
+        payload_store=store,
+        claim_pool_size=1,
+        claim_max_overflow=3,
+        pooled=True,
+    )
+    pool: Any = store.engine.pool
+    assert (pool.size(), pool._max_overflow) == (1, 3)
+    assert h.store.pools.claim_overflow == 3
+    alone: Any = PostgresPayloadStore("postgresql+psycopg2://nobody@127.0.0.1:1/nowhere").engine.pool
+    assert (alone.size(), alone._max_overflow) == (1, 4)  # not bound to a Harvest: small too
