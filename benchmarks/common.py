@@ -199,8 +199,9 @@ def harvest_client() -> Any:
 
 
 class Worker:
-    """One Celery worker subprocess running benchmarks.app (threads pool). ``-P threads``: the
-    worker is this one process (no pool children), so ``proc.pid`` is the process to measure."""
+    """One Celery worker subprocess running benchmarks.app (threads pool unless ``--pool
+    prefork``). ``-P threads``: the worker is this one process (no pool children), so
+    ``proc.pid`` is the process to measure (the memory scenario assumes it)."""
 
     def __init__(self, queues: str, concurrency: int, log: Path) -> None:
         self.queues, self.concurrency, self.log = queues, concurrency, log
@@ -222,7 +223,7 @@ class Worker:
             "-n",
             self.node,
             "-P",
-            "threads",
+            os.environ.get("HARVEST_BENCH_POOL", "threads"),  # --pool
             "-c",
             str(self.concurrency),
             "--without-gossip",

@@ -89,6 +89,25 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="B2's workers: pair (2 processes, each every queue) or split (a decision "
         "worker -Q harvest and an activity worker -Q default,bench)",
     )
+    p.add_argument(
+        "--topology",
+        choices=("split", "shared"),
+        help="B2's workers (the same as --b2-topology): split (the documented deployment) or "
+        "shared (every process every queue: --b2-topology pair)",
+    )
+    p.add_argument(
+        "--pool",
+        choices=("threads", "prefork"),
+        default="threads",
+        help="the workers' Celery pool (-P), for harvest and raw Celery alike",
+    )
+    p.add_argument(
+        "--broker",
+        choices=("redis", "amqp"),
+        default="redis",
+        help="redis (redis://127.0.0.1:6379/7) or amqp (HARVEST_BENCH_AMQP_URL, default "
+        "amqp://guest:guest@127.0.0.1:5672//), for harvest and raw Celery alike",
+    )
     p.add_argument("--min-jobs", type=int, help="B2: workflows per level at least (32; quick 8)")
     p.add_argument("--history-steps", type=int, help="B3: steps in the one long run (1000; quick 300)")
     p.add_argument("--fanout-cells", type=int, help="B4: mapped cells (1000; quick 200)")
@@ -107,6 +126,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     for key, (full, quick) in PROFILES.items():
         if getattr(args, key) is None:
             setattr(args, key, quick if args.quick else full)
+    if args.topology is not None:
+        args.b2_topology = {"split": "split", "shared": "pair"}[args.topology]
+    deployment_env(args.pool, args.broker)
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = [s for s in args.scenarios if s not in SCENARIOS]
     if unknown:
@@ -126,6 +148,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ):
         p.error("sizes must be >= 1")
     return args
+
+
+def deployment_env(pool: str, broker: str) -> None:
+    """The pool and broker every worker (and this client) uses: through the environment, which
+    benchmarks.app and the worker subprocesses read."""
+    os.environ["HARVEST_BENCH_POOL"] = pool
+    if broker == "amqp":
+        os.environ["HARVEST_BENCH_BROKER_URL"] = os.environ.get(
+            "HARVEST_BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//"
+        )
 
 
 # ── DBOS: one subprocess for every DBOS part of the selected scenarios ───────────────────────

@@ -78,22 +78,32 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
         max_overflow: int | None = None,
         claim_pool_size: int | None = None,
         claim_max_overflow: int | None = None,
+        pooled: bool | None = None,
+        listen_url: str | None = None,
     ) -> None:
-        """Every keyword is a row of docs/configuration.md (None: the default it documents). A
-        bad value, or ``fast_paths=False`` with one of the three settings it stands for passed at
-        its fast value, raises ``ValueError`` naming it, before anything connects."""
+        """Every keyword is a row of docs/configuration.md (None: its documented default). A bad
+        value (or ``fast_paths=False`` beside a fast value) raises ``ValueError``, before connecting."""
         options = config.checked({k: v for k, v in locals().items() if k in config.BY_NAME})
         options.update(
             fast_path_settings(options["fast_paths"], inline_decisions, sticky_sessions, eager_max_chain)
         )
         self.database_url = database_url or EMBEDDED_URL
         payloads = Payloads(options["codec"], options["payload_store"], options["offload_threshold"])
-        self.store = Store(self.database_url, payloads=payloads, pools=config.pools(options))
+        self.store = Store(
+            self.database_url,
+            payloads=payloads,
+            pools=config.pools(options),
+            listen_url=options["listen_url"],
+        )
         self.registry = Registry()
         register_start_task(self.registry)  # reserved: every decision worker knows it
         # the cap applies to what is stored inline: with a store, an offloaded input is a reference
         offloads = payloads.offloads if payload_store is not None else None
         self.runtime = Runtime(self.store, self.registry, config.runtime_settings(options, offloads))
+        self._attach(celery_app)
+
+    def _attach(self, celery_app: Any) -> None:
+        """Dispatch through ``celery_app``'s broker, or (None) run embedded, in this process."""
         self.celery_app = celery_app
         self._inline: InlineDispatcher | None = None
         self._consumers: QueueConsumers | None = None  # asked by stuck() only, never the hot path
@@ -358,3 +368,10 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
 
 
 __all__ = ["Harvest", "configure_celery", "configure_dedicated_celery_app"]
+
+
+def _store(database_url: str, payloads: Payloads, options: dict[str, Any]) -> Store:
+    """The store, with the pool settings and what listens (``listen_url``, ``pooled``)."""
+    return Store(
+        database_url, payloads=payloads, pools=config.pools(options), listen_url=options["listen_url"]
+    )

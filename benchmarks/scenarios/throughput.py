@@ -66,6 +66,8 @@ def run(args: Any, dbos: dict[str, Any]) -> dict[str, Any]:
     return {
         "steps": steps,
         "topology": TOPOLOGY_LABELS[topology],
+        "pool": args.pool,
+        "broker": args.broker,
         "worker_concurrency": args.worker_concurrency,
         "levels": levels,
     }

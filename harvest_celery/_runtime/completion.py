@@ -292,6 +292,7 @@ def _one_statement(rt: Runtime, claim: Claim, output: Any, session: Session) -> 
     tx.metrics.append(
         ("decisions", {"workflow": session.replay.activation.workflow_type, "path": ONE_STATEMENT})
     )
+    tx.metrics.append(("decision_replays", {"replay": "warm"}))  # the one-statement path is warm only
     rt._after_decision(tx, Decided(session, written))
     return Choice(ONE_STATEMENT)
 

@@ -72,6 +72,11 @@ _SPECS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Schedule ticks by outcome: fired, skipped (the overlap policy, or paused) or missed (older than the catch-up window), counted by the process that judged them (docs/schedules.md).",
         ("workflow", "outcome"),
     ),
+    "decision_replays": (
+        "harvest_decision_replays",
+        "Decisions by how their replay began: warm (advanced from this process's cached session with the new events only) or cold (the whole history replayed); warm / (warm + cold) is the warm-session hit rate.",
+        ("replay",),
+    ),
     "decision_fallbacks": (
         "harvest_decision_fallbacks",
         "Completions that configuration and dialect allowed on the one-statement path but that went another way, and inline decisions handed to the decision task, by the first reason (docs/operations.md).",

@@ -314,8 +314,10 @@ class Runtime:
                 new = tx.history(row.id, since=since) + pending
             decision = session.advance(new, self.settings.engine)
             if decision is not None:
+                tx.metrics.append(("decision_replays", {"replay": "warm"}))
                 return session, decision
             session.close()
+        tx.metrics.append(("decision_replays", {"replay": "cold"}))
         history = tx.history(row.id) + pending
         session = Session(
             definition, Activation(row.id, row.workflow_type, history, self.settings.engine), self.registry

@@ -73,6 +73,20 @@ def _queue(v: Any) -> bool:
     return isinstance(v, str) and v != "" and v.strip() == v
 
 
+def _url(v: Any) -> bool:
+    return v is None or (isinstance(v, str) and v.startswith("postgresql"))
+
+
+def _yes_no(text: str) -> Any:
+    """An environment variable's text as a flag (``1``/``true``/``yes``, ``0``/``false``/``no``)."""
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    return text
+
+
 def _shaped(*attributes: str) -> Callable[[Any], bool]:
     return lambda v: v is None or all(hasattr(v, a) for a in attributes)
 
@@ -85,6 +99,7 @@ class Keyword:
     valid: Callable[[Any], bool]
     env: str | None = None  # read when the keyword is not given
     none_allowed: bool = False  # None is a value of its own, not "the default"
+    parse: Callable[[str], Any] | None = None  # the environment variable's text as a value
 
 
 KEYWORDS: tuple[Keyword, ...] = (
@@ -133,6 +148,15 @@ KEYWORDS: tuple[Keyword, ...] = (
         _count(0),
         env="HARVEST_CLAIM_MAX_OVERFLOW",
     ),
+    Keyword(
+        "pooled",
+        False,
+        "True or False (HARVEST_DATABASE_POOLED: 1 or 0)",
+        _flag,
+        env="HARVEST_DATABASE_POOLED",
+        parse=_yes_no,
+    ),
+    Keyword("listen_url", None, "a postgresql URL or None", _url, env="HARVEST_LISTEN_URL", parse=str),
 )
 BY_NAME = {keyword.name: keyword for keyword in KEYWORDS}
 
@@ -151,7 +175,10 @@ def checked(given: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -
         text = environ.get(keyword.env, "").strip() if keyword.env else ""
         if value is None and text:
             source = f"{keyword.env}={text!r}"
-            value = int(text) if text.lstrip("-").isdigit() else text
+            if keyword.parse is not None:
+                value = keyword.parse(text)
+            else:
+                value = int(text) if text.lstrip("-").isdigit() else text
         if value is None:
             value = keyword.default
         if not keyword.valid(value):
@@ -174,6 +201,7 @@ def pools(options: Mapping[str, Any]) -> Pools:
         overflow=options["max_overflow"],
         claim_size=options["claim_pool_size"],
         claim_overflow=options["claim_max_overflow"],
+        pooled=options["pooled"],
     )
 
 

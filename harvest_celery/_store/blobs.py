@@ -20,10 +20,18 @@ class PostgresPayloadStore:
         self._url = database_url
         self._engine: sa.Engine | None = None
         self._pid = -1
+        self._pool: dict[str, Any] = {"pool_size": 1, "max_overflow": 4}  # until bound to a Harvest's
 
-    def bind(self, database_url: str) -> None:
+    def bind(self, database_url: str, pools: Any = None) -> None:
+        """Bound by ``Store``: the harvest database's URL when none was given, and the size of a
+        pool of its own from the store's pool settings (``claim_pool_size`` + ``claim_max_overflow``:
+        blobs are read and written far less often than transactions), and its ``pooled`` flag."""
         if self._url is None:
             self._url = database_url
+        if pools is not None:
+            self._pool = {"pool_size": pools.claim_size, "max_overflow": pools.claim_overflow}
+            if pools.pooled and sa.engine.make_url(self._url).get_driver_name() == "psycopg":
+                self._pool["connect_args"] = {"prepare_threshold": None}
 
     def lives_in(self, database_url: str) -> bool:
         """Its blobs are in that database (the harvest database, by default)."""
@@ -37,7 +45,7 @@ class PostgresPayloadStore:
     def engine(self) -> sa.Engine:
         if self._engine is None or self._pid != os.getpid():
             assert self._url is not None, "PostgresPayloadStore needs a database url"
-            self._engine = sa.create_engine(self._url, pool_pre_ping=True)
+            self._engine = sa.create_engine(self._url, pool_pre_ping=True, **self._pool)
             self._pid = os.getpid()
         return self._engine
 

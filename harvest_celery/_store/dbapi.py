@@ -59,9 +59,15 @@ def in_transaction(conn: Any) -> bool:
 
 
 def _one(conn: Any, sql: str, params: dict[str, Any]) -> tuple[Any, ...] | None:
+    """One statement on the application's connection. On psycopg 3 it is never prepared on the
+    server, whatever the connection's ``prepare_threshold``: behind a transaction pooler
+    (PgBouncer before 1.21) a prepared statement would be looked for in another session."""
     cursor = conn.cursor()
     try:
-        cursor.execute(sql, params)
+        if type(conn).__module__.split(".")[0] == "psycopg":
+            cursor.execute(sql, params, prepare=False)
+        else:
+            cursor.execute(sql, params)
         row = cursor.fetchone() if cursor.description is not None else None
         return tuple(row) if row is not None else None
     finally:

@@ -5,6 +5,8 @@ once for both, and asks the dialect through these methods, never by testing whic
 
 from __future__ import annotations
 
+import logging
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,11 +15,14 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.pool import QueuePool
+from sqlalchemy.util import queue as pool_queue
 
 from harvest_celery._store import pgwrite, sql
 from harvest_celery._store.records import utcnow
 from harvest_celery._store.schema import WAIT_SEQ, activity_tasks, executions
 
+log = logging.getLogger("harvest_celery")
 F = TypeVar("F")
 Inserts = Sequence[tuple[sa.Table, Any]]
 
@@ -27,12 +32,19 @@ class Pools:
     """The sizes of a process's two Postgres pools: the transactions' (``size`` kept open,
     ``overflow`` more opened under load and closed when given back) and the autocommit pool of
     one-statement operations, the claim (``claim_size``, ``claim_overflow``). ``Harvest``'s
-    ``pool_size``, ``max_overflow``, ``claim_pool_size`` and ``claim_max_overflow``."""
+    ``pool_size``, ``max_overflow``, ``claim_pool_size`` and ``claim_max_overflow``.
 
-    size: int = 5
-    overflow: int = 10
-    claim_size: int = 2
-    claim_overflow: int = 10
+    ``pooled``: the URL reaches Postgres through a transaction pooler (PgBouncer): psycopg 3
+    makes no server-side prepared statements (a prepared statement lives in one server session,
+    which a pooler hands to another client after each transaction)."""
+
+    # a connection budget (docs/operations.md#connection-pools): a -c 8 worker pair stays well
+    # inside Postgres's default max_connections of 100 (at most 8 + 6 + 1 per process)
+    size: int = 2
+    overflow: int = 6
+    claim_size: int = 1
+    claim_overflow: int = 5
+    pooled: bool = False
 
 
 DEFAULT_POOLS = Pools()
@@ -53,7 +65,13 @@ class Dialect:
         # checkout and replaced if dead; a busy one that died fails its first statement, and
         # ``Store.transaction`` runs the transaction once more when that came before COMMIT.
         # ``autocommit``: a pool for one-statement operations (the claim).
-        options: dict[str, Any] = {"echo": echo, "pool_pre_ping": False, "hide_parameters": True}
+        options: dict[str, Any] = {
+            "echo": echo,
+            "pool_pre_ping": False,
+            "hide_parameters": True,
+            "poolclass": WaitingPool,
+        }
+        options.update(pooler_options(url, pools))
         if autocommit:
             engine = sa.create_engine(
                 url,
@@ -178,6 +196,13 @@ class SqliteDialect(Dialect):
         """No listener: the application's after-commit hook, or the sweeper, requests it."""
 
 
+def pooler_options(url: str, pools: Pools) -> dict[str, Any]:
+    """Behind a transaction pooler, psycopg 3 never prepares on the server (psycopg2 never does)."""
+    if pools.pooled and sa.engine.make_url(url).get_driver_name() == "psycopg":
+        return {"connect_args": {"prepare_threshold": None}}
+    return {}
+
+
 def update_run(execution_id: str, values: dict[str, Any]) -> Any:
     return (
         executions.update()
@@ -206,6 +231,45 @@ def _ping_when_idle(engine: Engine) -> None:
                 dbapi.rollback()
         except Exception as exc:  # noqa: BLE001 - dead: the pool replaces it and tries again
             raise sa.exc.DisconnectionError() from exc
+
+
+# A connection the server refuses for want of a slot (max_connections, a role's or database's
+# CONNECTION LIMIT) is not an error for the caller: it waits for one of its pool's connections to
+# be given back, or for the server to accept it, with jittered backoff, for up to SLOT_WAIT
+# seconds — as long as SQLAlchemy's pool waits when it is full (pool_timeout) — before raising.
+# Running out of connections makes a claim or a decision slower, never a failed attempt.
+SLOT_WAIT = 30.0
+NO_SLOT = ("too many connections", "too many clients", "remaining connection slots")
+
+
+def no_slot(exc: BaseException) -> bool:
+    """Whether ``exc`` is the server refusing a connection for want of a slot."""
+    text = str(exc).lower()
+    return any(marker in text for marker in NO_SLOT)
+
+
+class WaitingPool(QueuePool):
+    """A ``QueuePool`` that waits out a server with no slot left (``SLOT_WAIT``), and says so
+    in the log at most once a minute per pool."""
+
+    _told = -60.0
+
+    def _do_get(self) -> Any:
+        deadline = time.monotonic() + SLOT_WAIT
+        pause = 0.05
+        while True:
+            try:
+                return super()._do_get()
+            except Exception as exc:
+                if not no_slot(exc) or time.monotonic() >= deadline:
+                    raise
+                if time.monotonic() - self._told >= 60.0:
+                    self._told = time.monotonic()
+                    log.warning("harvest: Postgres has no connection slot left (%s); waiting for one", exc)
+            try:  # a connection given back meanwhile, or try the server again after the pause
+                return self._pool.get(True, pause * random.uniform(0.5, 1.5))
+            except pool_queue.Empty:
+                pause = min(pause * 2, 1.0)
 
 
 def dialect_for(url: str) -> Dialect:

@@ -11,6 +11,13 @@ The same connection also listens on ``harvest_runs_started`` once a decision wor
 subscribes (``starts()``): a start written inside an application's transaction announces itself
 there, and the sweeper claims and dispatches it at once (``_store.starts``). A lost announcement
 costs ``Timings.redispatch_after``: the run's decision request is durable.
+
+``LISTEN`` needs a session of its own, which a transaction pooler (PgBouncer in transaction
+mode) does not give: its notifications are lost. ``listen_url`` points the listening connection
+at Postgres directly; without one, a URL marked ``pooled`` gets a ``PollingListener``: nothing
+listens, waiters re-read every ``fallback`` seconds, and it says so in the log once per process.
+The listening connection is always made with psycopg2 (its ``poll``/``notifies`` interface),
+whichever driver the URL names.
 """
 
 from __future__ import annotations
@@ -141,7 +148,8 @@ class Listener:
             backoff = min(backoff * 2, 10.0)
 
     def _listen(self) -> None:
-        engine = sa.create_engine(self.database_url, poolclass=NullPool)
+        url = sa.engine.make_url(self.database_url).set(drivername="postgresql+psycopg2")
+        engine = sa.create_engine(url, poolclass=NullPool)
         conn: Any = engine.raw_connection()
         try:
             dbapi = conn.dbapi_connection
@@ -179,6 +187,42 @@ def _drain_pipe(fd: int) -> None:
         pass
 
 
+class PollingListener:
+    """No ``LISTEN`` (a pooled URL and no ``listen_url``): the same interface as ``Listener``,
+    whose events are never set by a notification, so every waiter polls at its ``fallback``
+    interval and the sweeper finds transactional starts by its lost-message pass. The first use
+    in a process logs that this is so."""
+
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self.connected = threading.Event()
+        self.listening_starts = threading.Event()
+        self._told = -1
+
+    def _tell(self) -> None:
+        if self._told != os.getpid():
+            self._told = os.getpid()
+            log.warning(
+                "harvest: the database URL is pooled and no listen_url is set, so nothing "
+                "LISTENs: result() polls at its fallback interval, and a start in an "
+                "application's transaction on a Connection or DB-API connection is dispatched "
+                "by the sweeper's lost-message pass (Timings.redispatch_after). Set listen_url "
+                "to a direct Postgres URL to be woken at once (docs/operations.md#pgbouncer)."
+            )
+
+    def starts(self) -> StartFeed:
+        self._tell()
+        return StartFeed()
+
+    def unsubscribe(self, feed: StartFeed) -> None:
+        pass
+
+    @contextmanager
+    def watch(self, execution_id: str) -> Iterator[threading.Event]:
+        self._tell()
+        yield threading.Event()
+
+
 _SHARED: dict[str, Listener] = {}
 _SHARED_LOCK = threading.Lock()
 
@@ -190,3 +234,13 @@ def listener_for(database_url: str) -> Listener:
         if listener is None:
             listener = _SHARED[database_url] = Listener(database_url)
         return listener
+
+
+def listener_of(database_url: str, listen_url: str | None, pooled: bool) -> Listener | PollingListener:
+    """What listens for a store on ``database_url``: on ``listen_url`` when given; none (polling)
+    when the URL is pooled; otherwise on the URL itself."""
+    if listen_url is not None:
+        return listener_for(listen_url)
+    if pooled:
+        return PollingListener(database_url)
+    return listener_for(database_url)

@@ -26,8 +26,9 @@ from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import listable, run_prefix
 from harvest_celery._store import redaction, runs, sql
+from harvest_celery._store.blobs import PostgresPayloadStore
 from harvest_celery._store.dialect import Dialect, Pools, dialect_for
-from harvest_celery._store.listener import listener_for
+from harvest_celery._store.listener import Listener, PollingListener, listener_of
 from harvest_celery._store.records import (
     AttemptError,
     CancelBranch,
@@ -66,6 +67,7 @@ class Store:
         echo: bool = False,
         payloads: Payloads | None = None,
         pools: Pools | None = None,
+        listen_url: str | None = None,
     ) -> None:
         self.database_url = database_url
         self.dialect: Dialect = dialect_for(database_url)
@@ -73,15 +75,20 @@ class Store:
         self.pools = pools or Pools()  # Postgres: the two pools' sizes (SQLite: unused)
         self.payloads = payloads or Payloads()
         bind = getattr(self.payloads.store, "bind", None)
-        if bind is not None:
+        if isinstance(self.payloads.store, PostgresPayloadStore):  # its pool follows the settings
+            self.payloads.store.bind(database_url, self.pools)
+        elif bind is not None:
             bind(database_url)
         self._engine: Engine | None = None
         self._autocommit: tuple[Engine, Engine] | None = None
         self._pid = -1
         self._lock = threading.Lock()
         self._call_convention = False  # the schema has migration 0008 (has_call_convention)
-        # one LISTEN connection per process, shared by every waiter (None: SQLite, poll)
-        self.listener = listener_for(database_url) if self.dialect.row_locks else None
+        # one LISTEN connection per process, shared by every waiter (None: SQLite, poll); on
+        # listen_url when given, none when the URL is pooled without one (_store.listener)
+        self.listener: Listener | PollingListener | None = (
+            listener_of(database_url, listen_url, self.pools.pooled) if self.dialect.row_locks else None
+        )
 
     @property
     def engine(self) -> Engine:

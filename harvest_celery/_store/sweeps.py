@@ -4,6 +4,7 @@ backoff, and outbox rows an older build left unsent."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -101,7 +102,9 @@ def stale_scheduled(tx: Tx, now: datetime, timings: Timings, limit: int = 100, k
         t = TaskRow.from_mapping(found._mapping)
         # back off: the next re-send waits as long again as this row has waited so far (a
         # backed-up queue must not be flooded with duplicates), at most an hour
-        waited = min(now - t.dispatched_at, timedelta(hours=1))  # type: ignore[operator]
+        # jittered (half to one and a half times), so rows that went stale together (a burst
+        # refused by a full database) are not all re-sent at one instant again
+        waited = min(now - t.dispatched_at, timedelta(hours=1)) * random.uniform(0.5, 1.5)  # type: ignore[operator]
         tx.conn.execute(
             activity_tasks.update()
             .where(
@@ -129,7 +132,7 @@ def stale_decisions(
     is due."""
     cutoff = now - timedelta(seconds=timings.redispatch_after)
     q = tx.dialect.lock(
-        sa.select(executions.c.id)
+        sa.select(executions.c.id, executions.c.decision_requested_at)
         .where(
             (
                 (executions.c.decision_requested_at < cutoff)
@@ -140,10 +143,21 @@ def stale_decisions(
         .limit(limit),
         skip_locked=True,
     )
-    for (execution_id,) in tx.conn.execute(q).fetchall():
+    for execution_id, requested_at in tx.conn.execute(q).fetchall():
         # the worker that held its warm replay did not take it (gone?): any decision worker may
         tx.update_run(execution_id, nd_retry_at=None, sticky_queue=None)
         tx.request_decision(execution_id, now, decision_queue, force=True)
+        if requested_at is not None:  # the next re-send: backed off and jittered (resend_at)
+            tx.update_run(execution_id, decision_requested_at=resend_at(now, requested_at))
+
+
+def resend_at(now: datetime, requested_at: datetime) -> datetime:
+    """When a re-sent decision request counts as sent, so that the next re-send comes
+    ``redispatch_after`` plus a random share (0 to 1) of how long it has waited so far (at most
+    an hour) later: requests that went stale together — a burst refused by a full database —
+    spread out instead of colliding again at one instant, and a backed-up queue is not flooded."""
+    waited = min(max(now - requested_at, timedelta(0)), timedelta(hours=1))
+    return now + waited * random.random()
 
 
 def stale_outbox(tx: Tx, now: datetime, older_than: float, limit: int = 500) -> list[RelayedMessage]:

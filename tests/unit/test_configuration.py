@@ -257,9 +257,10 @@ def _pool(engine: sa.Engine) -> tuple[int, int]:
 
 def test_the_defaults_are_unchanged() -> None:
     harvest = Harvest(PG_URL)
-    assert harvest.store.pools == Pools(size=5, overflow=10, claim_size=2, claim_overflow=10)
-    assert _pool(harvest.store.engine) == (5, 10)
-    assert _pool(harvest.store.autocommit_engine) == (2, 10)
+    # the connection budget (docs/operations.md#connection-pools): 8 + 6 + 1 per process at most
+    assert harvest.store.pools == Pools(size=2, overflow=6, claim_size=1, claim_overflow=5)
+    assert _pool(harvest.store.engine) == (2, 6)
+    assert _pool(harvest.store.autocommit_engine) == (1, 5)
     settings = harvest.runtime.settings
     assert (
         settings.decision_queue,
@@ -287,8 +288,10 @@ def test_the_pool_variables_apply_when_the_keyword_is_not_given(monkeypatch: pyt
     monkeypatch.setenv("HARVEST_POOL_SIZE", "2")
     monkeypatch.setenv("HARVEST_CLAIM_MAX_OVERFLOW", "3")
     harvest = Harvest(PG_URL, claim_max_overflow=7)  # the keyword wins
-    assert harvest.store.pools == Pools(size=2, overflow=10, claim_size=2, claim_overflow=7)
-    assert _pool(harvest.store.engine) == (2, 10)
+    monkeypatch.setenv("HARVEST_MAX_OVERFLOW", "9")
+    harvest = Harvest(PG_URL, claim_max_overflow=7)
+    assert harvest.store.pools == Pools(size=2, overflow=9, claim_size=1, claim_overflow=7)
+    assert _pool(harvest.store.engine) == (2, 9)
 
 
 def test_every_runtime_keyword_reaches_the_runtime_settings() -> None:
@@ -361,7 +364,7 @@ def test_django_keys_become_keywords() -> None:
         "OPTIONS": {"eager_max_chain": 2},
     }
     harvest = conf.build(settings)
-    assert harvest.store.pools == Pools(size=3, overflow=10, claim_size=1, claim_overflow=10)
+    assert harvest.store.pools == Pools(size=3, overflow=6, claim_size=1, claim_overflow=5)
     assert (harvest.runtime.settings.max_sessions, harvest.runtime.settings.eager_max_chain) == (9, 2)
     assert {"POOL_SIZE", "CELERY_ERROR_DETAIL", "CODEC", "PAYLOAD_STORE"} <= set(conf.KEYWORD_KEYS)
     with pytest.raises(Exception, match="MAX_SESSIONS|max_sessions set both"):
