@@ -47,6 +47,8 @@ harvest = Harvest(
     # HARVEST_TEST_FAST_PATHS=0: a worker restarted with it sends every step through the
     # decision task (the fast-paths comparison tests)
     fast_paths=os.environ.get("HARVEST_TEST_FAST_PATHS") != "0",
+    # HARVEST_TEST_STICKY_EXPIRES=<seconds>: the sticky queue's x-expires (test_rabbitmq.py)
+    sticky_queue_expires=float(os.environ.get("HARVEST_TEST_STICKY_EXPIRES") or 300),
 )
 
 # HARVEST_TEST_COLD=1: a worker restarted with it keeps no warm replay, so every decision it takes

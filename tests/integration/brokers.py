@@ -1,13 +1,13 @@
 """The integration suite's broker, and the Redis of its own that is never the broker.
 
 ``HARVEST_TEST_BROKER`` names the broker only: a Redis URL (the default leg) or an ``amqp://``
-URL without a vhost (the RabbitMQ leg, ``scripts/test``). On RabbitMQ each run gets a vhost of
+URL without a vhost; ``HARVEST_TEST_RABBITMQ=amqp://...`` (the RabbitMQ leg, ``scripts/test``)
+takes precedence over it. On RabbitMQ each run gets a vhost of
 its own, named after the run's database (``HARVEST_TEST_DB``: one per itrun slot, one for CI),
 created before the first worker starts and deleted when the session ends (``rabbitmqctl``).
 
 The effect recorder (``redis_client``), the apps' own Redis counters and the shop app's result
-backend use ``HARVEST_TEST_REDIS`` (default: the broker's URL when the broker is Redis, else
-Redis DB 5), whichever broker runs.
+backend use a Redis of their own (``redis_url``), whichever broker runs.
 
 ``HARVEST_TEST_QUEUE_TYPE=quorum`` runs the test apps under quorum defaults
 (``task_default_queue_type`` and ``task_create_missing_queue_type``), as a RabbitMQ team has them.
@@ -38,11 +38,18 @@ def with_vhost(url: str, vhost: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{vhost}", "", ""))
 
 
-def redis_url(environ: dict[str, str] | None, broker: str) -> str:
-    given = (environ or {}).get("HARVEST_TEST_REDIS", "")
-    if given:
-        return given
-    return broker if broker.startswith("redis://") else DEFAULT_REDIS
+def broker(environ: dict[str, str]) -> str:
+    """The run's broker: ``HARVEST_TEST_RABBITMQ`` (the RabbitMQ leg; itrun sets
+    ``HARVEST_TEST_BROKER`` to its slot's Redis, so the leg needs a variable of its own), else
+    ``HARVEST_TEST_BROKER``, else Redis DB 5."""
+    return environ.get("HARVEST_TEST_RABBITMQ") or environ.get("HARVEST_TEST_BROKER") or DEFAULT_REDIS
+
+
+def redis_url(environ: dict[str, str]) -> str:
+    """The suite's Redis: ``HARVEST_TEST_REDIS``, else ``HARVEST_TEST_BROKER`` when it is a Redis
+    URL (the slot's Redis DB, also on the RabbitMQ leg), else Redis DB 5."""
+    given = environ.get("HARVEST_TEST_REDIS") or environ.get("HARVEST_TEST_BROKER") or DEFAULT_REDIS
+    return given if given.startswith("redis://") else DEFAULT_REDIS
 
 
 def rabbitmqctl(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -97,11 +104,16 @@ def transport_line(log_text: str) -> str | None:
 
 
 def apply_queue_type(app: object) -> None:
-    """``HARVEST_TEST_QUEUE_TYPE=quorum``: the app's queues are quorum queues, as a team that
-    runs quorum sets its app (the app's own configuration; harvest sets nothing of it)."""
+    """``HARVEST_TEST_QUEUE_TYPE=quorum``: the app's queues are quorum queues."""
     import os
 
-    if os.environ.get("HARVEST_TEST_QUEUE_TYPE", "classic") == "quorum":
+    apply_queue_type_to(app, os.environ.get("HARVEST_TEST_QUEUE_TYPE", "classic"))
+
+
+def apply_queue_type_to(app: object, queue_type: str) -> None:
+    """Quorum defaults as a team that runs quorum queues sets its app (the app's own
+    configuration: harvest sets none of it)."""
+    if queue_type == "quorum":
         app.conf.update(  # type: ignore[attr-defined]
             task_default_queue_type="quorum", task_create_missing_queue_type="quorum"
         )

@@ -34,11 +34,11 @@ DB_NAME = os.environ.get("HARVEST_TEST_DB", "harvest_it")
 DATABASE_URL = f"postgresql+psycopg2://postgres@127.0.0.1:5432/{DB_NAME}"
 # Separate sessions (or CI beside a developer's run) need their own database, Redis DB and ports.
 # The broker variable names the broker only; on RabbitMQ the run's vhost is its own (brokers.py).
-BROKER_GIVEN = os.environ.get("HARVEST_TEST_BROKER", brokers.DEFAULT_REDIS)
+BROKER_GIVEN = brokers.broker(dict(os.environ))
 ON_RABBITMQ = brokers.is_amqp(BROKER_GIVEN)
 VHOST = brokers.vhost_name(DB_NAME) if ON_RABBITMQ else None
 BROKER_URL = brokers.with_vhost(BROKER_GIVEN, VHOST) if VHOST else BROKER_GIVEN
-REDIS_URL = brokers.redis_url(dict(os.environ), BROKER_GIVEN)  # effects, counters, result backend
+REDIS_URL = brokers.redis_url(dict(os.environ))  # effects, counters, result backend: never the broker
 LOG_DIR = Path(os.environ.get("HARVEST_TEST_LOGS", "/tmp/harvest-it-logs"))
 
 os.environ["HARVEST_TEST_DATABASE_URL"] = DATABASE_URL
