@@ -82,9 +82,6 @@ def _fresh_database() -> None:
     admin.dispose()
 
 
-STARTED_TRANSPORTS: list[tuple[str, str | None]] = []  # every worker start's broker, in order
-
-
 class Worker:
     def __init__(
         self,
@@ -159,7 +156,6 @@ class Worker:
         if ON_RABBITMQ and not (self.transport or "").startswith("amqp://"):
             self.stop()
             raise AssertionError(f"worker {self.name} reports broker {self.transport!r}, not amqp://")
-        STARTED_TRANSPORTS.append((self.name, self.transport))
 
     def restart(self, env: dict[str, str] | None = None) -> None:
         self.stop()
