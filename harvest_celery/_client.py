@@ -72,6 +72,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
         inline_cold_max_events: int = 500,
         sticky_sessions: bool | None = None,
         sticky_routing: bool = True,
+        sticky_queue_expires: float = 300.0,
         max_sessions: int = 1000,
         fast_paths: bool = True,
         pool_size: int | None = None,
@@ -109,7 +110,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
         self._consumers: QueueConsumers | None = None  # asked by stuck() only, never the hot path
         if celery_app is not None:
             install(celery_app, self.runtime)
-            self.runtime.dispatcher = CeleryDispatcher(celery_app)
+            self.runtime.dispatcher = CeleryDispatcher(celery_app, self.runtime.settings)
             self._consumers = QueueConsumers(celery_app)
         else:
             self._inline = InlineDispatcher()

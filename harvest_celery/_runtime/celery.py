@@ -25,6 +25,8 @@ from harvest_celery._runtime.messages import DECIDE_TASK, Message
 from harvest_celery._runtime.metrics import serve
 from harvest_celery._runtime.outcomes import settle, stops_the_worker
 from harvest_celery._runtime.runtime import Runtime
+from harvest_celery._runtime.settings import Settings
+from harvest_celery._runtime.sticky import is_sticky, sticky_queue
 from harvest_celery._store.records import Claim
 
 log = logging.getLogger("harvest_celery")
@@ -33,15 +35,19 @@ _NOT_CLAIMED = object()
 
 
 class CeleryDispatcher:
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, settings: Settings | None = None) -> None:
         self.app = app
+        self.settings = settings or Settings()
 
     def send(self, message: Message) -> None:
+        queue: Any = message.queue
+        if is_sticky(queue, self.settings.decision_queue):  # declared as its consumer declares it
+            queue = sticky_queue(self.app, queue, self.settings.sticky_queue_expires)
         self.app.send_task(
             message.task_name,
             args=message.args,
             kwargs=message.kwargs,
-            queue=message.queue,
+            queue=queue,
             task_id=message.task_id,
             headers=message.headers or None,
             ignore_result=True,
@@ -125,7 +131,8 @@ def _route_to_this_process(app: Celery, runtime: Runtime, worker: Any) -> None:
     if not runtime.settings.sticky_routing or "prefork" in pool:
         return
     runtime.sticky_queue = f"{runtime.settings.decision_queue}@{worker.hostname}"
-    app.amqp.queues.select_add(runtime.sticky_queue)  # type: ignore[union-attr]
+    queue = sticky_queue(app, runtime.sticky_queue, runtime.settings.sticky_queue_expires)
+    app.amqp.queues.select_add(queue)  # type: ignore[union-attr]
 
 
 def install(app: Celery, runtime: Runtime) -> None:

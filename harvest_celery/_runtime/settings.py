@@ -35,6 +35,8 @@ class Settings:
     # route a run's decision requests to the worker process holding its warm replay (its own
     # queue, consumed by that process only; a thread or solo pool — prefork children share one)
     sticky_routing: bool = True
+    # a sticky queue with no consumer for this long is deleted by RabbitMQ (x-expires; sticky.py)
+    sticky_queue_expires: float = 300.0
     max_sessions: int = 1000
     # decide in the completing worker's transaction (False: always through the decision task)
     inline_decisions: bool = True
@@ -134,6 +136,7 @@ KEYWORDS: tuple[Keyword, ...] = (
     Keyword("inline_cold_max_events", Settings.inline_cold_max_events, "a count of at least 0", _count(0)),
     Keyword("sticky_sessions", Settings.sticky_sessions, "True or False", _flag),
     Keyword("sticky_routing", Settings.sticky_routing, "True or False", _flag),
+    Keyword("sticky_queue_expires", Settings.sticky_queue_expires, "seconds above 0", _seconds),
     Keyword("max_sessions", Settings.max_sessions, "a count of at least 0", _count(0)),
     Keyword("fast_paths", Settings.fast_paths, "True or False", _flag),
     Keyword("pool_size", Pools.size, "a count of at least 1", _count(1), env="HARVEST_POOL_SIZE"),

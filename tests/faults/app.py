@@ -65,10 +65,15 @@ VISIBILITY_TIMEOUT = 3600 if FULL else 30
 app = Celery("harvest_faults", broker=BROKER_URL)
 configure_dedicated_celery_app(app)
 app.conf.broker_transport_options = {"visibility_timeout": VISIBILITY_TIMEOUT}
+if os.environ.get("HARVEST_FAULTS_QUEUE_TYPE") == "quorum":  # the app's own quorum defaults
+    app.conf.update(task_default_queue_type="quorum", task_create_missing_queue_type="quorum")
 
 harvest = Harvest(DATABASE_URL, app, timings=TIMINGS, sweep_interval=SWEEP_INTERVAL)
 
-r = redis.Redis.from_url(BROKER_URL, socket_timeout=2, socket_connect_timeout=2)
+# the fault points and the forced-redelivery switch: a Redis that is never the broker on the
+# RabbitMQ rows (HARVEST_FAULTS_REDIS_URL, test_rabbitmq.py)
+REDIS_URL = os.environ.get("HARVEST_FAULTS_REDIS_URL") or BROKER_URL
+r = redis.Redis.from_url(REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
 _effects_engine: sa.Engine | None = None
 _engine_lock = threading.Lock()
 

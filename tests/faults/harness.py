@@ -119,6 +119,15 @@ class Row:
     mode: str
     problems: list[str]
     known_bug: str = ""  # the xfail reason of the fault's test: a known engine bug
+    broker: str = "Redis"  # the broker the workers ran on (test_rabbitmq.py: RabbitMQ)
+
+
+def broker_of(app: Any) -> str:
+    """``Redis``, ``RabbitMQ`` or ``RabbitMQ quorum``: what the app sends through now."""
+    url = str(app.conf.broker_url or "")
+    if not url.startswith(("amqp", "pyamqp")):
+        return "Redis"
+    return "RabbitMQ quorum" if app.conf.task_default_queue_type == "quorum" else "RabbitMQ classic"
 
 
 class Faults:
@@ -254,6 +263,7 @@ class Faults:
             "full" if FULL else "ci",
             verdict.problems,
             self.known_bug,
+            broker_of(self.harvest.celery_app),
         )
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         with open(RESULTS, "a") as out:

@@ -103,7 +103,10 @@ HEADER = [
     "Workload, per fault: 4-step sagas (every second run fails at its last step and unwinds steps "
     "3, 2, 1); a `decider` worker (queue `harvest`, the sweeper) and an `acts` worker (every "
     "activity and compensation), both `celery worker -P threads -c 4`, on a Postgres and a Redis "
-    "the suite starts and owns.",
+    "the suite starts and owns; the RabbitMQ rows (`tests/faults/test_rabbitmq.py`) move both "
+    "workers onto a RabbitMQ node the suite starts and owns (its own ports, node name and data "
+    "directory, `consumer_timeout` 5 s), classic queues, or quorum queues with a delivery limit "
+    "of 1 set by policy.",
     "",
 ]
 
@@ -119,14 +122,14 @@ def render_section(rows: list[dict], full: bool, summary: str, wall: float) -> s
         f"* **Versions:** celery {_version('celery')}, kombu {_version('kombu')}, "
         f"redis-py {_version('redis')}, SQLAlchemy {_version('SQLAlchemy')}, {_server_versions()}.",
         "",
-        "| fault | runs | lost | duplicated | uncompensated | recovery (s) | note |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| fault | broker | runs | lost | duplicated | uncompensated | recovery (s) | note |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for row in rows:
         note = row.get("known_bug") or ("; ".join(row["problems"][:2]) if row["problems"] else "")
         note = note if len(note) <= 300 else note[:297] + "..."
         lines.append(
-            f"| {row['fault']} | {row['runs']} | {row['lost']} | {row['duplicated']} | "
+            f"| {row['fault']} | {row.get('broker', 'Redis')} | {row['runs']} | {row['lost']} | {row['duplicated']} | "
             f"{row['uncompensated']} | {_cell(row['recovery_s'])} | {note} |"
         )
     return "\n".join(lines) + "\n"

@@ -172,3 +172,89 @@ class Redis:
     def destroy(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+RABBITMQ_BIN = Path(os.environ.get("HARVEST_FAULTS_RABBITMQ_BIN", "/usr/lib/rabbitmq/bin"))
+
+
+class RabbitMQ:
+    """A private RabbitMQ node: its own node name, AMQP and distribution ports, data and log
+    directories, Erlang cookie (``HOME``) and ``rabbitmq.conf`` — ``consumer_timeout`` set low,
+    so an activity can outlive it. ``restart`` stops the node (the broker's own shutdown: durable
+    queues and persistent messages survive, transient queues and unacked deliveries' channels do
+    not) and starts it again. The machine's own node is never touched (commands name this one)."""
+
+    def __init__(self, port: int, dist_port: int, consumer_timeout_ms: int) -> None:
+        self.port = port
+        self.dist_port = dist_port
+        self.node = f"harvest_faults_{port}@localhost"
+        self.root = Path(tempfile.mkdtemp(prefix="harvest-faults-rabbitmq-"))
+        (self.root / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = 127.0.0.1:{port}\n"
+            f"consumer_timeout = {consumer_timeout_ms}\n"
+            "log.file.level = info\n"
+        )
+        (self.root / "enabled_plugins").write_text("[].\n")
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    def _env(self) -> dict[str, str]:
+        return dict(
+            os.environ,
+            HOME=str(self.root),  # the node's own Erlang cookie
+            RABBITMQ_NODENAME=self.node,
+            RABBITMQ_NODE_PORT=str(self.port),
+            RABBITMQ_DIST_PORT=str(self.dist_port),
+            RABBITMQ_MNESIA_BASE=str(self.root / "mnesia"),
+            RABBITMQ_LOG_BASE=str(self.root / "log"),
+            RABBITMQ_CONFIG_FILE=str(self.root / "rabbitmq"),
+            RABBITMQ_ENABLED_PLUGINS_FILE=str(self.root / "enabled_plugins"),
+            RABBITMQ_PID_FILE=str(self.root / "rabbitmq.pid"),
+        )
+
+    def ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(RABBITMQ_BIN / "rabbitmqctl"), "-q", "-n", self.node, *args],
+            env=self._env(),
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=120,
+            cwd="/",
+        )
+
+    def start(self) -> None:
+        for port in (self.port, self.dist_port):
+            if _port_open(port):
+                raise RuntimeError(f"port {port} is taken: set HARVEST_FAULTS_AMQP_PORT / _DIST_PORT")
+        subprocess.run(
+            [str(RABBITMQ_BIN / "rabbitmq-server"), "-detached"],
+            env=self._env(),
+            check=True,
+            capture_output=True,
+            cwd="/",
+        )
+        _wait(
+            lambda: self.ctl("await_startup", "--timeout", "5", check=False).returncode == 0,
+            90,
+            "RabbitMQ did not start",
+        )
+        _wait(lambda: _port_open(self.port), 30, "RabbitMQ did not answer")
+
+    def stop(self) -> None:
+        self.ctl("stop", check=False)
+        _wait(
+            lambda: not _port_open(self.port) and not _port_open(self.dist_port), 60, "RabbitMQ did not stop"
+        )
+
+    def restart(self, down_for: float = 1.0) -> None:
+        self.stop()
+        time.sleep(down_for)
+        self.start()
+
+    def destroy(self) -> None:
+        if _port_open(self.port) or _port_open(self.dist_port):
+            self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)

@@ -19,14 +19,17 @@ from harvest_celery import PostgresPayloadStore, RetryPolicy, Saga, WorkflowCont
 from harvest_celery._client import Harvest, configure_dedicated_celery_app
 from harvest_celery._store.store import Timings
 from harvest_celery.examples import checkout, orders
+from tests.integration.brokers import apply_queue_type
 
 DATABASE_URL = os.environ.get(
     "HARVEST_TEST_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/harvest_it"
 )
 BROKER_URL = os.environ.get("HARVEST_TEST_BROKER_URL", "redis://127.0.0.1:6379/5")
+REDIS_URL = os.environ.get("HARVEST_TEST_REDIS_URL", "redis://127.0.0.1:6379/5")  # never the broker
 
 app = Celery("harvest_it", broker=BROKER_URL)
 configure_dedicated_celery_app(app)
+apply_queue_type(app)  # HARVEST_TEST_QUEUE_TYPE=quorum: quorum defaults
 app.conf.broker_transport_options = {"visibility_timeout": 3600}
 
 # HARVEST_TEST_OFFLOAD=<bytes>: a worker restarted with it registers the Postgres payload store
@@ -44,6 +47,8 @@ harvest = Harvest(
     # HARVEST_TEST_FAST_PATHS=0: a worker restarted with it sends every step through the
     # decision task (the fast-paths comparison tests)
     fast_paths=os.environ.get("HARVEST_TEST_FAST_PATHS") != "0",
+    # HARVEST_TEST_STICKY_EXPIRES=<seconds>: the sticky queue's x-expires (test_rabbitmq.py)
+    sticky_queue_expires=float(os.environ.get("HARVEST_TEST_STICKY_EXPIRES") or 300),
 )
 
 # HARVEST_TEST_COLD=1: a worker restarted with it keeps no warm replay, so every decision it takes
@@ -51,7 +56,7 @@ harvest = Harvest(
 if os.environ.get("HARVEST_TEST_COLD"):
     harvest.runtime.settings.sticky_sessions = False
 
-r = redis.Redis.from_url(BROKER_URL)
+r = redis.Redis.from_url(REDIS_URL)
 
 
 def record(tag: str, name: str, value: Any = None) -> None:

@@ -24,18 +24,26 @@ import pytest
 import redis
 import sqlalchemy as sa
 
+from tests.integration import brokers
 from tests.processes import kill_group, stop_group
+from tests.require_services import missing
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_URL = os.environ.get("HARVEST_TEST_ADMIN_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/test")
 DB_NAME = os.environ.get("HARVEST_TEST_DB", "harvest_it")
 DATABASE_URL = f"postgresql+psycopg2://postgres@127.0.0.1:5432/{DB_NAME}"
 # Separate sessions (or CI beside a developer's run) need their own database, Redis DB and ports.
-BROKER_URL = os.environ.get("HARVEST_TEST_BROKER", "redis://127.0.0.1:6379/5")
+# The broker variable names the broker only; on RabbitMQ the run's vhost is its own (brokers.py).
+BROKER_GIVEN = brokers.broker(dict(os.environ))
+ON_RABBITMQ = brokers.is_amqp(BROKER_GIVEN)
+VHOST = brokers.vhost_name(DB_NAME) if ON_RABBITMQ else None
+BROKER_URL = brokers.with_vhost(BROKER_GIVEN, VHOST) if VHOST else BROKER_GIVEN
+REDIS_URL = brokers.redis_url(dict(os.environ))  # effects, counters, result backend: never the broker
 LOG_DIR = Path(os.environ.get("HARVEST_TEST_LOGS", "/tmp/harvest-it-logs"))
 
 os.environ["HARVEST_TEST_DATABASE_URL"] = DATABASE_URL
 os.environ["HARVEST_TEST_BROKER_URL"] = BROKER_URL
+os.environ["HARVEST_TEST_REDIS_URL"] = REDIS_URL
 
 # Small pools for every Harvest the suite makes: in this process, and in every worker, web app
 # and Flower it starts (they inherit the environment; docs/configuration.md). Each process keeps
@@ -92,6 +100,7 @@ class Worker:
         self.extra_args = list(extra_args or [])  # more `celery worker` options, e.g. ["-E"]
         self.proc: subprocess.Popen[bytes] | None = None
         self.log = LOG_DIR / f"{name}.log"
+        self.transport: str | None = None  # the broker its banner reports
 
     def start(self) -> None:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
@@ -135,9 +144,18 @@ class Worker:
                 raise RuntimeError(f"worker {self.name} exited: see {self.log}")
             text = self.log.read_bytes()[marker_from:].decode(errors="replace")
             if " ready." in text:
+                self.transport = brokers.transport_line(text)
+                self._check_broker()
                 return
             time.sleep(0.1)
         raise RuntimeError(f"worker {self.name} not ready after {timeout}s: see {self.log}")
+
+    def _check_broker(self) -> None:
+        """On the RabbitMQ leg every worker the suite starts must report an ``amqp://`` broker
+        in its banner: a Redis URL reaching a worker from the environment fails the test."""
+        if ON_RABBITMQ and not (self.transport or "").startswith("amqp://"):
+            self.stop()
+            raise AssertionError(f"worker {self.name} reports broker {self.transport!r}, not amqp://")
 
     def restart(self, env: dict[str, str] | None = None) -> None:
         self.stop()
@@ -278,10 +296,26 @@ def give_back_connections(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def redis_client() -> redis.Redis:
-    client = redis.Redis.from_url(BROKER_URL)
+def redis_client(broker_vhost: str | None) -> redis.Redis:
+    client = redis.Redis.from_url(REDIS_URL)
     client.flushdb()
     return client
+
+
+@pytest.fixture(scope="session")
+def broker_vhost() -> Iterator[str | None]:
+    """On the RabbitMQ leg, the run's vhost: created before any worker starts, deleted at the end."""
+    if VHOST is None:
+        yield None
+        return
+    why = brokers.rabbitmq_missing()
+    if why:
+        missing("RabbitMQ", why)
+    brokers.create_vhost(VHOST)
+    try:
+        yield VHOST
+    finally:
+        brokers.delete_vhost(VHOST)
 
 
 @pytest.fixture(scope="session")

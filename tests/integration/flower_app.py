@@ -24,13 +24,16 @@ from celery import Celery, current_task, signals
 from harvest_celery import RetryPolicy, Saga, WorkflowContext, activity, workflow
 from harvest_celery._client import Harvest, configure_dedicated_celery_app
 from harvest_celery._store.store import Timings
+from tests.integration.brokers import apply_queue_type
 
 BROKER_URL = os.environ["HARVEST_TEST_BROKER_URL"]
+REDIS_URL = os.environ.get("HARVEST_TEST_REDIS_URL", "redis://127.0.0.1:6379/5")  # never the broker
 DATABASE_URL = os.environ["HARVEST_TEST_DATABASE_URL"] + "_flower"
 DECIDE, QUEUE_A, QUEUE_B = "flower_decide", "flower_a", "flower_b"
 POSTRUN = "flower:postrun"
 
 app = Celery("harvest_flower", broker=BROKER_URL)
+apply_queue_type(app)  # HARVEST_TEST_QUEUE_TYPE=quorum: quorum defaults
 configure_dedicated_celery_app(app)
 # Flower's queue column (routing_key) is filled from the sender's task-sent event only: a user
 # who wants it sets this on their own app (harvest never sets it app-wide), see docs/flower.md
@@ -40,7 +43,7 @@ app.conf.task_send_sent_event = True
 harvest = Harvest(
     DATABASE_URL, app, decision_queue=DECIDE, sweep_interval=0.3, timings=Timings(redispatch_after=5.0)
 )
-_r = redis.Redis.from_url(BROKER_URL)
+_r = redis.Redis.from_url(REDIS_URL)
 
 
 def _record(name: str) -> None:

@@ -12,13 +12,16 @@ import redis
 from celery import Celery, signals
 
 from harvest_celery import Harvest, RetryPolicy, WorkflowContext, activity, workflow
+from tests.integration.brokers import apply_queue_type
 
 BROKER_URL = os.environ["HARVEST_TEST_BROKER_URL"]
+REDIS_URL = os.environ.get("HARVEST_TEST_REDIS_URL", "redis://127.0.0.1:6379/5")  # never the broker
 DATABASE_URL = os.environ["HARVEST_TEST_DATABASE_URL"]
 SEEN = "shop:seen"
 
-app = Celery("shop", broker=BROKER_URL, backend=BROKER_URL)
+app = Celery("shop", broker=BROKER_URL, backend=REDIS_URL)
 app.conf.result_expires = 600
+apply_queue_type(app)  # HARVEST_TEST_QUEUE_TYPE=quorum: quorum defaults
 
 
 @app.task(name="shop.add")
@@ -29,7 +32,7 @@ def add(x: int, y: int) -> int:
 @app.task(name="shop.flaky_charge", autoretry_for=(ConnectionError,), max_retries=5, default_retry_delay=0)
 def flaky_charge(data: dict) -> str:
     """The app's own task, with Celery's autoretry_for: adopted, its retries are the engine's."""
-    calls = redis.Redis.from_url(BROKER_URL).incr(f"shop:charge:{data['tag']}")
+    calls = redis.Redis.from_url(REDIS_URL).incr(f"shop:charge:{data['tag']}")
     if calls < data["succeed_on"]:
         raise ConnectionError(f"gateway timeout on call {calls}")
     return f"charged after {calls}"
@@ -70,7 +73,7 @@ harvest.adopt_task(
     "shop.flaky_charge", queue="shop_q", retry=RetryPolicy(max_attempts=3, initial_interval=0.1)
 )
 AFTER_HARVEST = _conf()
-_r = redis.Redis.from_url(BROKER_URL)
+_r = redis.Redis.from_url(REDIS_URL)
 
 
 @signals.task_postrun.connect

@@ -32,6 +32,7 @@ except ImportError:  # the deployed build: one flat _store module
 
 DATABASE_URL = os.environ["HARVEST_UPGRADE_DATABASE_URL"]
 BROKER_URL = os.environ["HARVEST_TEST_BROKER_URL"]
+REDIS_URL = os.environ.get("HARVEST_TEST_REDIS_URL", "redis://127.0.0.1:6379/5")  # never the broker
 # which build imported this: the deployed one has a flat ``_store`` module, this one a package
 BUILD = "new" if hasattr(_store_layout, "__path__") else "old"
 DECIDE = "up_decide"
@@ -49,7 +50,7 @@ harvest = Harvest(
     timings=Timings(default_lease=30.0, redispatch_after=2.0, nd_retry_initial=0.5, nd_retry_max=2.0),
 )
 harvest.runtime.settings.relay_after = 1.0  # an older build's unsent outbox rows: relayed soon
-r = redis.Redis.from_url(BROKER_URL)
+r = redis.Redis.from_url(REDIS_URL)
 
 
 def record(data: dict, name: str) -> None:

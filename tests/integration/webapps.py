@@ -34,13 +34,14 @@ DATABASE_URL = os.environ.get(
     "HARVEST_TEST_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/harvest_it"
 )
 BROKER_URL = os.environ.get("HARVEST_TEST_BROKER_URL", "redis://127.0.0.1:6379/5")
+REDIS_URL = os.environ.get("HARVEST_TEST_REDIS_URL", "redis://127.0.0.1:6379/5")  # never the broker
 DECISION_QUEUE = "wa_decide"
 QUEUE = "wa_q"
 OFFLOAD = 200  # an order with a note longer than this is offloaded to harvest_blobs
 
 celery = Celery("webapps", broker=BROKER_URL)
 configure_dedicated_celery_app(celery)
-_r = redis.Redis.from_url(BROKER_URL)
+_r = redis.Redis.from_url(REDIS_URL)
 
 
 def effects(tag: str) -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ DATABASES = {
         "PORT": "5432",
     },
 }
-CELERY_BROKER_URL = os.environ.get("HARVEST_TEST_BROKER", "redis://127.0.0.1:6379/5")
+CELERY_BROKER_URL = os.environ.get("HARVEST_TEST_BROKER_URL", "redis://127.0.0.1:6379/5")
 HARVEST = {
     "DATABASE_ALIAS": "default",
     "CELERY_APP": "tests.integration.django.djproject:app",

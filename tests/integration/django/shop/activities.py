@@ -9,7 +9,7 @@ import redis
 
 from harvest_celery import activity
 
-_r = redis.Redis.from_url(os.environ.get("HARVEST_TEST_BROKER", "redis://127.0.0.1:6379/5"))
+_r = redis.Redis.from_url(os.environ.get("HARVEST_TEST_REDIS_URL", "redis://127.0.0.1:6379/5"))
 
 
 def effects(tag: str) -> list[dict]:
