@@ -10,7 +10,7 @@ from typing import Any
 from harvest_celery._client_base import ClientBase
 from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.lifecycle import FAILED
-from harvest_celery._core.schedule import OVERLAP, Spec, check_name, manual_id, seconds_of
+from harvest_celery._core.schedule import MAX_SECONDS, OVERLAP, Spec, check_name, manual_id, seconds_of
 from harvest_celery._errors import InvalidSchedule, PayloadCodecError, PayloadNotSerializable
 from harvest_celery._payloads.digest import input_digest
 from harvest_celery._runtime import scheduler
@@ -53,9 +53,9 @@ class Schedules(ClientBase):
         if end is not None and end <= utcnow():
             raise InvalidSchedule(f"end_at ({end.isoformat()}) is not after now")
         if max_runs is not None and (
-            not isinstance(max_runs, int) or isinstance(max_runs, bool) or max_runs <= 0
+            not isinstance(max_runs, int) or isinstance(max_runs, bool) or not 0 < max_runs <= MAX_SECONDS
         ):
-            raise InvalidSchedule(f"max_runs must be a positive integer, not {max_runs!r}")
+            raise InvalidSchedule(f"max_runs must be an integer from 1 to {MAX_SECONDS}, not {max_runs!r}")
         try:
             payload = check_json(input, f"input of schedule {name!r}")
             self.store.payloads.codec.encode(payload)  # a codec that refuses it, before any write

@@ -56,12 +56,20 @@ def zone_of(name: Any) -> ZoneInfo:
         raise ScheduleSpecError(f"unknown timezone {name!r}: give an IANA Area/City name, or UTC") from None
 
 
+MAX_SECONDS = 2**31 - 1  # about 68 years: an interval, a window or a jitter fits a 32-bit column
+
+
 def seconds_of(value: Any, what: str) -> float:
+    """A duration given as a ``timedelta`` or as seconds, finite and at most ``MAX_SECONDS``."""
     if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    raise ScheduleSpecError(f"{what} is a timedelta, not {type(value).__name__}")
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ScheduleSpecError(f"{what} is a timedelta, not {type(value).__name__}")
+    if not math.isfinite(seconds) or abs(seconds) > MAX_SECONDS:
+        raise ScheduleSpecError(f"{what} must be a finite duration of at most {MAX_SECONDS}s, not {seconds}s")
+    return seconds
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         400: "a malformed id or payload",
         401: "a missing or wrong bearer token",
         403: "a cross-site request, or a session mutation without its CSRF token",
-        404: "unknown workflow, DAG or execution",
+        404: "unknown workflow, DAG, execution or schedule",
         409: "the run's state forbids it",
         413: "the request body is over the size limit",
         422: "the request does not match the schema, or its JSON nests over 100 deep",

@@ -275,4 +275,9 @@ def test_openapi_names_every_endpoint(client):
         "/admin/purge",
         "/dags/{name}/runs/{execution_id}/retry",
         "/ui/dags/{name}/runs/{run_id}",
+        "/schedules",
+        "/schedules/{name}",
+        "/schedules/{name}/pause",
+        "/schedules/{name}/resume",
+        "/schedules/{name}/trigger",
     }

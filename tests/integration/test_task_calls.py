@@ -224,8 +224,14 @@ def test_a_signature_passed_to_execute_task_fails_the_run_before_anything_is_rec
 
 def test_a_run_started_before_the_migration_completes_after_it(tc, redis_client):
     """A run started on a schema at 0007 (its run row and WorkflowStarted written, its first
-    decision waiting in the broker), then the migration, then a worker of this build: the run
-    completes, its adopted call recorded without a convention (one argument)."""
+    decision requested), then the migrations, then a worker of this build: the run completes,
+    its adopted call recorded without a convention (one argument).
+
+    The start goes through the DB-API path (``connection=``), whose statement names only the
+    columns a 0007 schema has, as an older build's start did; the worker's sweeper sends the
+    decision it requested."""
+    import psycopg2
+
     from harvest_celery._store.migrate import upgrade
 
     from .conftest import ADMIN_URL, DB_NAME
@@ -240,7 +246,12 @@ def test_a_run_started_before_the_migration_completes_after_it(tc, redis_client)
     old = Harvest(url, Celery("tc_old", broker=tc.BROKER_URL), decision_queue="tc_old_decide")
     old.register(tc.tc_single)
     old.adopt_task("tc.spread", queue="tc_old_q")
-    rid = old.start_workflow("tc_single", {"args": [1], "kwargs": {"k": 2}})
+    raw = psycopg2.connect(dbname=name, user="postgres", host="127.0.0.1", port=5432)
+    try:
+        with raw:  # one transaction, committed on leaving
+            rid = old.start_workflow("tc_single", {"args": [1], "kwargs": {"k": 2}}, connection=raw)
+    finally:
+        raw.close()
     upgrade(url)
     worker = Worker(
         "tc-old",

@@ -55,6 +55,11 @@ def test_bad_input_is_400_and_writes_nothing(tmp_path):
         {"name": "a:b", "workflow": "as.tick", "every_seconds": 5},
         {"name": "x", "workflow": "as.tick", "every_seconds": 0.5},
         {"name": "x", "workflow": "as.tick", "every_seconds": 5, "timezone": "UTC"},
+        # durations past the 32-bit columns (and past what a timedelta holds): refused, not a 500
+        {"name": "x", "workflow": "as.tick", "every_seconds": 1e15},
+        {"name": "x", "workflow": "as.tick", "every_seconds": 5, "catchup_seconds": 8.64e13},
+        {"name": "x", "workflow": "as.tick", "every_seconds": 5, "catchup_seconds": -1},
+        {"name": "x", "workflow": "as.tick", "every_seconds": 5, "max_runs": 2**31},
     ):
         answer = client.post("/schedules", json=bad, headers=AUTH)
         assert answer.status_code == 400 and answer.json()["error"] == "InvalidSchedule", bad

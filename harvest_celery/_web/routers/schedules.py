@@ -12,7 +12,9 @@ from fastapi import APIRouter, Path
 from pydantic import BaseModel, Field
 
 from harvest_celery._core.jsonvalues import check_storable
+from harvest_celery._core.schedule import seconds_of
 from harvest_celery._web.deps import Guard, HarvestDep
+from harvest_celery._web.errors import error_responses
 
 NamePath = Annotated[str, Path(description="the schedule name")]
 Overlap = Literal["skip", "buffer_one", "allow_all"]
@@ -78,6 +80,12 @@ class Triggered(BaseModel):
     run_id: str | None = Field(description="None: the overlap policy skipped it")
 
 
+def _duration(seconds: float | None, what: str) -> timedelta | None:
+    """Seconds from a request as a ``timedelta``; one no ``timedelta`` holds (or past the
+    columns) is ``InvalidSchedule`` (400), as the client's own check would say."""
+    return None if seconds is None else timedelta(seconds=seconds_of(seconds, what))
+
+
 def list_schedules(harvest: HarvestDep, failing: bool = False) -> dict[str, Any]:
     """Every schedule (``failing``: only those whose last tick's run failed)."""
     return {"schedules": [s for s in harvest.list_schedules() if s["failing"] or not failing]}
@@ -95,12 +103,12 @@ def create_schedule(harvest: HarvestDep, body: CreateSchedule) -> dict[str, Any]
         body.name,
         workflow=body.workflow,
         cron=body.cron,
-        every=timedelta(seconds=body.every_seconds) if body.every_seconds is not None else None,
+        every=_duration(body.every_seconds, "every_seconds"),
         timezone=body.timezone,
         input=body.input,
         overlap=body.overlap,
-        catchup_window=timedelta(seconds=body.catchup_seconds),
-        jitter=timedelta(seconds=body.jitter_seconds) if body.jitter_seconds is not None else None,
+        catchup_window=timedelta(seconds=seconds_of(body.catchup_seconds, "catchup_seconds")),
+        jitter=_duration(body.jitter_seconds, "jitter_seconds"),
         end_at=body.end_at,
         max_runs=body.max_runs,
     )
@@ -135,9 +143,21 @@ def delete_schedule(harvest: HarvestDep, name: NamePath) -> dict[str, Any]:
 def router(guard: Guard) -> APIRouter:
     r = APIRouter()
     tags: list[str | Enum] = ["schedules"]
-    r.add_api_route("/schedules", list_schedules, methods=["GET"], response_model=ScheduleList, tags=tags)
     r.add_api_route(
-        "/schedules/{name}", describe_schedule, methods=["GET"], response_model=ScheduleView, tags=tags
+        "/schedules",
+        list_schedules,
+        methods=["GET"],
+        response_model=ScheduleList,
+        responses=error_responses(422),
+        tags=tags,
+    )
+    r.add_api_route(
+        "/schedules/{name}",
+        describe_schedule,
+        methods=["GET"],
+        response_model=ScheduleView,
+        responses=error_responses(400, 404, 422),
+        tags=tags,
     )
     mutating: list[tuple[str, Any, list[str], Any, int]] = [
         ("/schedules", create_schedule, ["POST"], ScheduleView, 201),
