@@ -48,6 +48,7 @@ from harvest_celery._errors import (
     UnregisteredActivity,
     WorkflowCancelledError,
     WorkflowFailed,
+    WorkflowTimedOut,
 )
 from harvest_celery._payloads.codec import Codec, FernetCodec
 from harvest_celery._payloads.stores import FileSystemPayloadStore, PayloadStore
@@ -110,6 +111,7 @@ __all__ = [
     "UnknownWorkflow",
     "UnregisteredActivity",
     "WorkflowCancelledError",
+    "WorkflowTimedOut",
     "WorkflowContext",
     "WorkflowFailed",
     "activity",

@@ -221,6 +221,47 @@ class WorkflowCancelledError(HarvestError):
         self.value = value
 
 
+class WorkflowTimedOut(HarvestError):
+    """``Harvest.result`` on a run that ended TIMED_OUT: a deadline expired (``timeout``:
+    ``"execution"`` or ``"run"``; ``reason``: e.g. ``"execution_timeout of 3s expired"``) and
+    the run did not complete anyway. ``outcome`` is what its cancel branch did, as for
+    ``WorkflowCancelledError``:
+
+    * ``cancelled``: it raised ``Cancelled`` (the clean exit);
+    * ``failed``: it raised anything else, ``error`` (``"<type>: <message>"``);
+    * after the grace period's seal, also ``returned`` (``value``) or ``stopped``; ``pending``
+      when ``result()`` timed out before the sealed branch settled.
+    """
+
+    OUTCOMES = ("returned", "cancelled", "failed", "stopped", "pending")
+
+    def __init__(
+        self,
+        execution_id: str,
+        timeout: str,
+        reason: str,
+        outcome: str,
+        error: str | None = None,
+        value: Any = None,
+    ) -> None:
+        message = f"workflow {execution_id} timed out: {reason or timeout + ' timeout expired'}"
+        if outcome == "returned":
+            message += f" (sealed at the end of its grace period; its branch returned {value!r})"
+        elif outcome == "stopped":
+            message += " (sealed at the end of its grace period; its branch stopped)"
+        elif outcome == "pending":
+            message += " (sealed at the end of its grace period; its branch has not settled yet)"
+        elif outcome == "failed":
+            message += f" (cancel branch failed: {error})"
+        super().__init__(message)
+        self.execution_id = execution_id
+        self.timeout = timeout
+        self.reason = reason
+        self.outcome = outcome
+        self.error = error
+        self.value = value
+
+
 class RegistrationError(HarvestError):
     """A definition could not be registered or resolved."""
 

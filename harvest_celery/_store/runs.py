@@ -69,16 +69,19 @@ def signal(tx: Tx, execution_id: str, name: str, payload: Any, now: datetime, de
     tx.append(row, [ev.SignalReceived(name, payload)], now, decide_on=decision_queue)
 
 
-def cancel(tx: Tx, execution_id: str, reason: str, now: datetime, decision_queue: str) -> str:
+def cancel(
+    tx: Tx, execution_id: str, reason: str, now: datetime, decision_queue: str, *, timed_out: bool = False
+) -> str:
     """Seal the run: append WorkflowCancelled, set CANCELLED (FAILED mid-unwind), fail every
     open task row that has not started — no event for those — and request the post-cancel
-    decision; its open children get their parent-close policy. Returns the new status."""
+    decision; its open children get their parent-close policy. Returns the new status.
+    ``timed_out``: the seal of a deadline's grace period end (``sweeps.end_grace``), TIMED_OUT."""
     row = _lock_current(tx, execution_id)
     if not operator_live.holds(row):
         raise InvalidState(execution_id, row.status, "cancel")
     history = [h.event for h in tx.history(row.id)]
     tx.append(row, [ev.WorkflowCancelled(reason)], now)
-    new_status = status_after_cancel(history)
+    new_status = status_after_cancel(history, timed_out)
     tx.update_run(
         row.id,
         status=new_status,
