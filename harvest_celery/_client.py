@@ -221,7 +221,6 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
         timeouts = Timeouts.checked(execution_timeout, run_timeout)
         if _start_options(connection, scheduled_for, timeouts):
             return self._start_on(connection, name, payload, execution_id, id_reuse)
-        now = utcnow()
         with self.store.begin() as tx:
             tx.payloads = payloads_on(self.store, tx.conn)  # its blobs in its own transaction
             starts.start(
@@ -229,11 +228,11 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
                 execution_id,
                 name,
                 payload,
-                now,
+                utcnow(),
                 self.runtime.settings.decision_queue,
                 id_reuse=id_reuse,
                 scheduled_for=scheduled_for,
-                deadlines=timeouts.deadlines(now),
+                timeouts=timeouts,
             )
         self._after(tx)
         return execution_id
@@ -360,7 +359,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
                 now,
                 q,
                 id_reuse="use_existing",
-                deadlines=timeouts.deadlines(now),
+                timeouts=timeouts,
             )
             ops.signal(tx, execution_id, signal, payload, now, q)
         self._after(tx)
