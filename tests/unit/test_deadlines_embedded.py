@@ -249,7 +249,9 @@ def _written(h):
         )
 
 
-@pytest.mark.parametrize("bad", [{"execution_timeout": 0}, {"run_timeout": -1}, {"run_timeout": timedelta(0)}])
+@pytest.mark.parametrize(
+    "bad", [{"execution_timeout": 0}, {"run_timeout": -1}, {"run_timeout": timedelta(0)}]
+)
 def test_a_timeout_that_is_not_positive_is_refused_and_writes_nothing(h, bad):
     with pytest.raises(ValueError, match="timeout"):
         h.start_workflow("parked", "o-7", **bad)
