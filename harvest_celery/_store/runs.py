@@ -237,9 +237,10 @@ def reset(
         first, forked_from=source_id, parent_id=None, continued_from=None, chain_id=None, link=0
     )
     tx.append(row, prefix, now)
-    requested = [e for e in prefix if isinstance(e, ev.WorkflowCancelRequested)]
-    if requested:  # the copied request is open on the new run too
-        tx.update_run(new_id, cancel_requested_at=now, cancel_reason=requested[0].reason)
+    requested = [e for e in prefix if isinstance(e, ev.CANCEL_REQUESTS)]
+    if requested:  # the copied request (an operator's, or a deadline's) is open on the new run too
+        timed = now if any(isinstance(e, ev.WorkflowTimeoutRequested) for e in requested) else None
+        tx.update_run(new_id, cancel_requested_at=now, cancel_reason=requested[0].reason, timed_out_at=timed)
     flow = _flow_of(tx, source_id)
     for dispatch in fold_dispatches(history[:to_seq]).dispatches:  # the open ones run again
         if dispatch.outcome == OPEN:

@@ -5,6 +5,7 @@ its deadlines, and bad timeouts refused with nothing written (also over the HTTP
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import timedelta
 
@@ -26,6 +27,7 @@ from harvest_celery._store.schema import events as events_table
 from harvest_celery._store.schema import executions
 from harvest_celery._web.api import create_app
 
+APP = "tests.unit.test_deadlines_embedded:harvest_app"  # the CLI's --app (module:attribute)
 SHORT = 0.2  # seconds: a deadline that expires at the first sweeps
 WAIT = 20.0  # seconds a test waits for an outcome (never a timed assertion)
 
@@ -281,3 +283,84 @@ def test_the_api_takes_seconds_and_answers_400_for_a_bad_timeout(h, monkeypatch)
     shown = client.get(f"/workflows/{ok.json()['execution_id']}").json()
     assert shown["execution_deadline_at"] is not None and shown["timeout"] is None
     assert shown["timeout_overrun"] is False
+
+
+def test_async_harvest_takes_the_timeouts(h):
+    from harvest_celery import AsyncHarvest
+
+    async def scenario():
+        async with AsyncHarvest(h) as ah:
+            run_id = await ah.start_workflow("breaks", None, execution_timeout=SHORT)
+            with pytest.raises(ValueError, match="run_timeout"):
+                await ah.signal_with_start("parked", "o-10", "order-10", "approve", run_timeout=0)
+            return run_id
+
+    run_id = asyncio.run(scenario())
+    with pytest.raises(WorkflowTimedOut) as caught:
+        h.result(run_id, timeout=WAIT)
+    assert caught.value.outcome == "failed"
+    assert h.list(workflow="parked") == []  # the refused signal_with_start wrote nothing
+
+
+harvest_app: Harvest | None = None  # what the CLI's --app names, set by the test below
+
+
+def test_harvest_start_takes_the_timeouts_in_seconds(h, capsys, monkeypatch):
+    import sys
+
+    from harvest_celery._cli import main
+
+    monkeypatch.setattr(sys.modules[__name__], "harvest_app", h)
+    url = h.database_url
+    assert (
+        main(["--database-url", url, "--app", APP, "start", "parked", '"o-11"', "--execution-timeout", "0"])
+        != 0
+    )
+    assert "execution_timeout must be positive" in capsys.readouterr().err
+    assert _written(h) == (0, 0)
+    assert (
+        main(["--database-url", url, "--app", APP, "start", "parked", '"o-11"', "--run-timeout", "90"]) == 0
+    )
+    run_id = capsys.readouterr().out.strip()
+    x = h.describe(run_id)
+    assert x.run_deadline_at is not None and x.execution_deadline_at is None
+    assert x.run_deadline_at - x.created_at == timedelta(seconds=90)
+
+
+# ── migration 0013 ───────────────────────────────────────────────────────────────────────────
+def test_migration_0013_adds_the_columns_and_the_status_and_downgrades(tmp_path):
+    from harvest_celery._store.migrate import downgrade, upgrade
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    upgrade(url)
+    engine = sa.create_engine(url)
+    now = "2026-12-02 00:00:00"
+    row = (
+        "INSERT INTO harvest_executions (id, workflow_type, status, next_seq, created_at, updated_at, "
+        "nd_block_count, timed_out_at) VALUES ('t-1', 'w', 'TIMED_OUT', 0, :now, :now, 0, :now)"
+    )
+    with engine.begin() as conn:
+        conn.execute(sa.text(row), {"now": now})
+    downgrade(url, "0012")
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT status FROM harvest_executions")).scalar() == "FAILED"
+        columns = {c["name"] for c in sa.inspect(conn).get_columns("harvest_executions")}
+    assert not columns & {"execution_deadline_at", "run_deadline_at", "timed_out_at", "timeout_grace_at"}
+    with engine.begin() as conn, pytest.raises(sa.exc.IntegrityError):
+        conn.execute(sa.text(row.replace(", timed_out_at", "").replace(", :now)", ")")), {"now": now})
+    upgrade(url)
+    engine.dispose()
+
+
+def test_a_reset_past_the_timeout_request_keeps_it_open_on_the_fork(h):
+    run_id = h.start_workflow("breaks", None, execution_timeout=SHORT)
+    with pytest.raises(WorkflowTimedOut):
+        h.result(run_id, timeout=WAIT)
+    seen = [e.event.type for e in h.history(run_id)]
+    fork = h.reset(run_id, seen.index("WorkflowTimeoutRequested") + 1)
+    with pytest.raises(WorkflowTimedOut) as caught:
+        h.result(fork, timeout=WAIT)
+    assert caught.value.outcome == "failed"  # the fork replayed the request: its branch failed again
+    x = h.describe(fork)
+    assert x.status == "TIMED_OUT" and x.timed_out_at is not None
+    assert x.execution_deadline_at is None  # a fork is a run of its own: no deadline carried
