@@ -64,7 +64,8 @@ def timed_out(h: Any, run_id: str, timeout: float = 60) -> WorkflowTimedOut:
     return caught.value
 
 
-def branch_failures(workflow: str) -> float:
+def counted(metric: str, **labels: str) -> float:
+    """A counter of this module's worker, summed over the samples whose labels match."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=5) as resp:
@@ -73,7 +74,7 @@ def branch_failures(workflow: str) -> float:
         float(s.value)
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.name == "harvest_cancel_branch_failed_total" and s.labels.get("workflow") == workflow
+        if s.name == metric and all(s.labels.get(k) == v for k, v in labels.items())
     )
 
 
@@ -141,12 +142,15 @@ def test_mid_unwind_at_the_end_of_the_grace_the_run_is_left_running(dl, redis_cl
 
 def test_a_failing_branch_is_flagged_and_counted(dl, tag):
     h = dl.harvest
-    before = branch_failures("dl_breaks")
+    failed = ("harvest_cancel_branch_failed_total", {"workflow": "dl_breaks"})
+    ended = ("harvest_workflow_terminal_total", {"workflow": "dl_breaks", "outcome": "timed_out"})
+    before = [counted(name, **labels) for name, labels in (failed, ended)]
     run_id = h.start_workflow("dl_breaks", {"tag": tag}, execution_timeout=1)
     err = timed_out(h, run_id)
     assert (err.outcome, err.error) == ("failed", "RuntimeError: undo failed")
     assert h.describe(run_id).display_status == "TIMED_OUT (cancel branch failed: RuntimeError: undo failed)"
-    wait_for(lambda: branch_failures("dl_breaks") > before, what="harvest_cancel_branch_failed_total")
+    wait_for(lambda: counted(failed[0], **failed[1]) > before[0], what="harvest_cancel_branch_failed_total")
+    wait_for(lambda: counted(ended[0], **ended[1]) > before[1], what="terminal{outcome=timed_out}")
     assert [x.id for x in h.list(status="TIMED_OUT", workflow="dl_breaks")][:1] == [run_id]
 
 
