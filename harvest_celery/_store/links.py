@@ -56,7 +56,11 @@ def _start_child(tx: Tx, parent_id: str, command: StartChildWorkflow, now: datet
     """The child's row, ``WorkflowStarted`` and decision request, in the parent's transaction.
     An id that names a run already is refused (recorded, never asked again)."""
     values = new_run_values(
-        command.child_id, command.workflow_type, input_digest(command.child_id, command.input), now
+        command.child_id,
+        command.workflow_type,
+        input_digest(command.child_id, command.input),
+        now,
+        command.queue or queue,
     )
     inserted = tx.conn.execute(
         tx.dialect.insert_ignore(executions).values(**values, parent_id=parent_id).returning(*executions.c)
@@ -82,7 +86,11 @@ def _continue(
     assert isinstance(first, ev.WorkflowStarted)
     parent_id = first.parent_id
     values = new_run_values(
-        outcome.next_id, row.workflow_type, input_digest(outcome.next_id, outcome.input), now
+        outcome.next_id,
+        row.workflow_type,
+        input_digest(outcome.next_id, outcome.input),
+        now,
+        row.decision_queue or queue,  # the chain keeps its app's queue
     )
     inserted = tx.conn.execute(
         executions.insert()

@@ -46,6 +46,7 @@ class RunRow:
     forked_to: str | None
     sticky_queue: str | None = None  # where its warm replay lives (a worker's own queue)
     cancel_requested_at: datetime | None = None  # an open cooperative cancellation request
+    decision_queue: str | None = None  # the starting app's decision queue (NULL before 0015)
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> RunRow:
@@ -67,6 +68,7 @@ class RunRow:
             m["forked_to"],
             m.get("sticky_queue"),
             m.get("cancel_requested_at"),
+            m.get("decision_queue"),
         )
 
     @classmethod
@@ -87,8 +89,9 @@ class RunRow:
         )
 
     def decide_on(self, queue: str) -> str:
-        """Where this run's decision requests go: the worker holding its warm replay, if any."""
-        return self.sticky_queue or queue
+        """Where this run's decision requests go: the worker holding its warm replay, if any,
+        else the starting app's decision queue, else (a run from before 0015) ``queue``."""
+        return self.sticky_queue or self.decision_queue or queue
 
     @property
     def accepts_results(self) -> bool:

@@ -211,9 +211,10 @@ def quote(name: str) -> str:
 START = f"""
 WITH run AS (
     INSERT INTO {RUNS} (id, workflow_type, status, input, input_digest, next_seq,
-                        created_at, updated_at, decision_requested_at, nd_block_count)
+                        created_at, updated_at, decision_requested_at, nd_block_count,
+                        decision_queue)
     VALUES (%(id)s, %(workflow_type)s, %(status)s, CAST(%(input)s AS jsonb), %(digest)s, 1,
-            %(now)s, %(now)s, %(now)s, 0)
+            %(now)s, %(now)s, %(now)s, 0, %(decision_queue)s)
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 ), started AS (
