@@ -46,7 +46,7 @@ class RunRow:
     forked_to: str | None
     sticky_queue: str | None = None  # where its warm replay lives (a worker's own queue)
     cancel_requested_at: datetime | None = None  # an open cooperative cancellation request
-    decision_queue: str | None = None  # the starting app's decision queue (NULL before 0015)
+    decision_queue: str | None = None  # the starting app's decision queue (NULL before 0013)
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> RunRow:
@@ -90,7 +90,7 @@ class RunRow:
 
     def decide_on(self, queue: str) -> str:
         """Where this run's decision requests go: the worker holding its warm replay, if any,
-        else the starting app's decision queue, else (a run from before 0015) ``queue``."""
+        else the starting app's decision queue, else (a run from before 0013) ``queue``."""
         return self.sticky_queue or self.decision_queue or queue
 
     @property

@@ -69,7 +69,7 @@ executions = Table(
     Column("forked_to", String(200)),
     # the decision queue of the worker process holding the run's warm replay (sticky routing)
     Column("sticky_queue", String(300)),
-    Column("decision_queue", String(300)),  # the starting app's; NULL before 0015
+    Column("decision_queue", String(300)),  # the starting app's; NULL before 0013
     # sha256 of the id and the canonical JSON of the input, taken before any codec: a second
     # start of the id is compared with it (survives encryption and erasure; _payloads.digest)
     Column("input_digest", String(80)),

@@ -4,7 +4,7 @@ signal) — goes to the queue of the app that started the run, not to the reques
 Two apps on one database (each with its own decision queue) no longer decide each other's runs.
 NULL: a run started before this migration; its requests go where they always went.
 
-Revision ID: 0015
+Revision ID: 0013
 Revises: 0012
 Create Date: 2026-12-02
 """
@@ -12,7 +12,7 @@ Create Date: 2026-12-02
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0015"
+revision = "0013"
 down_revision = "0012"
 branch_labels = None
 depends_on = None
