@@ -33,6 +33,7 @@ from harvest_celery._store.records import (
     AttemptError,
     CancelBranch,
     Execution,
+    RunSnapshot,
     Timings,
     aware,
     cancel_branch_of,
@@ -249,6 +250,24 @@ class Store:
         with self.engine.connect() as conn:
             raw = Tx(conn, self.dialect, self.payloads).raw_history(execution_id)
         return [self._decoded(r, strict) for r in raw]
+
+    def snapshot(self, execution_id: str) -> RunSnapshot:
+        """The run row's identity and state and its history, read in one read-only transaction
+        (one snapshot on Postgres: they agree, and nothing can be written); the history decoded
+        strictly with this store's payloads, blobs inflated after the connection is released
+        (an erased run's is not read: its payloads are tombstones)."""
+        q = sa.select(
+            executions.c.id, executions.c.workflow_type, executions.c.status, executions.c.erased_at
+        ).where(executions.c.id == execution_id)
+        with self.engine.begin() as conn:
+            self.dialect.read_only(conn)
+            row = conn.execute(q).first()
+            erased = row is None or row.erased_at is not None
+            raw = [] if erased else Tx(conn, self.dialect, self.payloads).raw_history(execution_id)
+        if row is None:
+            raise ExecutionNotFound(execution_id)
+        history = [self._decoded(r, True) for r in raw]
+        return RunSnapshot(row.id, row.workflow_type, row.status, aware(row.erased_at), history)
 
     def _decoded(self, raw: RawEvent, strict: bool) -> ev.HistoryEvent:
         seq, data, recorded_at = raw
