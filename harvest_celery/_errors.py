@@ -245,7 +245,9 @@ class QueryFailed(HarvestError):
     def __init__(
         self, execution_id: str, name: str, error_type: str, error_message: str, command: str = ""
     ) -> None:
-        super().__init__(f"query {name!r} of execution {execution_id!r} failed: {error_type}: {error_message}")
+        super().__init__(
+            f"query {name!r} of execution {execution_id!r} failed: {error_type}: {error_message}"
+        )
         self.execution_id = execution_id
         self.name = name
         self.error_type = error_type

@@ -87,13 +87,15 @@ def _ask(session: Session, name: str, arg: Any) -> Any:
         if inspect.iscoroutine(value):
             value.close()
         raise QueryFailed(
-            execution_id, name, "TypeError", "the handler returned an awaitable: a query handler is a plain function"
+            execution_id,
+            name,
+            "TypeError",
+            "the handler returned an awaitable: a query handler is a plain function",
         )
     try:
         return check_json(value, f"result of query {name!r}")
     except PayloadNotSerializable as exc:
         raise QueryFailed(execution_id, name, "PayloadNotSerializable", str(exc)) from None
-
 
 
 __all__ = ["answer", "query_arg"]

@@ -280,4 +280,5 @@ def test_openapi_names_every_endpoint(client):
         "/schedules/{name}/pause",
         "/schedules/{name}/resume",
         "/schedules/{name}/trigger",
+        "/workflows/{execution_id}/queries/{name}",
     }
