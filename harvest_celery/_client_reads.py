@@ -108,7 +108,8 @@ class Reads(ClientBase):
         (``ctx.set_query_handler``). Answered here, by this process (which must register the
         run's workflow), from the stored history read in a read-only transaction and replayed
         for this call only: nothing is written and no warm replay is touched. Live, paused and
-        closed runs answer (docs/concepts.md, "Queries").
+        closed runs answer; an id of a continue-as-new chain is answered by its current run, as
+        a signal is routed (docs/concepts.md, "Queries").
 
         Raises ``PayloadNotSerializable`` (``arg`` is not JSON, before anything is read),
         ``ExecutionNotFound``, ``InvalidState`` (the run's payloads were erased),

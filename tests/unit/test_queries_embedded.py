@@ -60,12 +60,20 @@ async def qe_parked(ctx: WorkflowContext, data: Any) -> dict:
     return {**state, "second": await ctx.execute_activity(qe_step, state["peeked"])}
 
 
+@workflow
+async def qe_looping(ctx: WorkflowContext, n: int) -> int:
+    ctx.set_query_handler("n", lambda _arg: n)
+    if n < 2:
+        ctx.continue_as_new(n + 1)
+    return int(await ctx.wait_signal("stop"))
+
+
 @pytest.fixture
 def harvest(tmp_path, monkeypatch) -> Harvest:
     monkeypatch.delenv("HARVEST_API_TOKEN", raising=False)
     h = Harvest(f"sqlite:///{tmp_path / 'queries.db'}")
     h.migrate()
-    return h.register(qe_parked, qe_step)
+    return h.register(qe_parked, qe_step, qe_looping)
 
 
 def database(h: Harvest) -> dict[str, list[Any]]:
@@ -140,6 +148,17 @@ def test_a_process_that_does_not_register_the_workflow_cannot_answer(harvest):
     stranger = Harvest(harvest.database_url)  # the same database, none of its workflows
     with pytest.raises(UnknownWorkflow):
         stranger.query(run_id, "stage")
+
+
+def test_an_id_of_a_chain_is_answered_by_its_current_run(harvest):
+    first = harvest.start_workflow("qe_looping", 0, execution_id="loop")
+    assert harvest.describe(first).status == "CONTINUED_AS_NEW"
+    current = harvest.describe(harvest.describe(first).continued_to or "").continued_to
+    assert current is not None and harvest.describe(current).status == "RUNNING"
+    assert harvest.query(first, "n") == harvest.query(current, "n") == 2
+    with pytest.raises(UnknownQuery) as unknown:
+        harvest.query(first, "nope")
+    assert unknown.value.execution_id == current
 
 
 def test_a_paused_run_answers(harvest):
