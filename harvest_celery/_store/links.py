@@ -132,6 +132,23 @@ def lock_current(tx: Tx, execution_id: str) -> RunRow | None:
     return row
 
 
+def last_link_status(tx: Tx, execution_id: str) -> str | None:
+    """The status of the last run of the chain ``execution_id`` begins or belongs to (its own
+    if it continued into nothing); None if a run on the way is gone (purged). Reads, locks
+    nothing."""
+    current: str | None = execution_id
+    for _ in range(MAX_CHAIN_HOPS):
+        row = tx.conn.execute(
+            sa.select(executions.c.status, executions.c.continued_to).where(executions.c.id == current)
+        ).first()
+        if row is None:
+            return None
+        if row.status != CONTINUED_AS_NEW or row.continued_to is None:
+            return str(row.status)
+        current = str(row.continued_to)
+    return None
+
+
 def continued_to(tx: Tx, execution_id: str) -> str | None:
     found = tx.conn.execute(
         sa.select(executions.c.continued_to).where(executions.c.id == execution_id)

@@ -22,7 +22,7 @@ from harvest_celery._core.lifecycle import TERMINAL_STATUSES
 from harvest_celery._core.schedule import Spec, fire_at, plan, tick_id
 from harvest_celery._errors import ScheduleAlreadyExists, ScheduleNotFound
 from harvest_celery._payloads.stores import is_reference
-from harvest_celery._store import starts
+from harvest_celery._store import links, starts
 from harvest_celery._store.schema import executions, schedules
 from harvest_celery._store.tx import Tx
 
@@ -125,10 +125,11 @@ def recent_runs(tx: Tx, name: str, limit: int) -> list[Any]:
 
 
 def _open(tx: Tx, run_id: str | None) -> bool:
-    """Is the schedule's previous run open? A purged run is not."""
+    """Is the schedule's previous run open? A continue-as-new chain is open until its last link
+    closes (the overlap policies see the chain as one run); a purged run is not."""
     if run_id is None:
         return False
-    status = run_statuses(tx, [run_id]).get(run_id)
+    status = links.last_link_status(tx, run_id)
     return status is not None and status not in TERMINAL_STATUSES
 
 
