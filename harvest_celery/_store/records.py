@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from harvest_celery._core.events import HistoryEvent
 from harvest_celery._core.lifecycle import RUNNING, cancel_branch_failure, display_status
 from harvest_celery._core.names import CANCELLED_ERROR
 from harvest_celery._store import predicates
@@ -284,6 +285,18 @@ class Execution:
         out["display_status"] = self.display_status
         out["cancel_branch_error"] = self.cancel_branch_error
         return out
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """What a query reads of a run (``Store.snapshot``): the row's identity and state, and its
+    decoded history, read together in one read-only transaction."""
+
+    id: str
+    workflow_type: str
+    status: str
+    erased_at: datetime | None
+    history: list[HistoryEvent]
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,9 @@ Shape = tuple[tuple[tuple[str, tuple[str, ...], int], ...], tuple[str, ...]]
 
 # ── pings and notifications ──────────────────────────────────────────────────────────────────
 PING = "SELECT 1"  # the database answers (a pooled connection idle too long, ``Store.ping``)
+# a query's read (``Store.snapshot``): the run row and its history from one snapshot, and the
+# server refuses any write in it
+READ_ONLY_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 LISTEN_RUNS = f"LISTEN {RUNS_CHANNEL}"
 LISTEN_STARTS = f"LISTEN {STARTS_CHANNEL}"
 NOTIFY = sa.text(f"SELECT pg_notify({literal(RUNS_CHANNEL)}, :execution_id)")

@@ -282,4 +282,5 @@ def test_openapi_names_every_endpoint(client):
         "/schedules/{name}/trigger",
         "/limits",
         "/limits/{name}",
+        "/workflows/{execution_id}/queries/{name}",
     }

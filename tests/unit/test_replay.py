@@ -543,6 +543,8 @@ SAMPLE_ARGS = {
     "ActivityError": ("charge", "RuntimeError", "card declined", 3),
     "WorkflowFailed": ("run-1", "ActivityError", "boom"),
     "ChildWorkflowFailed": ("order-7-c1", "FAILED", "RuntimeError: no rooms"),
+    "UnknownQuery": ("run-1", "stagee", ["stage", "total"]),
+    "QueryFailed": ("run-1", "stage", "QueryCommand", "may not call ctx.sleep", "ctx.sleep"),
     "WorkflowCancelledError": (
         "run-1",
         "customer asked",
