@@ -91,7 +91,9 @@ def _actions(action: Command) -> None:
         "import-beat",
         help="turn a Celery app's beat_schedule into schedules that start its adopted tasks",
     )
-    ib.add_argument("celery_app", metavar="MODULE:APP", help="the Celery app (module:attr; attr app or celery)")
+    ib.add_argument(
+        "celery_app", metavar="MODULE:APP", help="the Celery app (module:attr; attr app or celery)"
+    )
     ib.add_argument("--update", action="store_true", help="apply changed entries to their schedules")
     ib.add_argument(
         "--skip-unsupported", action="store_true", help="skip the entries harvest cannot honour (listed)"

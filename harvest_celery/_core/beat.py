@@ -173,14 +173,16 @@ def _cron(crontab: Any, timezone: str) -> Spec:
 
 
 def _field(values: set[int], lo: int, hi: int) -> str:
-    """A cron field for a crontab's expanded set: ``*``, ``*/step`` or ranges and values."""
+    """A cron field for a crontab's expanded set: ``*``, ``*/step`` or ranges and values (the
+    same set either way; cron's OR of the two day fields is excluded by the caller)."""
     vs = sorted(values)
     if not vs or vs[0] < lo or vs[-1] > hi:
         raise Unsupported(f"a crontab field {vs} is outside {lo}-{hi}")
     if vs == list(range(lo, hi + 1)):
         return "*"
-    if len(vs) > 1 and vs[0] == lo and vs == list(range(lo, hi + 1, vs[1] - vs[0])):
-        return f"*/{vs[1] - vs[0]}"
+    step = vs[1] - vs[0] if len(vs) > 1 else 0
+    if step > 1 and (hi + 1 - lo) % step == 0 and vs == list(range(lo, hi + 1, step)):
+        return f"*/{step}"  # only a step that divides the field's range: */45 reads as 0,45
     parts, i = [], 0
     while i < len(vs):
         j = i
