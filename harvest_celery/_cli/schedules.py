@@ -138,7 +138,7 @@ def cmd_schedules_list(args: argparse.Namespace) -> int:
         state = "paused" if s["paused"] else "ended" if s["ended"] else f"next {s['next_fire_at']}"
         last = f"{s['last_run_id']} {s['last_run_status']}" if s["last_run_id"] else "-"
         print(
-            f"{s['name']}  {s['workflow']}  {when}  {state}  last {last}  "
+            f"{s['name']}  {'task ' if s['target'] == 'task' else ''}{s['workflow']}  {when}  {state}  last {last}  "
             f"fired {s['fired']} skipped {s['skipped']} missed {s['missed']}"
         )
     return 0
