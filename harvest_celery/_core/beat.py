@@ -101,6 +101,8 @@ def convert(name: Any, entry: Any, timezone: str) -> BeatEntry:
     args, kwargs = entry.get("args") or (), entry.get("kwargs") or {}
     if not isinstance(args, (list, tuple)) or not isinstance(kwargs, Mapping):
         raise Unsupported("'args' must be a list or tuple and 'kwargs' a dict")
+    if "queue" in kwargs:  # as start_task refuses it: the durable call's one reserved keyword
+        raise Unsupported("kwargs 'queue' is refused: queue is a reserved keyword of a durable task call")
     return BeatEntry(
         name,
         task,

@@ -129,6 +129,7 @@ def test_an_entry_carries_its_task_its_call_and_its_queue_option():
         ("t", {"schedule": 60}, "'task' must name a task"),
         ("a", {"task": "t", "schedule": 60, "args": "xy"}, "'args' must be a list"),
         ("n", "t", "an entry is a dict"),
+        ("q", {"task": "t", "schedule": 60, "kwargs": {"queue": "x"}}, "kwargs 'queue' is refused"),
     ],
 )
 def test_an_entry_harvest_cannot_honour_is_refused_with_why(name, entry, why):
@@ -246,6 +247,22 @@ def test_a_second_import_leaves_identical_schedules_alone_and_refuses_changed_on
     assert h.describe_schedule("nightly")["spec_version"] == before["nightly"] + 1
     fired = _fire(h, "often")
     assert h.describe(fired).input["call"] == {"args": [5, 6], "kwargs": {}}
+
+
+def test_an_imported_schedule_is_edited_like_any_other(h):
+    h.import_beat(beat_config(), skip_unsupported=True)
+    assert h.update_schedule("often", every=timedelta(seconds=5), overlap="allow_all") == 2
+    view = h.describe_schedule("often")
+    assert (view["target"], view["workflow"], view["every_seconds"], view["overlap"]) == (
+        "task",
+        "ib.add",
+        5,
+        "allow_all",
+    )
+    # an operator's overlap is not Beat's business: a re-import compares only what Beat defines
+    changed = h.import_beat(beat_config(), skip_unsupported=True, update=True)
+    assert changed.updated == ["often"] and h.describe_schedule("often")["overlap"] == "allow_all"
+    assert h.describe_schedule("often")["every_seconds"] == 1
 
 
 def test_a_name_held_by_a_workflow_schedule_is_refused(h):
