@@ -10,6 +10,7 @@ from harvest_celery._dag.builder import DagBuilder, dag
 from harvest_celery._dag.model import CollectAll, FailFast
 from harvest_celery._errors import (
     ActivityError,
+    BeatImportRefused,
     BodyInterrupted,
     Cancelled,
     ChildWorkflowFailed,
@@ -63,6 +64,7 @@ __all__ = [
     "ActivityContext",
     "ActivityError",
     "AsyncHarvest",
+    "BeatImportRefused",
     "BodyInterrupted",
     "Cancelled",
     "ChildWorkflowFailed",

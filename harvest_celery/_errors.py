@@ -47,7 +47,9 @@
     ├── UnknownNode                    retry from a node the DAG does not declare (HTTP 400)
     ├── InvalidSchedule                a schedule argument harvest cannot take (also a ValueError)
     ├── ScheduleNotFound
-    └── ScheduleAlreadyExists          create_schedule of a name that exists
+    ├── ScheduleAlreadyExists          create_schedule of a name that exists
+    └── BeatImportRefused              import_beat entries harvest cannot honour, each named
+                                       with why (also a ValueError); nothing was written
 
 Every error carries structured fields and pickles across processes (``__reduce__``), because
 errors cross Celery. This module imports nothing of the package, so every layer may raise
@@ -566,3 +568,20 @@ class ScheduleAlreadyExists(HarvestError):
 
     def __reduce__(self) -> Any:
         return (type(self), (self.name,))
+
+
+class BeatImportRefused(HarvestError, ValueError):
+    """``Harvest.import_beat`` refused entries, and wrote nothing: ``refused`` maps each entry's
+    name to why (an unsupported schedule, option or name, a task not adopted, or a changed
+    schedule without ``update=True``)."""
+
+    def __init__(self, refused: dict[str, str]) -> None:
+        lines = "".join(f"\n  {name!r}: {why}" for name, why in sorted(refused.items()))
+        super().__init__(
+            f"import-beat refused {len(refused)} entr{'y' if len(refused) == 1 else 'ies'} and wrote "
+            f"nothing:{lines}"
+        )
+        self.refused = dict(refused)
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.refused,))

@@ -32,6 +32,7 @@ def test_the_exported_list_is_exactly_this():
         [
             "ActivityContext",
             "ActivityError",
+            "BeatImportRefused",
             "BodyInterrupted",
             "AsyncHarvest",
             "Cancelled",

@@ -565,6 +565,7 @@ SAMPLE_ARGS = {
     "InvalidSchedule": ("give exactly one of cron= and every=",),
     "ScheduleNotFound": ("nightly",),
     "ScheduleAlreadyExists": ("nightly",),
+    "BeatImportRefused": ({"sunrise": "solar schedules are refused", "a:b": "a name with a colon"},),
     "InvalidLimitKey": ("charge", "limit_key returned int, not str"),
     "InvalidState": ("run-1", "COMPLETED", "cancel"),
     "ForksHoldCopies": ("run-1", ["run-1-reset", "run-1-retry"]),
