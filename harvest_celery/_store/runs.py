@@ -72,10 +72,9 @@ def signal(tx: Tx, execution_id: str, name: str, payload: Any, now: datetime, de
 def cancel(
     tx: Tx, execution_id: str, reason: str, now: datetime, decision_queue: str, *, timed_out: bool = False
 ) -> str:
-    """Seal the run: append WorkflowCancelled, set CANCELLED (FAILED mid-unwind), fail every
-    open task row that has not started — no event for those — and request the post-cancel
-    decision; its open children get their parent-close policy. Returns the new status.
-    ``timed_out``: the seal of a deadline's grace period end (``sweeps.end_grace``), TIMED_OUT."""
+    """Seal the run: append WorkflowCancelled, set CANCELLED (FAILED mid-unwind; TIMED_OUT for
+    ``timed_out``, a deadline's grace end), fail every open task row that has not started (no
+    event), request the post-cancel decision; open children get their parent-close policy."""
     row = _lock_current(tx, execution_id)
     if not operator_live.holds(row):
         raise InvalidState(execution_id, row.status, "cancel")
@@ -188,6 +187,10 @@ def _insert_run(
             updated_at=now,
             nd_block_count=0,
             forked_from=forked_from,
+            # a fork decides where its source did (NULL: the requesting process's queue)
+            decision_queue=sa.select(executions.c.decision_queue)
+            .where(executions.c.id == forked_from)
+            .scalar_subquery(),
         )
     )
     return tx.lock_existing(execution_id)

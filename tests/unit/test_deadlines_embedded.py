@@ -332,8 +332,8 @@ def test_harvest_start_takes_the_timeouts_in_seconds(h, capsys, monkeypatch):
     assert x.run_deadline_at - x.created_at == timedelta(seconds=90)
 
 
-# ── migration 0013 ───────────────────────────────────────────────────────────────────────────
-def test_migration_0013_adds_the_columns_and_the_status_and_downgrades(tmp_path):
+# ── migration 0015 ───────────────────────────────────────────────────────────────────────────
+def test_migration_0015_adds_the_columns_and_the_status_and_downgrades(tmp_path):
     from harvest_celery._store.migrate import downgrade, upgrade
 
     url = f"sqlite:///{tmp_path / 'm.db'}"
@@ -346,7 +346,7 @@ def test_migration_0013_adds_the_columns_and_the_status_and_downgrades(tmp_path)
     )
     with engine.begin() as conn:
         conn.execute(sa.text(row), {"now": now})
-    downgrade(url, "0012")
+    downgrade(url, "0014")
     with engine.connect() as conn:
         assert conn.execute(sa.text("SELECT status FROM harvest_executions")).scalar() == "FAILED"
         columns = {c["name"] for c in sa.inspect(conn).get_columns("harvest_executions")}

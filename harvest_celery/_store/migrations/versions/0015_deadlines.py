@@ -1,20 +1,20 @@
 """deadlines: the TIMED_OUT run status and the execution_deadline_at / run_deadline_at /
 timed_out_at / timeout_grace_at / timeout_overrun_at columns (docs/concepts.md, "Deadlines").
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0015
+Revises: 0014
 Create Date: 2026-12-02
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0013"
-down_revision = "0012"
+revision = "0015"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
-# Frozen here (0010's set plus TIMED_OUT): a migration must not change when the package does.
+# Frozen here (0010's set plus TIMED_OUT; 0013 and 0014 left the statuses as they were): a migration must not change when the package does.
 BEFORE = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "CONTINUED_AS_NEW")
 AFTER = (*BEFORE, "TIMED_OUT")
 CHECK = "ck_harvest_executions_status"
