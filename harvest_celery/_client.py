@@ -24,6 +24,7 @@ from harvest_celery._dag.builder import preflight, preflight_all
 from harvest_celery._payloads.codec import Codec
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import PayloadStore
+from harvest_celery._runtime import logs
 from harvest_celery._runtime import settings as config
 from harvest_celery._runtime.adopt import adopt
 from harvest_celery._runtime.celery import CeleryDispatcher, install, register_activity
@@ -81,6 +82,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
         claim_max_overflow: int | None = None,
         pooled: bool | None = None,
         listen_url: str | None = None,
+        log_format: Literal["text", "json"] | None = None,
     ) -> None:
         """Every keyword is a row of docs/configuration.md (None: its documented default). A bad
         value (or ``fast_paths=False`` beside a fast value) raises ``ValueError``, before connecting."""
@@ -101,6 +103,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
         # the cap applies to what is stored inline: with a store, an offloaded input is a reference
         offloads = payloads.offloads if payload_store is not None else None
         self.runtime = Runtime(self.store, self.registry, config.runtime_settings(options, offloads))
+        logs.configure(options["log_format"])
         self._attach(celery_app)
 
     def _attach(self, celery_app: Any) -> None:
@@ -298,6 +301,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
                     "committed; no run was started",
                     run_id,
                     name,
+                    extra=logs.run(run_id),
                 )
 
         if session is not None:

@@ -1,7 +1,9 @@
-"""Prometheus counters. Labels are ``workflow`` (and ``outcome`` / ``queue`` where they apply);
-an execution id is never a label.
+"""Prometheus counters and histograms (``_SPECS``; a key named in ``HISTOGRAMS`` is a histogram
+with those buckets, every other key a counter). Labels are ``workflow`` (and ``outcome`` /
+``queue`` where they apply); an execution id is never a label.
 
-Counters are incremented only after the transaction that recorded their cause commits. Under
+Counters are incremented, and histograms observed, only after the transaction that recorded
+their cause commits. Under
 Celery prefork set ``PROMETHEUS_MULTIPROC_DIR`` so every pool child's samples are aggregated;
 ``harvest worker --metrics-port`` serves them.
 """
@@ -16,6 +18,7 @@ from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
     Counter,
+    Histogram,
     generate_latest,
     multiprocess,
     start_http_server,
@@ -82,13 +85,52 @@ _SPECS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Completions that configuration and dialect allowed on the one-statement path but that went another way, and inline decisions handed to the decision task, by the first reason (docs/operations.md).",
         ("reason",),
     ),
+    "activity_completed": (
+        "harvest_activity_completed",
+        "Activity attempts whose completion was recorded (ActivityCompleted appended): the steps a run took, compensations included.",
+        ("workflow", "queue"),
+    ),
+    "activity_schedule_to_start": (
+        "harvest_activity_schedule_to_start_seconds",
+        "Seconds from an activity's ActivityScheduled to its first attempt's ActivityStarted (recorded times): queueing, broker hop and any wait for a concurrency slot. Observed when the claim has committed; later attempts are not observed (their start waits on the retry backoff).",
+        ("queue",),
+    ),
 }
+# the keys of _SPECS that are histograms, with their buckets (seconds)
+HISTOGRAMS: dict[str, tuple[float, ...]] = {
+    "activity_schedule_to_start": (
+        0.005,
+        0.01,
+        0.025,
+        0.05,
+        0.1,
+        0.25,
+        0.5,
+        1.0,
+        2.5,
+        5.0,
+        10.0,
+        30.0,
+        60.0,
+        300.0,
+        900.0,
+        3600.0,
+    ),
+}
+# the exposition's sample names per kind (the suffixes prometheus_client adds)
+_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 
 
 class Metrics:
     def __init__(self) -> None:
         self.counters: dict[str, Counter] = {
-            key: Counter(name, doc, labels) for key, (name, doc, labels) in _SPECS.items()
+            key: Counter(name, doc, labels)
+            for key, (name, doc, labels) in _SPECS.items()
+            if key not in HISTOGRAMS
+        }
+        self.histograms: dict[str, Histogram] = {
+            key: Histogram(_SPECS[key][0], _SPECS[key][1], _SPECS[key][2], buckets=buckets)
+            for key, buckets in HISTOGRAMS.items()
         }
 
     def inc(self, key: str, labels: dict[str, str]) -> None:
@@ -97,6 +139,22 @@ class Metrics:
             return
         names = _SPECS[key][2]
         counter.labels(**{n: labels.get(n, "") for n in names}).inc()
+
+    def observe(self, key: str, labels: dict[str, str], value: float) -> None:
+        histogram = self.histograms.get(key)
+        if histogram is None:
+            return
+        names = _SPECS[key][2]
+        histogram.labels(**{n: labels.get(n, "") for n in names}).observe(value)
+
+    def exported_names(self) -> set[str]:
+        """Every sample name this registry's metrics export (``harvest_x_total``,
+        ``harvest_y_bucket``/``_sum``/``_count``), read from what the collectors collect."""
+        out: set[str] = set()
+        for collector in (*self.counters.values(), *self.histograms.values()):
+            for family in collector.collect():
+                out.update(family.name + suffix for suffix in _SUFFIXES.get(family.type, ("",)))
+        return out
 
     def value(self, key: str, labels: dict[str, str]) -> float:
         """This process's current value (tests and the demo)."""

@@ -197,7 +197,13 @@ class Store:
             try:
                 decoded[column] = self.payloads.decode_value(getattr(execution, column))
             except Exception as exc:  # noqa: BLE001 - any store or codec failure: degrade
-                log.warning("execution %s: %s stays encoded: %s", execution_id, column, exc)
+                log.warning(
+                    "execution %s: %s stays encoded: %s",
+                    execution_id,
+                    column,
+                    exc,
+                    extra={"execution_id": execution_id},  # a run line's field (_runtime.logs)
+                )
         return dataclasses.replace(execution, **decoded) if decoded else execution
 
     def children(self, execution_id: str) -> tuple[dict[str, str], ...]:
@@ -361,7 +367,12 @@ class Store:
                 detail = self.payloads.decode_value(detail)
             except Exception as exc:  # noqa: BLE001 - a read-only view degrades
                 log.warning(
-                    "attempt error %s/%s/%s stays encoded: %s", execution_id, r.activity_id, r.attempt, exc
+                    "attempt error %s/%s/%s stays encoded: %s",
+                    execution_id,
+                    r.activity_id,
+                    r.attempt,
+                    exc,
+                    extra={"execution_id": execution_id, "activity_id": r.activity_id, "attempt": r.attempt},
                 )
             detail = detail if isinstance(detail, dict) else {}
             out.append(

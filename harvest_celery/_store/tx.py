@@ -471,6 +471,15 @@ class Tx:
         )
         self.conn.execute(self.dialect.insert_ignore(attempt_errors).values(**row))
 
+    def recorded_at(self, execution_id: str, seq: int) -> datetime | None:
+        """When the run's event at ``seq`` was recorded (None: no such event)."""
+        found = self.conn.execute(
+            sa.select(events.c.recorded_at).where(
+                (events.c.execution_id == execution_id) & (events.c.seq == seq)
+            )
+        ).scalar()
+        return aware(found) if found is not None else None
+
     def scheduled_input(self, execution_id: str, activity_id: str) -> Any:
         data = self.conn.execute(
             sa.select(events.c.data)
