@@ -7,9 +7,10 @@ import os
 import uuid
 from collections.abc import Callable
 from datetime import datetime
+from functools import partial
 from typing import Any, Literal
 
-from harvest_celery._client_limits import FlowControl
+from harvest_celery._client_limits import FlowControl, list_limits
 from harvest_celery._client_ops import Operations
 from harvest_celery._client_reads import Reads
 from harvest_celery._client_schedules import Schedules
@@ -31,6 +32,7 @@ from harvest_celery._runtime.celery import CeleryDispatcher, install, register_a
 from harvest_celery._runtime.completion import fast_path_settings
 from harvest_celery._runtime.consumers import QueueConsumers
 from harvest_celery._runtime.inline import InlineDispatcher
+from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._runtime.runtime import Runtime
 from harvest_celery._runtime.settings import configure_celery, configure_dedicated_celery_app
 from harvest_celery._store import runs as ops
@@ -104,6 +106,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
         offloads = payloads.offloads if payload_store is not None else None
         self.runtime = Runtime(self.store, self.registry, config.runtime_settings(options, offloads))
         logs.configure(options["log_format"])
+        METRICS.limits.source = partial(list_limits, self.store)  # the limit gauges, when scraped
         self._attach(celery_app)
 
     def _attach(self, celery_app: Any) -> None:
