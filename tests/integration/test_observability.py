@@ -88,13 +88,19 @@ def _by_attempt(run: SimpleNamespace) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def test_every_attempt_runs_once_with_the_prerun_listener_connected(run: SimpleNamespace) -> None:
+def test_every_attempt_runs_once_with_the_prerun_listener_connected(
+    env: SimpleNamespace, run: SimpleNamespace
+) -> None:
     assert sorted(run.started) == sorted(EAGER), run.started  # one ActivityStarted each
     seen = _by_attempt(run)
     for name, eager in EAGER.items():
         bodies = [s for s in seen[name] if s["signal"] == "body"]
         assert len(bodies) == 1, (name, seen[name])
         assert bodies[0]["eager"] is eager, (name, bodies[0])  # the run drew both paths
+    # and no second claim was tried: harvest's own prerun hook skipped the eager requests (a
+    # second claim would be refused, and logged so, by one of the two workers)
+    for worker in (env.a, env.b):
+        assert not [x for x in _log_since_start(worker) if f"claim of {run.rid}/" in x], worker.name
 
 
 def test_eager_and_delivered_attempts_look_the_same_to_celery_code(run: SimpleNamespace) -> None:
