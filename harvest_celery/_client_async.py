@@ -127,6 +127,11 @@ class AsyncHarvest:
             created_before=created_before,
         )
 
+    async def query(self, execution_id: str, name: str, arg: Any = None) -> Any:
+        """``Harvest.query``: the handler's answer, computed on a call thread (a replay of the
+        run's history in this process; nothing is written)."""
+        return await self._run(self.harvest.query, execution_id, name, arg)
+
     async def result(self, execution_id: str, timeout: float | None = 30.0, poll: float = 1.0) -> Any:
         """``Harvest.result`` without blocking the loop: waits in slices of ``wait_slice``
         seconds on a waiter thread, so cancelling the awaiting task stops the wait at the end of

@@ -1,4 +1,5 @@
-"""Reads of runs: describe, stuck, history, attempt errors, list, and waiting for a result."""
+"""Reads of runs: describe, stuck, history, attempt errors, list, queries, and waiting for a
+result."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from typing import Any
 
 from harvest_celery._client_base import ClientBase
 from harvest_celery._core import events as ev
+from harvest_celery._core.engine import Activation
 from harvest_celery._core.lifecycle import CANCELLED, COMPLETED, CONTINUED_AS_NEW, RUNNING, TERMINAL_STATUSES
 from harvest_celery._core.names import TaskStatus
-from harvest_celery._errors import WorkflowCancelledError, WorkflowFailed
+from harvest_celery._core.queries import answer, query_arg
+from harvest_celery._errors import InvalidState, WorkflowCancelledError, WorkflowFailed
 from harvest_celery._runtime.consumers import waiting_hints
 from harvest_celery._store.records import AttemptError, CancelBranch, Execution, utcnow
 
@@ -99,6 +102,28 @@ class Reads(ClientBase):
             created_after=created_after,
             created_before=created_before,
         )
+
+    def query(self, execution_id: str, name: str, arg: Any = None) -> Any:
+        """Ask the run: return ``handler(arg)`` of the query handler it registered as ``name``
+        (``ctx.set_query_handler``). Answered here, by this process (which must register the
+        run's workflow), from the stored history read in a read-only transaction and replayed
+        for this call only: nothing is written and no warm replay is touched. Live, paused and
+        closed runs answer; an id of a continue-as-new chain is answered by its current run, as
+        a signal is routed (docs/concepts.md, "Queries").
+
+        Raises ``PayloadNotSerializable`` (``arg`` is not JSON, before anything is read),
+        ``ExecutionNotFound``, ``InvalidState`` (the run's payloads were erased),
+        ``UnknownWorkflow`` (not registered here), ``UnknownQuery`` (listing the names the run
+        registered) and ``QueryFailed`` (the handler raised or issued a ``ctx`` command, or the
+        replay diverged)."""
+        payload = query_arg(name, arg)
+        run = self.store.snapshot(execution_id)
+        if run.erased_at is not None:
+            raise InvalidState(execution_id, "erased", "query")
+        definition = self.registry.workflow(run.workflow_type)
+        config = self.runtime.settings.engine
+        activation = Activation(run.id, run.workflow_type, run.history, config, probe=True)
+        return answer(definition, activation, self.registry, name, payload)
 
     def result(self, execution_id: str, timeout: float | None = 30.0, poll: float = 1.0) -> Any:
         """Wait for the run to finish; return its result or raise ``WorkflowFailed`` /

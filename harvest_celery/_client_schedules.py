@@ -1,6 +1,7 @@
 """``Harvest``'s schedules: durable schedules in Postgres that replace Celery Beat
 (docs/schedules.md). A schedule fires only in processes with the decision queue of the
-``Harvest`` that created it whose registry has its workflow."""
+``Harvest`` that created it whose registry has its workflow, or, for a task schedule imported
+from Beat (``import_beat``), that adopted its task."""
 
 from __future__ import annotations
 
@@ -8,10 +9,18 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from harvest_celery._client_base import ClientBase
-from harvest_celery._core.jsonvalues import check_json
+from harvest_celery._core.beat import BeatEntry, BeatImport, beat_schedule_of, convert_all
+from harvest_celery._core.invocation import adopted_task_name, invocation
+from harvest_celery._core.jsonvalues import check_cap, check_json
 from harvest_celery._core.lifecycle import FAILED
 from harvest_celery._core.schedule import MAX_SECONDS, OVERLAP, Spec, check_name, manual_id, seconds_of
-from harvest_celery._errors import InvalidSchedule, PayloadCodecError, PayloadNotSerializable
+from harvest_celery._errors import (
+    BeatImportRefused,
+    HarvestError,
+    InvalidSchedule,
+    PayloadCodecError,
+    PayloadNotSerializable,
+)
 from harvest_celery._payloads.digest import input_digest
 from harvest_celery._runtime import scheduler
 from harvest_celery._store import schedules as rows
@@ -71,7 +80,7 @@ class Schedules(ClientBase):
     def _checked(
         self,
         name: str,
-        workflow: str,
+        workflow: str | None,
         cron: Any,
         every: Any,
         timezone: Any,
@@ -80,7 +89,8 @@ class Schedules(ClientBase):
         jitter: Any,
     ) -> dict[str, Any]:
         check_name(name)
-        self.registry.workflow(workflow)  # UnknownWorkflow against this process's registry
+        if workflow is not None:  # None: a task schedule's edit (its task is not re-checked)
+            self.registry.workflow(workflow)  # UnknownWorkflow against this process's registry
         spec = Spec.checked(cron=cron, every=every, timezone=timezone, jitter=jitter)
         if overlap not in OVERLAP:
             raise InvalidSchedule(f"overlap must be one of {', '.join(OVERLAP)}, not {overlap!r}")
@@ -116,7 +126,7 @@ class Schedules(ClientBase):
         given = cron is not None or every is not None
         values = self._checked(
             name,
-            row.workflow,
+            row.workflow if row.target != rows.TASK else None,
             cron if given else row.cron,
             every if given else row.every_seconds,
             timezone if given else (row.timezone if row.cron is not None else None),
@@ -197,9 +207,137 @@ class Schedules(ClientBase):
         with self.store.begin() as tx:
             return [(r.id, r.status) for r in rows.recent_runs(tx, name, limit)]
 
+    def import_beat(
+        self,
+        app_or_beat_schedule: Any,
+        *,
+        update: bool = False,
+        skip_unsupported: bool = False,
+        overlap: str = "skip",
+    ) -> BeatImport:
+        """Import Celery Beat's ``beat_schedule`` (of a Celery app, in its ``timezone`` or UTC,
+        or a mapping, in UTC): each entry becomes a schedule of the same name whose every tick
+        starts the existing task, as ``start_task(task, *args, id_reuse="use_existing",
+        queue=<the entry's queue option>, **kwargs)`` would, with the tick's id (docs/schedules.md,
+        "Migrating from Celery Beat"). New schedules take ``overlap`` (default ``skip``; Beat's
+        behaviour is ``allow_all``) and no catch-up window.
+
+        An identical schedule is left alone; a changed one is refused unless ``update``. An
+        entry harvest cannot honour (solar, ``relative=True``, an option but ``queue``, a custom
+        schedule class, a name with ``:`` or ``/``, a task not adopted with ``adopt_task``, a
+        name held by a workflow schedule) is refused. Refusals raise ``BeatImportRefused``
+        naming each entry with why, and nothing is written, unless ``skip_unsupported`` (then
+        the refused entries are skipped and listed in ``refused``; a changed schedule still
+        needs ``update``)."""
+        if overlap not in OVERLAP:
+            raise InvalidSchedule(f"overlap must be one of {', '.join(OVERLAP)}, not {overlap!r}")
+        entries, timezone = beat_schedule_of(app_or_beat_schedule)
+        converted, refused = convert_all(entries, timezone)
+        calls = self._beat_calls(converted, refused)
+        with self.store.begin() as tx:
+            existing = {r.name: r for r in rows.listed(tx)}
+        out = BeatImport(refused=refused)
+        changed: dict[str, str] = {}
+        for entry in converted:
+            if entry.name not in calls:
+                continue
+            row = existing.get(entry.name)
+            if row is None:
+                out.created.append(entry.name)
+            elif row.target != rows.TASK:
+                refused[entry.name] = f"the name is taken by a schedule of workflow {row.workflow!r}"
+            else:
+                diff = _beat_diff(row, entry, calls[entry.name])
+                if not diff:
+                    out.unchanged.append(entry.name)
+                elif update:
+                    out.updated.append(entry.name)
+                else:
+                    changed[entry.name] = (
+                        f"changed since it was imported ({diff}): pass update=True (--update)"
+                    )
+        blocking = {**changed, **({} if skip_unsupported else refused)}
+        if blocking:
+            raise BeatImportRefused(blocking)
+        self._beat_write({e.name: e for e in converted}, calls, out, overlap)
+        return out
+
+    def _beat_calls(self, converted: list[BeatEntry], refused: dict[str, str]) -> dict[str, dict[str, Any]]:
+        """Each entry's call, checked as ``start_task`` checks it (an adopted task, JSON
+        arguments under the cap, an input the codec takes); a refusal goes to ``refused``."""
+        engine = self.runtime.settings.engine
+        calls = {}
+        for entry in converted:
+            try:
+                adopted_task_name(self.registry, entry.task)
+                call = invocation(entry.task, entry.args, entry.kwargs)
+                check_cap(
+                    call,
+                    f"input of activity {entry.task!r}",
+                    engine.max_activity_input_bytes,
+                    engine.offloads,
+                )
+                self.store.payloads.codec.encode(call)
+            except HarvestError as exc:
+                refused[entry.name] = f"{type(exc).__name__}: {exc}"
+                continue
+            except Exception as exc:  # noqa: BLE001 - a codec's own refusal, one reason
+                refused[entry.name] = f"the codec refused the call: {type(exc).__name__}: {exc}"
+                continue
+            calls[entry.name] = call
+        return calls
+
+    def _beat_write(
+        self, entries: dict[str, BeatEntry], calls: dict[str, Any], out: BeatImport, overlap: str
+    ) -> None:
+        """Create and update the imported schedules in one transaction: all or nothing."""
+        refs: list[tuple[str, str]] = []
+        with self.store.begin() as tx:
+            tx.payloads = payloads_on(self.store, tx.conn)
+            for name in out.created:
+                values = {
+                    **_beat_values(entries[name]),
+                    "name": name,
+                    "jitter_seconds": 0.0,
+                    "overlap": overlap,
+                    "catchup_seconds": 0.0,
+                    "end_at": None,
+                    "max_runs": None,
+                    "decision_queue": self.runtime.settings.decision_queue,
+                    "target": rows.TASK,
+                }
+                rows.create(tx, values, calls[name], input_digest(name, calls[name]))
+            for name in out.updated:
+                refs += rows.set_input(tx, name, calls[name], input_digest(name, calls[name]))
+                rows.edit(tx, name, _beat_values(entries[name]))
+        self.store._delete_blobs(refs, [])
+
     def fire_schedules(self) -> list[rows.Fired]:
         """One firing pass of this process's schedules (the scheduler loop and the sweeper)."""
         return scheduler.fire_pass(self.runtime)
+
+
+def _beat_values(entry: BeatEntry) -> dict[str, Any]:
+    """The columns an imported entry sets (and an update changes)."""
+    return {
+        "workflow": entry.task,
+        "queue": entry.queue,
+        "cron": entry.spec.cron,
+        "every_seconds": entry.spec.every,
+        "timezone": entry.spec.timezone,
+    }
+
+
+def _beat_diff(row: Any, entry: BeatEntry, call: Any) -> str:
+    """What differs between a task schedule and an entry ("" when identical)."""
+    diffs = [
+        f"{column} {getattr(row, column)!r} -> {value!r}"
+        for column, value in _beat_values(entry).items()
+        if getattr(row, column) != value
+    ]
+    if row.input_digest != input_digest(entry.name, call):
+        diffs.append("args/kwargs")
+    return ", ".join(diffs)
 
 
 def _view(row: Any, last_status: str | None) -> dict[str, Any]:
@@ -209,6 +347,8 @@ def _view(row: Any, last_status: str | None) -> dict[str, Any]:
     return {
         "name": row.name,
         "workflow": row.workflow,
+        "target": row.target,
+        "queue": row.queue,
         "cron": row.cron,
         "every_seconds": row.every_seconds,
         "timezone": row.timezone,

@@ -5,6 +5,7 @@ waits on a durable timer if the call has a countdown or eta, then calls the adop
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from harvest_celery._client_base import ClientBase
@@ -38,6 +39,7 @@ class Tasks(ClientBase):
         execution_id: str | None = None,
         id_reuse: str = "idempotent",
         queue: str | None = None,
+        scheduled_for: datetime | None = None,
         **kwargs: Any,
     ) -> str:
         """Start a durable one-step run calling an adopted Celery task exactly as Celery would,
@@ -47,8 +49,9 @@ class Tasks(ClientBase):
         ``signature_or_task``: a task (or its name) called with ``*args``/``**kwargs``, or a
         signature, whose args, kwargs and options are used (extra args are prepended and extra
         kwargs merged for a partial ``.s``; an immutable ``.si`` given more is refused).
-        ``execution_id``, ``id_reuse`` (as ``start_workflow``'s) and ``queue`` are reserved:
-        never passed to the task. Options: ``queue``, ``countdown`` and ``eta`` (a durable timer)
+        ``execution_id``, ``id_reuse`` (as ``start_workflow``'s), ``queue`` and
+        ``scheduled_for`` (recorded in ``WorkflowStarted``, as ``start_workflow``'s) are
+        reserved: never passed to the task. Options: ``queue``, ``countdown`` and ``eta`` (a durable timer)
         are honoured; the rest are dropped or refused (docs/concepts.md, the options table).
 
         Raises ``UnknownActivity``, ``PayloadNotSerializable``, ``PayloadTooLarge``,
@@ -59,9 +62,14 @@ class Tasks(ClientBase):
         else:
             name, args_, kwargs_ = task_name(signature_or_task), list(args), dict(kwargs)
         adopted_task_name(self.registry, name)
+        if scheduled_for is not None and (
+            not isinstance(scheduled_for, datetime) or scheduled_for.tzinfo is None
+        ):
+            raise ValueError(f"scheduled_for is an aware datetime, not {scheduled_for!r}")
         chosen = call_options(options)
-        if "queue" in kwargs_:
-            raise InvalidTaskCall("queue", "queue is a reserved keyword of a durable task call")
+        for reserved in ("queue", "scheduled_for"):
+            if reserved in kwargs_:
+                raise InvalidTaskCall(reserved, f"{reserved} is a reserved keyword of a durable task call")
         call = invocation(name, args_, kwargs_)
         engine = self.runtime.settings.engine
         check_cap(call, f"input of activity {name!r}", engine.max_activity_input_bytes, engine.offloads)
@@ -80,6 +88,7 @@ class Tasks(ClientBase):
                 utcnow(),
                 self.runtime.settings.decision_queue,
                 id_reuse=id_reuse,
+                scheduled_for=scheduled_for,
             )
         self._after(tx)
         return execution_id

@@ -20,6 +20,9 @@
     ├── WorkflowCancelledError         the run was cancelled (raised by Harvest.result)
     ├── ChildWorkflowFailed            a child workflow ended other than COMPLETED (seen by
     │                                  its parent)
+    ├── UnknownQuery                   a query name the run registered no handler for (HTTP 404)
+    ├── QueryFailed                    a query handler raised or issued a ctx command, or the
+    │                                  probe replay diverged (HTTP 400)
     ├── RegistrationError
     │   ├── UnknownWorkflow
     │   ├── UnknownActivity
@@ -44,7 +47,9 @@
     ├── UnknownNode                    retry from a node the DAG does not declare (HTTP 400)
     ├── InvalidSchedule                a schedule argument harvest cannot take (also a ValueError)
     ├── ScheduleNotFound
-    └── ScheduleAlreadyExists          create_schedule of a name that exists
+    ├── ScheduleAlreadyExists          create_schedule of a name that exists
+    └── BeatImportRefused              import_beat entries harvest cannot honour, each named
+                                       with why (also a ValueError); nothing was written
 
 Every error carries structured fields and pickles across processes (``__reduce__``), because
 errors cross Celery. This module imports nothing of the package, so every layer may raise
@@ -219,6 +224,37 @@ class WorkflowCancelledError(HarvestError):
         self.error = error
         self.outcome = outcome
         self.value = value
+
+
+class UnknownQuery(HarvestError):
+    """``Harvest.query`` of a name the run has no handler for (``ctx.set_query_handler``) at
+    the end of its history; ``known`` lists the names it registered, sorted."""
+
+    def __init__(self, execution_id: str, name: str, known: list[str]) -> None:
+        names = ", ".join(repr(k) for k in known) if known else "none"
+        super().__init__(f"execution {execution_id!r} has no query handler {name!r} (registered: {names})")
+        self.execution_id = execution_id
+        self.name = name
+        self.known = list(known)
+
+
+class QueryFailed(HarvestError):
+    """``Harvest.query`` could not answer: the handler raised (``error_type``, ``error_message``),
+    issued a ``ctx`` command (``error_type`` ``"QueryCommand"``, ``command`` naming it), returned
+    a value that is not JSON, or the replay that rebuilt the run's state diverged (``error_type``
+    ``"NonDeterministic"``). Nothing was written either way."""
+
+    def __init__(
+        self, execution_id: str, name: str, error_type: str, error_message: str, command: str = ""
+    ) -> None:
+        super().__init__(
+            f"query {name!r} of execution {execution_id!r} failed: {error_type}: {error_message}"
+        )
+        self.execution_id = execution_id
+        self.name = name
+        self.error_type = error_type
+        self.error_message = error_message
+        self.command = command
 
 
 class RegistrationError(HarvestError):
@@ -464,8 +500,8 @@ def http_status(exc: BaseException) -> int:
     """404 unknown (execution, workflow, activity), 409 a conflict with the run's state or id
     (``ExecutionAlreadyExists``, ``InvalidState``, ``RetryRefused``), 503 a stored payload the
     server cannot decode (its configuration, not the request), 400 every other client error
-    (a bad id, payload or node)."""
-    if isinstance(exc, (ExecutionNotFound, RegistrationError, ScheduleNotFound)):
+    (a bad id, payload or node; a ``QueryFailed``, as Temporal answers a failed query)."""
+    if isinstance(exc, (ExecutionNotFound, RegistrationError, ScheduleNotFound, UnknownQuery)):
         return 404
     if isinstance(exc, (ExecutionAlreadyExists, InvalidState, RetryRefused, ScheduleAlreadyExists)):
         return 409
@@ -532,3 +568,20 @@ class ScheduleAlreadyExists(HarvestError):
 
     def __reduce__(self) -> Any:
         return (type(self), (self.name,))
+
+
+class BeatImportRefused(HarvestError, ValueError):
+    """``Harvest.import_beat`` refused entries, and wrote nothing: ``refused`` maps each entry's
+    name to why (an unsupported schedule, option or name, a task not adopted, or a changed
+    schedule without ``update=True``)."""
+
+    def __init__(self, refused: dict[str, str]) -> None:
+        lines = "".join(f"\n  {name!r}: {why}" for name, why in sorted(refused.items()))
+        super().__init__(
+            f"import-beat refused {len(refused)} entr{'y' if len(refused) == 1 else 'ies'} and wrote "
+            f"nothing:{lines}"
+        )
+        self.refused = dict(refused)
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.refused,))

@@ -30,6 +30,7 @@ from harvest_celery._core.lifecycle import (
     status_after_cancel,
     status_for_outcome,
 )
+from harvest_celery._core.queries import answer, query_arg
 from harvest_celery._core.registry import Registry, register_into
 
 
@@ -98,6 +99,15 @@ class SimRun:
         return replay_history(
             definition, self.execution_id, list(self.history), self.sim.registry, self.sim.config
         )
+
+    def query(self, name: str, arg: Any = None) -> Any:
+        """As ``Harvest.query``: the answer of the run's query handler ``name`` on a replay of
+        the current history built for this call (the warm session, if any, is not touched)."""
+        definition = self.sim.registry.workflow(self.workflow_type)
+        activation = Activation(
+            self.execution_id, self.workflow_type, list(self.history), self.sim.config, probe=True
+        )
+        return answer(definition, activation, self.sim.registry, name, query_arg(name, arg))
 
     # ── the world ────────────────────────────────────────────────────────────────────────────
     def open_activities(self) -> list[ev.ActivityScheduled]:

@@ -5,14 +5,14 @@
     harvest [--app module:attr] [--database-url URL] COMMAND ...
 
 ``--app`` (or ``HARVEST_APP``) names a ``Harvest`` instance to import, like ``celery -A``; commands
-that run or change workflows need it (start, signal, cancel, request-cancel, result, worker, api,
-and the operator actions terminate, pause, resume, reset, retry, erase, purge — erasure and
+that run or change workflows need it (start, signal, cancel, request-cancel, result, query, worker,
+api, and the operator actions terminate, pause, resume, reset, retry, erase, purge — erasure and
 retention delete offloaded blobs through the app's payload store — and replay, which replays
 histories against the app's workflows). Commands that only read or migrate the database (db
 upgrade, show, list, export) also accept ``--database-url`` (or ``HARVEST_DATABASE_URL``) instead.
 ``harvest demo`` needs neither.
 
-One module per command group: ``runs`` (start, show, list, result, signal, cancel,
+One module per command group: ``runs`` (start, show, list, result, query, signal, cancel,
 request-cancel), ``operator`` (terminate, pause, resume, reset, retry, erase, purge), ``worker``
 (db upgrade, worker, api), ``replay`` (replay, export) and ``demo``; ``common`` resolves the app
 and the database for all of them.

@@ -1,4 +1,4 @@
-"""The commands about runs: start, show, list, result, signal, cancel, request-cancel."""
+"""The commands about runs: start, show, list, result, query, signal, cancel, request-cancel."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from harvest_celery._store.store import Store
 
 
 def run_commands(command: Command, common: argparse.ArgumentParser) -> None:
-    """start, show, list, result, cancel, request-cancel, signal."""
+    """start, show, list, result, query, cancel, request-cancel, signal."""
     s = command("start", help="start a workflow run; prints its id")
     s.add_argument("workflow")
     s.add_argument("input", nargs="?", default=None, metavar="INPUT_JSON")
@@ -42,6 +42,12 @@ def run_commands(command: Command, common: argparse.ArgumentParser) -> None:
     r.add_argument("execution_id", metavar="ID")
     r.add_argument("--timeout", type=float, default=30.0)
     r.set_defaults(handler=cmd_result)
+
+    q = command("query", help="ask a run's query handler; prints its answer as JSON (writes nothing)")
+    q.add_argument("execution_id", metavar="ID")
+    q.add_argument("name", metavar="NAME")
+    q.add_argument("arg", nargs="?", default=None, metavar="ARG_JSON")
+    q.set_defaults(handler=cmd_query)
     _signal_commands(command)
 
 
@@ -164,6 +170,12 @@ def print_result(harvest: Harvest, execution_id: str, timeout: float) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(value))
+    return 0
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    arg = parse_json(args.arg, "ARG_JSON")
+    print(json.dumps(harvest_of(args).query(args.execution_id, args.name, arg)))
     return 0
 
 

@@ -1,15 +1,20 @@
 """``harvest scheduler`` (the firing loop) and ``harvest schedules
-list|create|pause|resume|trigger|backfill|delete`` (docs/schedules.md). All need ``-A``: a
-schedule fires only where its workflow is registered, and its input goes through the app's
-codec and payload store."""
+list|create|pause|resume|trigger|backfill|delete|import-beat`` (docs/schedules.md). All need
+``-A``: a schedule fires only where its workflow is registered (or its task adopted), and its
+input goes through the app's codec and payload store."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib
 import json
+import os
 import signal
+import sys
 import threading
 from datetime import datetime, timedelta
+from typing import Any
 
 from harvest_celery._cli.common import CliError, Command, harvest_of, parse_json
 from harvest_celery._runtime import metrics, scheduler
@@ -24,7 +29,8 @@ def schedule_commands(command: Command, common: argparse.ArgumentParser) -> None
     s.set_defaults(handler=cmd_scheduler)
 
     group = command(
-        "schedules", help="durable schedules: list, create, pause, resume, trigger, backfill, delete"
+        "schedules",
+        help="durable schedules: list, create, pause, resume, trigger, backfill, delete, import-beat",
     )
     group.set_defaults(handler=None, help_parser=group)
     sub = group.add_subparsers(title="schedule commands", metavar="ACTION")
@@ -81,6 +87,21 @@ def _actions(action: Command) -> None:
     de.add_argument("name")
     de.set_defaults(handler=cmd_schedules_delete)
 
+    ib = action(
+        "import-beat",
+        help="turn a Celery app's beat_schedule into schedules that start its adopted tasks",
+    )
+    ib.add_argument(
+        "celery_app", metavar="MODULE:APP", help="the Celery app (module:attr; attr app or celery)"
+    )
+    ib.add_argument("--update", action="store_true", help="apply changed entries to their schedules")
+    ib.add_argument(
+        "--skip-unsupported", action="store_true", help="skip the entries harvest cannot honour (listed)"
+    )
+    ib.add_argument("--overlap", default="skip", choices=("skip", "buffer_one", "allow_all"))
+    ib.add_argument("--json", action="store_true")
+    ib.set_defaults(handler=cmd_schedules_import_beat)
+
 
 def _instant(text: str, what: str) -> datetime:
     try:
@@ -117,7 +138,7 @@ def cmd_schedules_list(args: argparse.Namespace) -> int:
         state = "paused" if s["paused"] else "ended" if s["ended"] else f"next {s['next_fire_at']}"
         last = f"{s['last_run_id']} {s['last_run_status']}" if s["last_run_id"] else "-"
         print(
-            f"{s['name']}  {s['workflow']}  {when}  {state}  last {last}  "
+            f"{s['name']}  {'task ' if s['target'] == 'task' else ''}{s['workflow']}  {when}  {state}  last {last}  "
             f"fired {s['fired']} skipped {s['skipped']} missed {s['missed']}"
         )
     return 0
@@ -173,4 +194,46 @@ def cmd_schedules_backfill(args: argparse.Namespace) -> int:
 def cmd_schedules_delete(args: argparse.Namespace) -> int:
     harvest_of(args).delete_schedule(args.name)
     print(f"deleted {args.name}")
+    return 0
+
+
+def _celery_app(spec: str) -> Any:
+    """Import ``module[:attr]`` (without ``attr``: the module's ``app``, else ``celery``, as
+    ``celery -A`` looks)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name:
+        raise CliError(f"import-beat {spec!r}: expected module:app")
+    if os.getcwd() not in sys.path:  # like celery -A: the current directory is importable
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CliError(f"import-beat {spec!r}: cannot import {module_name!r}: {exc}") from None
+    for name in [attr] if attr else ["app", "celery"]:
+        obj: Any = module
+        try:
+            for part in name.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            continue
+        return obj
+    raise CliError(f"import-beat {spec!r}: {module_name!r} has no attribute {attr or 'app'!r}")
+
+
+def cmd_schedules_import_beat(args: argparse.Namespace) -> int:
+    harvest = harvest_of(args)
+    done = harvest.import_beat(
+        _celery_app(args.celery_app),
+        update=args.update,
+        skip_unsupported=args.skip_unsupported,
+        overlap=args.overlap,
+    )
+    if args.json:
+        print(json.dumps(dataclasses.asdict(done), indent=2))
+        return 0
+    for verb, names in (("created", done.created), ("unchanged", done.unchanged), ("updated", done.updated)):
+        for name in names:
+            print(f"{verb} {name}")
+    for name, why in done.refused.items():
+        print(f"skipped {name}: {why}")
     return 0

@@ -6,9 +6,10 @@ that the engine matches against it. See docs/concepts.md, "Determinism rules".
 
 from __future__ import annotations
 
+import inspect
 import random as _random
 import uuid as _uuid
-from collections.abc import Awaitable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -39,6 +40,7 @@ class ReplayPort(Protocol):
     current_time: datetime
     rng: _random.Random
     compensating: int
+    query_handlers: dict[str, Callable[[Any], Any]]
 
     @property
     def cancellation(self) -> Any: ...
@@ -287,6 +289,28 @@ class WorkflowContext:
     @property
     def rng(self) -> _random.Random:
         return self._replay.rng
+
+    # ── queries (docs/concepts.md, "Queries") ───────────────────────────────────────────────
+    def set_query_handler(self, name: str, handler: Callable[[Any], Any] | None) -> None:
+        """Answer ``Harvest.query(run_id, name, arg)`` with ``handler(arg)``: a plain function
+        from a JSON argument to a JSON value that reads the workflow's state (its locals, by
+        closure). It runs on a replay built for the query and dropped after it, so nothing it
+        changes is seen by any decision; a ``ctx`` command in it fails the query
+        (``QueryFailed``). A later call with the same name replaces the handler; ``None``
+        removes it. Registering is not recorded: it holds from where the code reaches it, on
+        every replay. Raises ``TypeError`` for a handler that is not a plain callable."""
+        self._replay.check_running("ctx.set_query_handler")
+        if not isinstance(name, str) or not name.strip():
+            raise TypeError(f"a query name is a non-empty string, not {name!r}")
+        if handler is None:
+            self._replay.query_handlers.pop(name, None)
+            return
+        if not callable(handler) or inspect.iscoroutinefunction(handler):
+            raise TypeError(
+                f"the handler of query {name!r} must be a plain function (not async): a query "
+                "answers from the run's state at once and may not await"
+            )
+        self._replay.query_handlers[name] = handler
 
     # ── replay introspection (the DAG runner's cancel edges) ─────────────────────────────────
     def dispatch_recorded(self, activity: Any) -> bool:

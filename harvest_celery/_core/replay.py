@@ -43,6 +43,7 @@ from harvest_celery._errors import (
     CorruptHistory,
     NonDeterministic,
     NotInWorkflow,
+    QueryFailed,
 )
 
 
@@ -161,6 +162,11 @@ class Replay:
         self.cancellable_waits: list[tuple[str, Future]] = []
         seed = hashlib.sha256(activation.execution_id.encode()).digest()
         self.rng = _random.Random(int.from_bytes(seed[:8], "big"))
+        # ctx.set_query_handler's handlers; the query being answered (``_core.queries``), during
+        # which every ctx command is refused, and the first one refused (catching it hides nothing)
+        self.query_handlers: dict[str, Callable[[Any], Any]] = {}
+        self.query: str | None = None
+        self.query_refused: QueryFailed | None = None
 
     # ── the command cursor ─────────────────────────────────────────────────────────────────
     @property
@@ -218,6 +224,17 @@ class Replay:
 
     # ── commands the context issues ──────────────────────────────────────────────────────────
     def check_running(self, api: str) -> None:
+        if self.query is not None:  # a query handler: it reads state, it never issues a command
+            refused = QueryFailed(
+                self.activation.execution_id,
+                self.query,
+                "QueryCommand",
+                f"a query handler may not call {api} (a query reads state; it never schedules, "
+                "sleeps, waits, starts or records anything)",
+                api,
+            )
+            self.query_refused = self.query_refused or refused
+            raise refused
         if not self.running:
             raise NotInWorkflow(api)
 

@@ -2,7 +2,8 @@
 ``harvest scheduler`` process, whose loop sleeps until the earliest ``next_fire_at``. Any number
 may run at once: the row lock gives each tick one run (``_store.schedules``).
 
-A process fires only the schedules of its decision queue whose workflow its registry has."""
+A process fires only the schedules of its decision queue whose workflow its registry has, or
+whose task (an imported Beat entry) its ``Harvest`` adopted."""
 
 from __future__ import annotations
 
@@ -39,6 +40,11 @@ FIRED_HERE: Counter[str] = Counter()  # ticks this process fired, per schedule (
 PASS_LIMIT = 1000  # schedules fired in one pass; the rest on the next
 
 
+def adopted(runtime: Any) -> list[str]:
+    """The adopted tasks of this process: the task schedules it may fire."""
+    return sorted(n for n, d in runtime.registry.activities.items() if d.adopted)
+
+
 def fire_pass(runtime: Any) -> list[rows.Fired]:
     """Fire what is due: each schedule in its own transaction (a schedule that fails, e.g. an
     input its codec key no longer reads, is logged and left for the next pass without holding
@@ -70,7 +76,12 @@ def _fire_one(runtime: Any, failed: list[str]) -> rows.Fired | None:
     with store.begin() as tx:
         tx.payloads = payloads_on(store, tx.conn)
         found = rows.fire_due(
-            tx, runtime.settings.decision_queue, sorted(runtime.registry.workflows), 1, failed
+            tx,
+            runtime.settings.decision_queue,
+            sorted(runtime.registry.workflows),
+            1,
+            failed,
+            adopted(runtime),
         )
         for f in found:
             for outcome, count in (("fired", len(f.fired)), ("skipped", f.skipped), ("missed", f.missed)):
@@ -92,7 +103,9 @@ def observe_failing(runtime: Any) -> None:
 
 def sleep_for(runtime: Any) -> float:
     with runtime.store.begin() as tx:
-        delay = rows.seconds_to_next(tx, runtime.settings.decision_queue, sorted(runtime.registry.workflows))
+        delay = rows.seconds_to_next(
+            tx, runtime.settings.decision_queue, sorted(runtime.registry.workflows), adopted(runtime)
+        )
     return MAX_SLEEP if delay is None else min(delay, MAX_SLEEP)
 
 

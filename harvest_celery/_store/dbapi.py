@@ -149,6 +149,7 @@ def _start_params(
         "event_type": ev.WorkflowStarted.type,
         "event": json.dumps(event),
         "notice": start_notice(execution_id, now, decision_queue),
+        "decision_queue": decision_queue,
     }
 
 

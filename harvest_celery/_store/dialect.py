@@ -121,6 +121,11 @@ class Dialect:
         update = update_run(execution_id, values)
         conn.execute(update.add_cte(*ctes) if ctes else update)
 
+    def read_only(self, conn: Connection) -> None:
+        """Make the transaction just begun on ``conn`` a read-only one on one snapshot (its first
+        statement): a read that must agree with itself and can write nothing (``Store.snapshot``)."""
+        conn.exec_driver_sql(sql.READ_ONLY_SNAPSHOT)
+
     def insert_ignore(self, table: Any) -> Any:
         """INSERT that skips a row whose key exists (a record written twice is written once)."""
         return postgresql.insert(table).on_conflict_do_nothing()
@@ -180,6 +185,10 @@ class SqliteDialect(Dialect):
             conn.execute(table.insert(), rows)
         if values:
             conn.execute(update_run(execution_id, values))
+
+    def read_only(self, conn: Connection) -> None:
+        """One process, one writer at a time: the reads of one transaction agree already, and the
+        caller issues no write."""
 
     def insert_ignore(self, table: Any) -> Any:
         return sqlite.insert(table).on_conflict_do_nothing()

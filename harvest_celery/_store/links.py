@@ -56,7 +56,11 @@ def _start_child(tx: Tx, parent_id: str, command: StartChildWorkflow, now: datet
     """The child's row, ``WorkflowStarted`` and decision request, in the parent's transaction.
     An id that names a run already is refused (recorded, never asked again)."""
     values = new_run_values(
-        command.child_id, command.workflow_type, input_digest(command.child_id, command.input), now
+        command.child_id,
+        command.workflow_type,
+        input_digest(command.child_id, command.input),
+        now,
+        command.queue or queue,
     )
     inserted = tx.conn.execute(
         tx.dialect.insert_ignore(executions).values(**values, parent_id=parent_id).returning(*executions.c)
@@ -82,7 +86,11 @@ def _continue(
     assert isinstance(first, ev.WorkflowStarted)
     parent_id = first.parent_id
     values = new_run_values(
-        outcome.next_id, row.workflow_type, input_digest(outcome.next_id, outcome.input), now
+        outcome.next_id,
+        row.workflow_type,
+        input_digest(outcome.next_id, outcome.input),
+        now,
+        row.decision_queue or queue,  # the chain keeps its app's queue
     )
     inserted = tx.conn.execute(
         executions.insert()
@@ -130,6 +138,23 @@ def lock_current(tx: Tx, execution_id: str) -> RunRow | None:
             return row
         row = tx.lock(following)
     return row
+
+
+def last_link_status(tx: Tx, execution_id: str) -> str | None:
+    """The status of the last run of the chain ``execution_id`` begins or belongs to (its own
+    if it continued into nothing); None if a run on the way is gone (purged). Reads, locks
+    nothing."""
+    current: str | None = execution_id
+    for _ in range(MAX_CHAIN_HOPS):
+        row = tx.conn.execute(
+            sa.select(executions.c.status, executions.c.continued_to).where(executions.c.id == current)
+        ).first()
+        if row is None:
+            return None
+        if row.status != CONTINUED_AS_NEW or row.continued_to is None:
+            return str(row.status)
+        current = str(row.continued_to)
+    return None
 
 
 def continued_to(tx: Tx, execution_id: str) -> str | None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from harvest_celery._core.events import HistoryEvent
 from harvest_celery._core.lifecycle import RUNNING, cancel_branch_failure, display_status
 from harvest_celery._core.names import CANCELLED_ERROR
 from harvest_celery._store import predicates
@@ -46,6 +47,7 @@ class RunRow:
     forked_to: str | None
     sticky_queue: str | None = None  # where its warm replay lives (a worker's own queue)
     cancel_requested_at: datetime | None = None  # an open cooperative cancellation request
+    decision_queue: str | None = None  # the starting app's decision queue (NULL before 0013)
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> RunRow:
@@ -67,6 +69,7 @@ class RunRow:
             m["forked_to"],
             m.get("sticky_queue"),
             m.get("cancel_requested_at"),
+            m.get("decision_queue"),
         )
 
     @classmethod
@@ -87,8 +90,9 @@ class RunRow:
         )
 
     def decide_on(self, queue: str) -> str:
-        """Where this run's decision requests go: the worker holding its warm replay, if any."""
-        return self.sticky_queue or queue
+        """Where this run's decision requests go: the worker holding its warm replay, if any,
+        else the starting app's decision queue, else (a run from before 0013) ``queue``."""
+        return self.sticky_queue or self.decision_queue or queue
 
     @property
     def accepts_results(self) -> bool:
@@ -281,6 +285,18 @@ class Execution:
         out["display_status"] = self.display_status
         out["cancel_branch_error"] = self.cancel_branch_error
         return out
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """What a query reads of a run (``Store.snapshot``): the row's identity and state, and its
+    decoded history, read together in one read-only transaction."""
+
+    id: str
+    workflow_type: str
+    status: str
+    erased_at: datetime | None
+    history: list[HistoryEvent]
 
 
 @dataclass(frozen=True)

@@ -185,6 +185,10 @@ def _insert_run(
             updated_at=now,
             nd_block_count=0,
             forked_from=forked_from,
+            # a fork decides where its source did (NULL: the requesting process's queue)
+            decision_queue=sa.select(executions.c.decision_queue)
+            .where(executions.c.id == forked_from)
+            .scalar_subquery(),
         )
     )
     return tx.lock_existing(execution_id)

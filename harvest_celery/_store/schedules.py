@@ -18,11 +18,12 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from harvest_celery._core.invocation import START_TASK, CallOptions, start_task_input
 from harvest_celery._core.lifecycle import TERMINAL_STATUSES
 from harvest_celery._core.schedule import Spec, fire_at, plan, tick_id
 from harvest_celery._errors import ScheduleAlreadyExists, ScheduleNotFound
 from harvest_celery._payloads.stores import is_reference
-from harvest_celery._store import starts
+from harvest_celery._store import links, starts
 from harvest_celery._store.schema import executions, schedules
 from harvest_celery._store.tx import Tx
 
@@ -37,6 +38,28 @@ def input_key(name: str) -> str:
 
 def spec_of(row: Any) -> Spec:
     return Spec(cron=row.cron, every=row.every_seconds, timezone=row.timezone, jitter=row.jitter_seconds)
+
+
+TASK = "task"  # a schedule whose target is an adopted Celery task (import-beat)
+
+
+def run_of(row: Any, data: Any) -> tuple[str, Any]:
+    """The workflow a tick starts and its input: the schedule's workflow with its input, or for
+    a task schedule the built-in ``harvest.start_task`` run calling the task with the stored
+    call on its queue (as ``Harvest.start_task`` would)."""
+    if row.target == TASK:
+        return START_TASK, start_task_input(row.workflow, data, row.queue, CallOptions())
+    return row.workflow, data
+
+
+def targets(kinds: Sequence[str] | None, tasks: Sequence[str]) -> Any:
+    """Rows this process may fire: workflow schedules of its ``kinds``, task schedules of its
+    adopted ``tasks`` (None: every row)."""
+    if kinds is None:
+        return sa.true()
+    return ((t.target != TASK) & t.workflow.in_(list(kinds))) | (
+        (t.target == TASK) & t.workflow.in_(list(tasks))
+    )
 
 
 def db_now(tx: Tx) -> datetime:
@@ -125,10 +148,11 @@ def recent_runs(tx: Tx, name: str, limit: int) -> list[Any]:
 
 
 def _open(tx: Tx, run_id: str | None) -> bool:
-    """Is the schedule's previous run open? A purged run is not."""
+    """Is the schedule's previous run open? A continue-as-new chain is open until its last link
+    closes (the overlap policies see the chain as one run); a purged run is not."""
     if run_id is None:
         return False
-    status = run_statuses(tx, [run_id]).get(run_id)
+    status = links.last_link_status(tx, run_id)
     return status is not None and status not in TERMINAL_STATUSES
 
 
@@ -228,10 +252,15 @@ class Fired:
 
 
 def due(
-    tx: Tx, decision_queue: str, kinds: Sequence[str] | None, limit: int, exclude: Sequence[str] = ()
+    tx: Tx,
+    decision_queue: str,
+    kinds: Sequence[str] | None,
+    limit: int,
+    exclude: Sequence[str] = (),
+    tasks: Sequence[str] = (),
 ) -> list[Any]:
-    """Lock the due rows of this decision queue (and of these workflows) that no other
-    scheduler holds: ``FOR UPDATE SKIP LOCKED``, due by the database clock."""
+    """Lock the due rows of this decision queue (and of these workflows, or adopted tasks) that
+    no other scheduler holds: ``FOR UPDATE SKIP LOCKED``, due by the database clock."""
     query = (
         sa.select(schedules)
         .where(
@@ -242,23 +271,27 @@ def due(
                 | t.buffered_tick.is_not(None)
             )
         )
+        .where(targets(kinds, tasks))
         .order_by(t.next_fire_at)
         .limit(limit)
     )
-    if kinds is not None:
-        query = query.where(t.workflow.in_(list(kinds)))
     if exclude:
         query = query.where(t.name.not_in(list(exclude)))
     return list(tx.conn.execute(tx.dialect.lock(query, skip_locked=True)).all())
 
 
 def fire_due(
-    tx: Tx, decision_queue: str, kinds: Sequence[str] | None, limit: int = 1, exclude: Sequence[str] = ()
+    tx: Tx,
+    decision_queue: str,
+    kinds: Sequence[str] | None,
+    limit: int = 1,
+    exclude: Sequence[str] = (),
+    tasks: Sequence[str] = (),
 ) -> list[Fired]:
     """Fire up to ``limit`` due rows (not in ``exclude``), in this one transaction. A row that
     fails raises ``FiringFailed`` naming it (the transaction is then rolled back)."""
     out = []
-    for row in due(tx, decision_queue, kinds, limit, exclude):
+    for row in due(tx, decision_queue, kinds, limit, exclude, tasks):
         try:
             out.append(_fire_row(tx, row, decision_queue))
         except Exception as exc:  # noqa: BLE001 - named, so the pass can go on without it
@@ -292,13 +325,13 @@ def _fire_row(tx: Tx, row: Any, decision_queue: str) -> Fired:
     )
     done = Fired(row.workflow, row.name, skipped=p.skipped, missed=p.missed, lateness=p.lateness)
     if p.fire:
-        data = tx.payloads.decode_value(row.input)
+        kind, data = run_of(row, tx.payloads.decode_value(row.input))
         for tick in p.fire:
             run_id = tick_id(row.name, tick)
             starts.start(
                 tx,
                 run_id,
-                row.workflow,
+                kind,
                 data,
                 now,
                 decision_queue,
@@ -333,10 +366,8 @@ def trigger(tx: Tx, name: str, run_id: str, decision_queue: str, overlap: str | 
     if policy != "allow_all" and _open(tx, row.last_run_id):
         tx.conn.execute(schedules.update().where(t.name == name).values(skipped=t.skipped + 1))
         return None
-    data = tx.payloads.decode_value(row.input)
-    starts.start(
-        tx, run_id, row.workflow, data, now, decision_queue, id_reuse="use_existing", scheduled_for=now
-    )
+    kind, data = run_of(row, tx.payloads.decode_value(row.input))
+    starts.start(tx, run_id, kind, data, now, decision_queue, id_reuse="use_existing", scheduled_for=now)
     tx.conn.execute(
         schedules.update().where(t.name == name).values(last_run_id=run_id, fired=t.fired + 1, updated_at=now)
     )
@@ -372,11 +403,11 @@ def backfill_tick(tx: Tx, name: str, tick: datetime, decision_queue: str) -> boo
     False if its run still exists ("already ran")."""
     row = lock(tx, name)
     tx.conn.execute(schedules.update().where(t.name == name).values(backfill_cursor=tick))
-    data = tx.payloads.decode_value(row.input)
+    kind, data = run_of(row, tx.payloads.decode_value(row.input))
     return starts.start(
         tx,
         tick_id(name, tick),
-        row.workflow,
+        kind,
         data,
         db_now(tx),
         decision_queue,
@@ -385,14 +416,14 @@ def backfill_tick(tx: Tx, name: str, tick: datetime, decision_queue: str) -> boo
     )
 
 
-def seconds_to_next(tx: Tx, decision_queue: str, kinds: Sequence[str] | None) -> float | None:
+def seconds_to_next(
+    tx: Tx, decision_queue: str, kinds: Sequence[str] | None, tasks: Sequence[str] = ()
+) -> float | None:
     """Seconds until the earliest ``next_fire_at`` of this queue's schedules, by the database
     clock; None if there is none."""
     query = sa.select(sa.func.min(t.next_fire_at)).where(
-        (t.decision_queue == decision_queue) & ~t.paused & t.next_fire_at.is_not(None)
+        (t.decision_queue == decision_queue) & ~t.paused & t.next_fire_at.is_not(None) & targets(kinds, tasks)
     )
-    if kinds is not None:
-        query = query.where(t.workflow.in_(list(kinds)))
     earliest = aware(tx.conn.execute(query).scalar())
     if earliest is None:
         return None

@@ -69,6 +69,7 @@ executions = Table(
     Column("forked_to", String(200)),
     # the decision queue of the worker process holding the run's warm replay (sticky routing)
     Column("sticky_queue", String(300)),
+    Column("decision_queue", String(300)),  # the starting app's; NULL before 0013
     # sha256 of the id and the canonical JSON of the input, taken before any codec: a second
     # start of the id is compared with it (survives encryption and erasure; _payloads.digest)
     Column("input_digest", String(80)),
@@ -228,7 +229,10 @@ child_notices = Table(
 # to be considered; ``next_fire_at`` (the next tick plus its jitter) is what the firing pass
 # selects on, NULL once the schedule has ended. The input is a payload (codec, offload). A
 # backfill in progress keeps its range and its cursor (the last tick it started), so a killed one
-# resumes there.
+# resumes there. A schedule's ``target`` is a workflow, or an adopted Celery task (import-beat):
+# then ``workflow`` names the task, ``queue`` is the task's queue (NULL: the adopted
+# definition's) and the input is the call ``{"args", "kwargs"}``; each tick starts the built-in
+# ``harvest.start_task`` run.
 schedules = Table(
     "harvest_schedules",
     metadata,
@@ -261,5 +265,7 @@ schedules = Table(
     Column("missed", Integer, nullable=False),
     Column("created_at", Ts, nullable=False),
     Column("updated_at", Ts, nullable=False),
+    Column("target", String(16), nullable=False, server_default="workflow"),
+    Column("queue", String(200)),
     Index("ix_harvest_schedules_due", "decision_queue", "next_fire_at"),
 )

@@ -56,6 +56,9 @@ Shape = tuple[tuple[tuple[str, tuple[str, ...], int], ...], tuple[str, ...]]
 
 # ── pings and notifications ──────────────────────────────────────────────────────────────────
 PING = "SELECT 1"  # the database answers (a pooled connection idle too long, ``Store.ping``)
+# a query's read (``Store.snapshot``): the run row and its history from one snapshot, and the
+# server refuses any write in it
+READ_ONLY_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 LISTEN_RUNS = f"LISTEN {RUNS_CHANNEL}"
 LISTEN_STARTS = f"LISTEN {STARTS_CHANNEL}"
 NOTIFY = sa.text(f"SELECT pg_notify({literal(RUNS_CHANNEL)}, :execution_id)")
@@ -211,9 +214,10 @@ def quote(name: str) -> str:
 START = f"""
 WITH run AS (
     INSERT INTO {RUNS} (id, workflow_type, status, input, input_digest, next_seq,
-                        created_at, updated_at, decision_requested_at, nd_block_count)
+                        created_at, updated_at, decision_requested_at, nd_block_count,
+                        decision_queue)
     VALUES (%(id)s, %(workflow_type)s, %(status)s, CAST(%(input)s AS jsonb), %(digest)s, 1,
-            %(now)s, %(now)s, %(now)s, 0)
+            %(now)s, %(now)s, %(now)s, 0, %(decision_queue)s)
     ON CONFLICT (id) DO NOTHING
     RETURNING id
 ), started AS (

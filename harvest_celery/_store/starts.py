@@ -62,9 +62,13 @@ def check_policy(id_reuse: str) -> str:
     return id_reuse
 
 
-def new_run_values(execution_id: str, workflow_type: str, digest: str, now: datetime) -> dict[str, Any]:
-    """The run row of a new start, before its input is encoded."""
+def new_run_values(
+    execution_id: str, workflow_type: str, digest: str, now: datetime, decision_queue: str
+) -> dict[str, Any]:
+    """The run row of a new start, before its input is encoded; ``decision_queue`` is where
+    every later decision request of the run goes (``RunRow.decide_on``)."""
     return {
+        "decision_queue": decision_queue,
         "id": execution_id,
         "workflow_type": workflow_type,
         "status": RUNNING,
@@ -97,7 +101,7 @@ def start(
     digest = input_digest(execution_id, input)
     insert = (
         tx.dialect.insert_ignore(executions)
-        .values(**new_run_values(execution_id, workflow_type, digest, now))
+        .values(**new_run_values(execution_id, workflow_type, digest, now, decision_queue))
         .returning(*executions.c)
     )
     for _ in range(3):  # the existing row may vanish between the two statements (purged): again

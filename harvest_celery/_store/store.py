@@ -18,14 +18,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from harvest_celery._core import events as ev
-from harvest_celery._core.lifecycle import CANCELLING, RUNNING, TERMINATED
+from harvest_celery._core.lifecycle import CANCELLING, CONTINUED_AS_NEW, RUNNING, TERMINATED
 from harvest_celery._core.limits import slot_text
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import listable, run_prefix
-from harvest_celery._store import redaction, runs, sql
+from harvest_celery._store import links, redaction, runs, sql
 from harvest_celery._store.blobs import PostgresPayloadStore
 from harvest_celery._store.dialect import Dialect, Pools, dialect_for
 from harvest_celery._store.listener import Listener, PollingListener, listener_of
@@ -33,6 +33,7 @@ from harvest_celery._store.records import (
     AttemptError,
     CancelBranch,
     Execution,
+    RunSnapshot,
     Timings,
     aware,
     cancel_branch_of,
@@ -255,6 +256,30 @@ class Store:
         with self.engine.connect() as conn:
             raw = Tx(conn, self.dialect, self.payloads).raw_history(execution_id)
         return [self._decoded(r, strict) for r in raw]
+
+    def snapshot(self, execution_id: str) -> RunSnapshot:
+        """The current run of ``execution_id``'s chain (the addressed run, or while it is
+        CONTINUED_AS_NEW its ``continued_to``, link by link, as a signal is routed): its row's
+        identity and state and its history, read in one read-only transaction (one snapshot on
+        Postgres: they agree, and nothing can be written). The history is decoded strictly with
+        this store's payloads, blobs inflated after the connection is released; an erased run's
+        is not read (its payloads are tombstones)."""
+        columns = (executions.c.id, executions.c.workflow_type, executions.c.status)
+        q = sa.select(*columns, executions.c.erased_at, executions.c.continued_to)
+        with self.engine.begin() as conn:
+            self.dialect.read_only(conn)
+            row = conn.execute(q.where(executions.c.id == execution_id)).first()
+            for _ in range(links.MAX_CHAIN_HOPS):
+                if row is None or row.status != CONTINUED_AS_NEW or row.continued_to is None:
+                    break
+                row = conn.execute(q.where(executions.c.id == row.continued_to)).first()
+            raw: builtins.list[RawEvent] = []
+            if row is not None and row.erased_at is None:
+                raw = Tx(conn, self.dialect, self.payloads).raw_history(row.id)
+        if row is None:
+            raise ExecutionNotFound(execution_id)
+        history = [self._decoded(r, True) for r in raw]
+        return RunSnapshot(row.id, row.workflow_type, row.status, aware(row.erased_at), history)
 
     def _decoded(self, raw: RawEvent, strict: bool) -> ev.HistoryEvent:
         seq, data, recorded_at = raw

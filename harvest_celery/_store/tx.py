@@ -287,10 +287,10 @@ class Tx:
             executions.update()
             .where(cond)
             .values(decision_requested_at=now)
-            .returning(executions.c.sticky_queue)
+            .returning(executions.c.sticky_queue, executions.c.decision_queue)
         ).first()
         if found is not None:
-            self._decide(execution_id, found.sticky_queue or queue, now)
+            self._decide(execution_id, found.sticky_queue or found.decision_queue or queue, now)
 
     def abandon_open_tasks(self, execution_id: str, now: datetime, why: str) -> None:
         """Rows that have not started never will (no event: their body never ran), those a limit

@@ -1,8 +1,8 @@
 """How the operator API answers errors: ``ApiError``, the ``HarvestError`` → HTTP status mapping,
 the JSON exception handlers, and the error responses each endpoint publishes in OpenAPI.
 
-Errors are JSON ``{"error": <class name>, "detail": <message>}``: unknown workflow/execution →
-404, an id reused for another workflow or an operation the run's status forbids → 409 (a refused
+Errors are JSON ``{"error": <class name>, "detail": <message>}``: unknown workflow/execution/query
+→ 404, an id reused for another workflow or an operation the run's status forbids → 409 (a refused
 DAG retry adds ``"reason"``: compensated · erased · running · completed · retried), a bad
 payload, id or node → 400, a stored payload the server cannot decode (an offloaded payload whose
 store is not configured, a codec key it does not hold) → 503, a request that does not match the
@@ -66,7 +66,7 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         400: "a malformed id or payload",
         401: "a missing or wrong bearer token",
         403: "a cross-site request, or a session mutation without its CSRF token",
-        404: "unknown workflow, DAG, execution or schedule",
+        404: "unknown workflow, DAG, execution, schedule or query",
         409: "the run's state forbids it",
         413: "the request body is over the size limit",
         422: "the request does not match the schema, or its JSON nests over 100 deep",

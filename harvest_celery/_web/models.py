@@ -306,3 +306,13 @@ class RunGraph(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok"]
+
+
+class QueryRequest(_Model):
+    arg: Any = Field(default=None, description="the JSON argument handed to the query handler")
+
+
+class QueryResponse(BaseModel):
+    execution_id: str
+    query: str
+    result: Any = Field(description="what the run's query handler returned (JSON)")

@@ -411,3 +411,9 @@ def limited_send(data: dict) -> str:
 
 
 harvest.adopt_task("legacy.limited_send", queue=limited.QUEUE, concurrency=1)
+
+
+# ── the query tests (test_queries.py) ────────────────────────────────────────────────────────
+from . import queries  # noqa: E402  (they need record() from this module)
+
+harvest.register(*queries.ALL)

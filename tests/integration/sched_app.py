@@ -1,11 +1,15 @@
 """The app of the schedule tests' scheduler and worker processes: its own decision queue
 (``HARVEST_TEST_SCHED_QUEUE``), so the suite's shared workers never fire its schedules, and a
-codec when ``HARVEST_TEST_SCHED_CODEC`` holds a Fernet key."""
+codec when ``HARVEST_TEST_SCHED_CODEC`` holds a Fernet key. ``sched.beat_add`` is a plain Celery
+task, adopted, that the import-beat test's schedules start; its body records each call in Redis
+(``beat-effects``)."""
 
 from __future__ import annotations
 
+import json
 import os
 
+import redis
 from celery import Celery
 
 from harvest_celery import FernetCodec, PostgresPayloadStore, WorkflowContext, workflow
@@ -18,6 +22,7 @@ DATABASE_URL = os.environ.get(
 BROKER_URL = os.environ.get("HARVEST_TEST_BROKER_URL", "redis://127.0.0.1:6379/5")
 QUEUE = os.environ.get("HARVEST_TEST_SCHED_QUEUE", "sched")
 KEY = os.environ.get("HARVEST_TEST_SCHED_CODEC")
+REDIS_URL = os.environ.get("HARVEST_TEST_REDIS_URL", "redis://127.0.0.1:6379/5")  # never the broker
 
 app = Celery("harvest_sched", broker=BROKER_URL)
 configure_dedicated_celery_app(app)
@@ -47,3 +52,13 @@ async def slow(ctx: WorkflowContext, data: object) -> str:
 
 
 harvest.register(tick, slow)
+
+
+@app.task(name="sched.beat_add")
+def beat_add(x: int, y: int, tag: str = "") -> int:
+    """A Beat task as it was: its body records the call, so a test sees that it ran."""
+    redis.Redis.from_url(REDIS_URL).rpush(f"beat-effects:{tag}", json.dumps([x, y]))
+    return x + y
+
+
+harvest.adopt_task("sched.beat_add", queue=QUEUE)

@@ -280,4 +280,7 @@ def test_openapi_names_every_endpoint(client):
         "/schedules/{name}/pause",
         "/schedules/{name}/resume",
         "/schedules/{name}/trigger",
+        "/limits",
+        "/limits/{name}",
+        "/workflows/{execution_id}/queries/{name}",
     }

@@ -171,6 +171,13 @@ def test_a_countdown_survives_a_kill_9_of_the_decision_worker(tc, redis_client):
     tag = uuid.uuid4().hex[:12]
     rid = tc.harvest.start_task(tasks.noted.s(tag, "v").set(countdown=4))
     timer = wait_for(lambda: _timer_started(tc.harvest, rid), timeout=30, what="the durable timer")
+    # the shared workers' sweepers (another app, decision queue "harvest") may fire this timer:
+    # the decision it requests goes to the run's own queue, never to theirs
+    with tc.harvest.store.engine.connect() as conn:
+        queue = conn.execute(
+            sa.text("SELECT decision_queue FROM harvest_executions WHERE id = :i"), {"i": rid}
+        ).scalar()
+    assert queue == tc.DECIDE
     tc.workers["decide"].kill9()
     tc.workers["decide"].start()
     assert tc.harvest.result(rid, timeout=60) == "v"
@@ -222,17 +229,31 @@ def test_a_signature_passed_to_execute_task_fails_the_run_before_anything_is_rec
     assert tc.harvest.store.activity_rows(rid) == []
 
 
-def test_a_run_started_before_the_migration_completes_after_it(tc, redis_client):
-    """A run started on a schema at 0007 (its run row and WorkflowStarted written, its first
-    decision requested), then the migrations, then a worker of this build: the run completes,
-    its adopted call recorded without a convention (one argument).
+OLD_START = """
+WITH run AS (
+    INSERT INTO harvest_executions (id, workflow_type, status, input, input_digest, next_seq,
+                                    created_at, updated_at, decision_requested_at, nd_block_count)
+    VALUES (%(id)s, %(workflow_type)s, %(status)s, CAST(%(input)s AS jsonb), %(digest)s, 1,
+            %(now)s, %(now)s, %(now)s, 0)
+    RETURNING id
+)
+INSERT INTO harvest_events (execution_id, seq, type, data, recorded_at)
+SELECT id, 0, %(event_type)s, CAST(%(event)s AS jsonb), %(now)s FROM run
+"""  # a 0007-era build's start, frozen here: this build's own start names later columns
 
-    The start goes through the DB-API path (``connection=``), whose statement names only the
-    columns a 0007 schema has, as an older build's start did; the worker's sweeper sends the
-    decision it requested."""
+
+def test_a_run_started_before_the_migration_completes_after_it(tc, redis_client):
+    """A run started on a schema at 0007 (its run row and WorkflowStarted written by an older
+    build's statement, its first decision requested), then the migrations, then a worker of
+    this build: the run completes, its adopted call recorded without a convention (one
+    argument). The worker's sweeper sends the decision the row requested."""
     import psycopg2
 
+    from harvest_celery._core import events as ev
+    from harvest_celery._payloads.digest import input_digest
+    from harvest_celery._store.dbapi import _start_params
     from harvest_celery._store.migrate import upgrade
+    from harvest_celery._store.records import utcnow
 
     from .conftest import ADMIN_URL, DB_NAME
 
@@ -246,10 +267,13 @@ def test_a_run_started_before_the_migration_completes_after_it(tc, redis_client)
     old = Harvest(url, Celery("tc_old", broker=tc.BROKER_URL), decision_queue="tc_old_decide")
     old.register(tc.tc_single)
     old.adopt_task("tc.spread", queue="tc_old_q")
+    rid, data = uuid.uuid4().hex, {"args": [1], "kwargs": {"k": 2}}
+    event = ev.WorkflowStarted("tc_single", data).to_data()
+    params = _start_params(rid, "tc_single", data, event, input_digest(rid, data), utcnow(), "tc_old_decide")
     raw = psycopg2.connect(dbname=name, user="postgres", host="127.0.0.1", port=5432)
     try:
-        with raw:  # one transaction, committed on leaving
-            rid = old.start_workflow("tc_single", {"args": [1], "kwargs": {"k": 2}}, connection=raw)
+        with raw, raw.cursor() as cur:  # one transaction, committed on leaving
+            cur.execute(OLD_START, params)
     finally:
         raw.close()
     upgrade(url)

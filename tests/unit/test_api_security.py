@@ -103,6 +103,8 @@ def test_every_endpoint_but_healthz_needs_the_token_reads_included(harvest, clie
             body = _json_error(client.get(path, headers=headers), 401, "Unauthorized")
             assert SECRET not in str(body)
     assert SECRET in client.get(f"/workflows/{run_id}/history", headers=BEARER).text
+    # a query reads the run's state: it needs the token like every read
+    _json_error(client.post(f"/workflows/{run_id}/queries/stage"), 401, "Unauthorized")
     assert client.get("/healthz").json() == {"status": "ok"}
     # HTML pages send the browser to the sign-in page instead
     for path in ("/console", f"/console/runs/{run_id}", "/docs", "/ui/dags/d/runs/x"):
@@ -362,6 +364,7 @@ def test_every_endpoint_answers_503_json_when_the_database_is_down(monkeypatch):
         ("post", "/workflows/r1/resume", None),
         ("post", "/workflows/r1/reset", {"to_seq": 1}),
         ("post", "/workflows/r1/erase-payloads", None),
+        ("post", "/workflows/r1/queries/stage", None),
         ("post", "/admin/purge", {"older_than_days": 1}),
         ("get", "/healthz", None),
     ]

@@ -78,10 +78,18 @@ async def counter(ctx: WorkflowContext, n):
     return n + await ctx.wait_signal("last")
 
 
+@workflow
+async def hands_on(ctx: WorkflowContext, policy):
+    if policy != "done":
+        ctx.start_child_workflow(waits, None, parent_close_policy=policy)
+        ctx.continue_as_new("done")
+    return await ctx.wait_signal("end")
+
+
 @pytest.fixture
 def h(tmp_path):
     harvest = Harvest(f"sqlite:///{tmp_path / 'h.db'}").register(
-        book, unbook, book_trip, checkout, waits, leaves, takes_id, counter
+        book, unbook, book_trip, checkout, waits, leaves, takes_id, counter, hands_on
     )
     harvest.migrate()
     return harvest
@@ -138,6 +146,34 @@ def test_a_chain_is_followed_by_result_and_a_signal_to_the_first_id_reaches_the_
     assert len(ids) == 6 and all(check_execution_id(i) == i for i in ids)
     assert [h.describe(i).status for i in ids] == ["CONTINUED_AS_NEW"] * 5 + ["COMPLETED"]
     assert h.describe(ids[1]).continued_from == first
+
+
+@pytest.mark.parametrize(
+    ("action", "expect"),
+    [
+        (lambda h, i: h.cancel_workflow_execution(i, "ops"), "CANCELLED"),
+        (lambda h, i: h.terminate(i, "ops"), "TERMINATED"),
+        (lambda h, i: h.request_cancellation(i, "ops"), "RUNNING"),  # asked; it waits on, uncancellable
+    ],
+    ids=["cancel", "terminate", "request_cancellation"],
+)
+def test_a_cancel_or_terminate_addressed_to_the_first_id_reaches_the_chains_current_run(h, action, expect):
+    h.start_workflow("counter", 0, execution_id="route")
+    ids = _chain(h, "route")
+    assert len(ids) == 6 and h.describe(ids[-1]).status == "RUNNING"
+    action(h, "route")
+    last = h.describe(ids[-1])
+    assert last.status == expect and (expect != "RUNNING" or last.cancel_requested_at is not None)
+    assert [h.describe(i).status for i in ids[:-1]] == ["CONTINUED_AS_NEW"] * 5  # earlier links untouched
+
+
+@pytest.mark.parametrize(("policy", "status"), [("terminate", "TERMINATED"), ("abandon", "RUNNING")])
+def test_continue_as_new_applies_the_parent_close_policy_to_open_children(h, policy, status):
+    h.start_workflow("hands_on", policy, execution_id=f"can-{policy}")
+    first = h.describe(f"can-{policy}")
+    assert first.status == "CONTINUED_AS_NEW" and len(first.children) == 1
+    assert h.describe(first.children[0]["id"]).status == status
+    assert h.describe(first.continued_to).status == "RUNNING"  # the next link carries no child
 
 
 def _chain(h, first):

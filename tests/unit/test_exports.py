@@ -32,6 +32,7 @@ def test_the_exported_list_is_exactly_this():
         [
             "ActivityContext",
             "ActivityError",
+            "BeatImportRefused",
             "BodyInterrupted",
             "AsyncHarvest",
             "Cancelled",
@@ -66,6 +67,7 @@ def test_the_exported_list_is_exactly_this():
             "PayloadStoreError",
             "PayloadTooLarge",
             "PostgresPayloadStore",
+            "QueryFailed",
             "RedactedActivityError",
             "RegistrationError",
             "RetryPolicy",
@@ -74,6 +76,7 @@ def test_the_exported_list_is_exactly_this():
             "Timings",
             "UnknownEventType",
             "UnknownNode",
+            "UnknownQuery",
             "Saga",
             "SagaCompensationFailed",
             "ScheduleAlreadyExists",

@@ -543,6 +543,8 @@ SAMPLE_ARGS = {
     "ActivityError": ("charge", "RuntimeError", "card declined", 3),
     "WorkflowFailed": ("run-1", "ActivityError", "boom"),
     "ChildWorkflowFailed": ("order-7-c1", "FAILED", "RuntimeError: no rooms"),
+    "UnknownQuery": ("run-1", "stagee", ["stage", "total"]),
+    "QueryFailed": ("run-1", "stage", "QueryCommand", "may not call ctx.sleep", "ctx.sleep"),
     "WorkflowCancelledError": (
         "run-1",
         "customer asked",
@@ -563,6 +565,7 @@ SAMPLE_ARGS = {
     "InvalidSchedule": ("give exactly one of cron= and every=",),
     "ScheduleNotFound": ("nightly",),
     "ScheduleAlreadyExists": ("nightly",),
+    "BeatImportRefused": ({"sunrise": "solar schedules are refused", "a:b": "a name with a colon"},),
     "InvalidLimitKey": ("charge", "limit_key returned int, not str"),
     "InvalidState": ("run-1", "COMPLETED", "cancel"),
     "ForksHoldCopies": ("run-1", ["run-1-reset", "run-1-retry"]),

@@ -151,3 +151,24 @@ def test_a_schedule_that_cannot_fire_holds_up_no_other(h):
         time.sleep(0.05)
     assert fired and all(run_id.startswith("b-fine@") for run_id in fired)
     assert h.describe_schedule("a-broken")["fired"] == 0
+
+
+@workflow(name="se.chain")
+async def se_chain(ctx: WorkflowContext, n: int) -> int:
+    if n < 1:
+        ctx.continue_as_new(n + 1)
+    await ctx.wait_signal("go")
+    return n
+
+
+def test_overlap_sees_a_continue_as_new_chain_as_open_until_its_last_link_closes(h):
+    h.register(se_chain)
+    h.create_schedule("c", workflow="se.chain", every=timedelta(hours=1), input=0, overlap="skip")
+    first = h.trigger_schedule("c")
+    assert first is not None
+    assert h.describe(first).status == "CONTINUED_AS_NEW"  # the chain's next link waits
+    assert h.trigger_schedule("c") is None  # skipped: the chain is open
+    assert h.describe_schedule("c")["skipped"] == 1
+    h.signal(first, "go")  # routed to the chain's current run
+    assert h.result(first) == 1
+    assert h.trigger_schedule("c") is not None  # the last link closed: the next one starts

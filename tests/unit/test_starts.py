@@ -452,3 +452,21 @@ def test_list_time_filters_sync_and_async_alike(tmp_path):
     expected = [ids for _, ids in cases]
     assert [[r.id for r in h.list(**kwargs)] for kwargs, _ in cases] == expected
     assert asyncio.run(scenario()) == expected
+
+
+def test_every_later_decision_request_goes_to_the_starting_apps_queue(tmp_path):
+    """Two apps on one database, each with its own decision queue: a request made by the other
+    app's process (its sweeper firing a timer, re-sending a lost request, a signal) goes to the
+    queue of the app that started the run (the DB-API start's statement is Postgres':
+    tests/integration/test_task_calls.py checks the column it writes)."""
+    h = make(tmp_path)
+    now = datetime.now(timezone.utc)
+    with h.store.begin() as tx:
+        assert starts.start(tx, "app-a-1", "st_flow", 1, now, "app_a_decide")
+    for run_id in ("app-a-1",):
+        with h.store.begin() as tx:
+            row = tx.lock(run_id)
+            assert row is not None and row.decision_queue == "app_a_decide"
+            assert row.decide_on("app_b_decide") == "app_a_decide"
+            tx.request_decision(run_id, now, "app_b_decide", force=True)
+            assert [d.queue for d in tx.dispatches] == ["app_a_decide"]

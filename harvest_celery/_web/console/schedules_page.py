@@ -89,7 +89,7 @@ class SchedulesConsole:
         )
         return (
             f'<tr data-schedule="{e(s["name"])}"><td>{e(s["name"])}<div class="muted state">{e(state)}</div></td>'
-            f"<td>{e(s['workflow'])}</td><td>{e(when)}</td><td><ul class=ticks>{ticks}</ul></td>"
+            f"<td>{e(_target(s))}</td><td>{e(when)}</td><td><ul class=ticks>{ticks}</ul></td>"
             f"<td><ul class=runs>{runs}</ul></td>"
             f"<td>fired {s['fired']} · skipped {s['skipped']} · missed {s['missed']}</td><td>{forms}</td></tr>"
         )
@@ -127,3 +127,8 @@ class SchedulesConsole:
         r.add_api_route(PAGE, self.page, methods=["GET"])
         r.add_api_route(PAGE + "/{name}/{action}", self.act, methods=["POST"])
         return r
+
+
+def _target(s: dict[str, Any]) -> str:
+    """The workflow, or ``task <name>`` for a task schedule (import-beat)."""
+    return f"task {s['workflow']}" if s.get("target") == "task" else str(s["workflow"])

@@ -22,7 +22,9 @@ Overlap = Literal["skip", "buffer_one", "allow_all"]
 
 class ScheduleView(BaseModel):
     name: str
-    workflow: str
+    workflow: str = Field(description="the workflow, or for a task schedule (import-beat) the adopted task")
+    target: Literal["workflow", "task"] = "workflow"
+    queue: str | None = Field(None, description="a task schedule's queue (none: the adopted task's own)")
     cron: str | None = None
     every_seconds: int | None = None
     timezone: str
