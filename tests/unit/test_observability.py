@@ -292,6 +292,19 @@ def test_limit_gauges_are_read_from_the_store_when_scraped(tmp_path) -> None:
     assert 'harvest_limit_waiting{limit="ob_limited"} 0.0' in text
 
 
+def test_a_held_back_dispatch_shows_in_the_waiting_gauge(tmp_path) -> None:
+    h = embedded(tmp_path)
+    h.runtime.sync_limits()  # the worker start's declaration, so the limit can be overridden
+    h.set_limit("ob_limited", concurrency=0)  # every new slot held
+    rid = h.start_workflow("ob_limited_flow", 7)
+    assert h.describe(rid).status == "RUNNING"
+    text = exposition()[0].decode()
+    assert 'harvest_limit_waiting{limit="ob_limited"} 1.0' in text
+    assert 'harvest_limit_in_use{limit="ob_limited"} 0.0' in text
+    h.set_limit("ob_limited", concurrency=1)  # the raised limit releases it
+    assert 'harvest_limit_waiting{limit="ob_limited"} 0.0' in exposition()[0].decode()
+
+
 def test_limit_gauges_of_a_database_that_does_not_answer_are_empty(caplog) -> None:
     saved = METRICS.limits.source
 
