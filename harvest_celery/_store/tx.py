@@ -251,6 +251,8 @@ class Tx:
                     key,
                     type(exc).__name__,
                     exc,
+                    # a run line's field (_runtime.logs): a blob key starts with its run's prefix
+                    extra={"execution_id": key.split("/", 1)[0]},
                 )
 
     def _written_or_undone(self, blobs: Sequence[Blob], statement: Any) -> Any:
