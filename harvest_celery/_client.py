@@ -7,9 +7,10 @@ import os
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, Literal
 
-from harvest_celery._client_limits import FlowControl
+from harvest_celery._client_limits import FlowControl, list_limits
 from harvest_celery._client_ops import Operations
 from harvest_celery._client_reads import Reads
 from harvest_celery._client_schedules import Schedules
@@ -25,12 +26,14 @@ from harvest_celery._dag.builder import preflight, preflight_all
 from harvest_celery._payloads.codec import Codec
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import PayloadStore
+from harvest_celery._runtime import logs
 from harvest_celery._runtime import settings as config
 from harvest_celery._runtime.adopt import adopt
 from harvest_celery._runtime.celery import CeleryDispatcher, install, register_activity
 from harvest_celery._runtime.completion import fast_path_settings
 from harvest_celery._runtime.consumers import QueueConsumers
 from harvest_celery._runtime.inline import InlineDispatcher
+from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._runtime.runtime import Runtime
 from harvest_celery._runtime.settings import configure_celery, configure_dedicated_celery_app
 from harvest_celery._store import runs as ops
@@ -82,6 +85,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
         claim_max_overflow: int | None = None,
         pooled: bool | None = None,
         listen_url: str | None = None,
+        log_format: Literal["text", "json"] | None = None,
     ) -> None:
         """Every keyword is a row of docs/configuration.md (None: its documented default). A bad
         value (or ``fast_paths=False`` beside a fast value) raises ``ValueError``, before connecting."""
@@ -102,6 +106,8 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
         # the cap applies to what is stored inline: with a store, an offloaded input is a reference
         offloads = payloads.offloads if payload_store is not None else None
         self.runtime = Runtime(self.store, self.registry, config.runtime_settings(options, offloads))
+        logs.configure(options["log_format"])
+        METRICS.limits.source = partial(list_limits, self.store)  # the limit gauges, when scraped
         self._attach(celery_app)
 
     def _attach(self, celery_app: Any) -> None:
@@ -310,6 +316,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
                     "committed; no run was started",
                     run_id,
                     name,
+                    extra=logs.run(run_id),
                 )
 
         if session is not None:

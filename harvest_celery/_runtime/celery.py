@@ -21,6 +21,7 @@ from harvest_celery._dag.builder import preflight_all
 from harvest_celery._errors import StartToCloseTimeout
 from harvest_celery._runtime import claim as claims
 from harvest_celery._runtime import eager
+from harvest_celery._runtime.celery_compat import is_eager
 from harvest_celery._runtime.messages import DECIDE_TASK, Message
 from harvest_celery._runtime.metrics import serve
 from harvest_celery._runtime.outcomes import settle, stops_the_worker
@@ -119,6 +120,8 @@ def _on_prerun(sender: Any = None, task: Any = None, args: Any = None, **_kw: An
     runtime = getattr(task, "harvest_runtime", None)
     if runtime is None or not isinstance(task, ActivityTask) or not args or len(args) != 3:
         return
+    if is_eager(task.request):
+        return  # an eager attempt (celery_compat): claimed before its task_prerun, never twice
     task.request.harvest_claim = claims.claim(runtime, *args)
 
 

@@ -13,6 +13,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from harvest_celery._runtime import logs
+from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._runtime.runtime import Runtime
 from harvest_celery._store.records import Claim, Dispatch
 
@@ -29,14 +31,18 @@ def claim(runtime: Runtime, execution_id: str, activity_id: str, attempt: int) -
             execution_id,
             activity_id,
             attempt,
+            extra=logs.run(execution_id, activity_id=activity_id, attempt=attempt),
         )
         return None
-    if claimed is None:
+    if claimed is not None:
+        _started(claimed)
+    else:
         log.info(
             "claim of %s/%s attempt %s refused (duplicate, stale or cancelled)",
             execution_id,
             activity_id,
             attempt,
+            extra=logs.run(execution_id, activity_id=activity_id, attempt=attempt),
         )
     return claimed
 
@@ -45,8 +51,17 @@ def claim_dispatch(runtime: Runtime, dispatch: Dispatch) -> Claim | None:
     """An eager attempt's claim: the one its decision's write took for this thread
     (``EagerClaim``), else taken now by ``claim``."""
     if dispatch.claimed is not None:
+        _started(dispatch.claimed)
         return dispatch.claimed
     return claim(runtime, dispatch.execution_id, dispatch.activity_id, dispatch.attempt)
+
+
+def _started(claimed: Claim) -> None:
+    """A first attempt's schedule-to-start lag, once its claim has committed (recorded times;
+    a later attempt's start waits on its backoff, which is not lag)."""
+    if claimed.attempt == 1 and claimed.scheduled_at is not None and claimed.started_at is not None:
+        lag = (claimed.started_at - claimed.scheduled_at).total_seconds()
+        METRICS.observe("activity_schedule_to_start", {"queue": claimed.queue}, max(lag, 0.0))
 
 
 def run_claimed(

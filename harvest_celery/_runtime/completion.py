@@ -35,6 +35,7 @@ from harvest_celery._core.commands import ContinuedAsNew, Decision, Failed, Star
 from harvest_celery._core.engine import Session
 from harvest_celery._core.registry import Registry
 from harvest_celery._payloads.stores import listable
+from harvest_celery._runtime import logs
 from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._runtime.sessions import SessionCache
 from harvest_celery._store import tasks
@@ -219,6 +220,7 @@ def _fell_back(tx: Tx, claim: Claim | None, choice: Choice) -> None:
             choice.path,
             choice.reason,
             f": {choice.detail}" if choice.detail else "",
+            extra=logs.of_claim(claim),
         )
 
 
@@ -271,6 +273,7 @@ def _one_statement(rt: Runtime, claim: Claim, output: Any, session: Session) -> 
             claim.activity_id,
             claim.attempt,
             type(exc).__name__,
+            extra=logs.of_claim(claim),
         )
         log.debug("the one-statement completion failed", exc_info=True)
         return Choice(INLINE, "error", f"{type(exc).__name__}: {exc}")
@@ -293,6 +296,9 @@ def _one_statement(rt: Runtime, claim: Claim, output: Any, session: Session) -> 
         ("decisions", {"workflow": session.replay.activation.workflow_type, "path": ONE_STATEMENT})
     )
     tx.metrics.append(("decision_replays", {"replay": "warm"}))  # the one-statement path is warm only
+    tx.metrics.append(
+        ("activity_completed", {"workflow": session.replay.activation.workflow_type, "queue": claim.queue})
+    )
     rt._after_decision(tx, Decided(session, written))
     return Choice(ONE_STATEMENT)
 
@@ -348,13 +354,14 @@ def record_outcome(rt: Runtime, claim: Claim, what: str, work: Callable[[Tx, boo
                     claim.execution_id,
                     claim.activity_id,
                     exc_info=True,
+                    extra=logs.of_claim(claim),
                 )
                 return rt.store.transaction(lambda tx: work(tx, False))
         except Exception as exc:
             if not is_transient(exc):
                 raise
             if time.monotonic() + delay > deadline:
-                METRICS.inc("outcome_lost", {"queue": ""})
+                METRICS.inc("outcome_lost", {"queue": claim.queue})
                 log.error(
                     "the %s of %s/%s attempt %s could not be recorded for %.0f s: "
                     "given up; the attempt will be retried when its lease expires",
@@ -364,6 +371,7 @@ def record_outcome(rt: Runtime, claim: Claim, what: str, work: Callable[[Tx, boo
                     claim.attempt,
                     rt.settings.timings.outcome_retry_for,
                     exc_info=True,
+                    extra=logs.of_claim(claim),
                 )
                 raise
             log.warning(
@@ -372,6 +380,7 @@ def record_outcome(rt: Runtime, claim: Claim, what: str, work: Callable[[Tx, boo
                 claim.execution_id,
                 claim.activity_id,
                 delay,
+                extra=logs.of_claim(claim),
             )
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
@@ -387,6 +396,7 @@ def record_completion(
         _fell_back(tx, claim, fallback)
         return Decided()  # a duplicate; or a finished run (the task row is closed, no event)
     completion = ev.ActivityCompleted(claim.activity_id, output, claim.attempt)
+    tx.metrics.append(("activity_completed", {"workflow": row.workflow_type, "queue": claim.queue}))
     return record_result(rt, tx, claim, row, completion, now, inline=inline, fallback=fallback)
 
 
@@ -434,6 +444,7 @@ def record_result(
                 row.id,
                 type(exc).__name__,
                 exc,
+                extra=logs.run(row.id),
             )
             if first.reason is None:
                 first = Choice(TASK, "error" if isinstance(exc, Exception) else "interrupted")

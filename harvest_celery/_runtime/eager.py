@@ -14,7 +14,9 @@ row claimed in the decision's write has its lease expire (``StartToCloseTimeout`
 policy, as for a worker killed between claim and body); a row still ``scheduled`` is re-sent by
 the sweeper after ``Timings.redispatch_after``.
 
-Eager runs stay visible: with task events on (``-E``), the worker sends ``task-received``,
+Eager runs look to Celery code as delivered ones do: ``celery_compat.EagerAttempt`` makes the
+attempt the current task and sends ``task_prerun`` (after the claim), ``task_failure`` and
+``task_postrun``. Eager runs stay visible: with task events on (``-E``), the worker sends ``task-received``,
 ``task-started`` and ``task-succeeded``/``task-failed`` under the attempt's real task id, so
 Flower shows them as it shows delivered tasks.
 """
@@ -23,20 +25,15 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
-from billiard.einfo import ExceptionInfo
-
-# Celery's own stack of executing tasks (what current_task reads); the tracer pushes onto it
-from celery import signals
-from celery._state import _task_stack
-
 from harvest_celery._runtime import claim as claims
+from harvest_celery._runtime.celery_compat import EagerAttempt
 from harvest_celery._runtime.messages import activity_task_id
 from harvest_celery._runtime.metrics import METRICS
-from harvest_celery._runtime.outcomes import for_celery, stops_the_worker
+from harvest_celery._runtime.outcomes import stops_the_worker
 from harvest_celery._runtime.runtime import Runtime
 from harvest_celery._store.records import Dispatch
 
@@ -58,75 +55,6 @@ def run_chain(
             _run_one(app, hostname, events, runtime, dispatch, wrap)
             ran += 1
     return ran
-
-
-def _signal_outcome(
-    app: Any,
-    runtime: Runtime,
-    d: Dispatch,
-    task_id: str,
-    args: list[Any],
-    ran: bool,
-    error: BaseException | None,
-) -> BaseException | None:
-    """What Celery's tracer would signal for a delivered attempt, so handlers connected to
-    ``task_failure`` (error trackers) and ``task_postrun`` see eager attempts too."""
-    task = app.tasks.get(d.activity_name)
-    if task is None:
-        return None
-    state = "IGNORED" if not ran else ("FAILURE" if error is not None else "SUCCESS")
-    shown = for_celery(runtime, error, task_id) if error is not None else None
-    if shown is not None:
-        tb = shown.__traceback__
-        signals.task_failure.send(
-            sender=task,
-            task_id=task_id,
-            exception=shown,
-            args=args,
-            kwargs={},
-            traceback=tb,
-            einfo=ExceptionInfo((type(shown), shown, tb)),
-        )
-    signals.task_postrun.send(
-        sender=task, task_id=task_id, task=task, args=args, kwargs={}, retval=shown, state=state
-    )
-    return shown
-
-
-@contextmanager
-def _as_current_task(
-    app: Any, d: Dispatch, task_id: str, args: list[Any], hostname: str | None
-) -> Iterator[None]:
-    """Make the eager attempt the current task, with its own request (id, args, queue), as the
-    worker's tracer does for a delivered message: code that reads ``current_task.request``
-    (logging, error trackers) sees this attempt, not the task whose thread it borrows."""
-    task = app.tasks.get(d.activity_name)
-    if task is None:
-        yield
-        return
-    _task_stack.push(task)
-    task.push_request(
-        id=task_id,
-        args=args,
-        kwargs={},
-        hostname=hostname,
-        root_id=task_id,
-        retries=d.attempt - 1,
-        is_eager=False,
-        called_directly=False,
-        delivery_info={
-            "routing_key": d.queue,
-            "exchange": "",
-            "priority": 0,
-            "redelivered": False,
-            "harvest_eager": True,
-        },
-    )
-    try:
-        yield
-    finally:
-        task.pop_request()
-        _task_stack.pop()
 
 
 def _run_one(
@@ -159,14 +87,16 @@ def _run_one(
         )
         events.send("task-started", uuid=task_id)  # the dispatcher adds this process's pid
     started = time.monotonic()
-    with _as_current_task(app, d, task_id, args, hostname):
+    # what Celery's tracer does around a delivered body (current_task, the signals), in order
+    with EagerAttempt(app, d, task_id, args, hostname) as attempt:
         claimed = claims.claim_dispatch(runtime, d)
+        attempt.prerun()  # after the claim, before the body; harvest's own hook skips it
         ran, error = claims.run_claimed(runtime, claimed, wrap(fn))
-    METRICS.inc("activity_eager", {"queue": d.queue})
-    if error is not None and stops_the_worker(runtime, error):
-        raise error  # the worker is shutting down: the chain stops here
-    shown = _signal_outcome(app, runtime, d, task_id, args, ran, error)
-    del error  # what Celery may see is ``shown`` (redacted under celery_error_detail="type")
+        METRICS.inc("activity_eager", {"queue": d.queue})
+        if error is not None and stops_the_worker(runtime, error):
+            raise error  # the worker is shutting down: the chain stops here
+        shown = attempt.outcome(runtime, ran, error)
+        del error  # what Celery may see is ``shown`` (redacted under celery_error_detail="type")
     if events is None or not ran:
         return
     if shown is None:

@@ -1,14 +1,19 @@
-"""Prometheus counters. Labels are ``workflow`` (and ``outcome`` / ``queue`` where they apply);
-an execution id is never a label.
+"""Prometheus metrics, one row each in ``_SPECS``: a key named in ``HISTOGRAMS`` is a histogram
+with those buckets, one in ``FROM_POSTGRES`` a gauge read from Postgres when scraped
+(``LimitGauges``), every other key a counter. Labels are ``workflow`` (and ``outcome`` /
+``queue`` where they apply); an execution id is never a label.
 
-Counters are incremented only after the transaction that recorded their cause commits. Under
+Counters are incremented, and histograms observed, only after the transaction that recorded
+their cause commits. Under
 Celery prefork set ``PROMETHEUS_MULTIPROC_DIR`` so every pool child's samples are aggregated;
 ``harvest worker --metrics-port`` serves them.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import (
@@ -16,10 +21,15 @@ from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
     Counter,
+    Histogram,
     generate_latest,
     multiprocess,
     start_http_server,
 )
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger("harvest_celery")
 
 _SPECS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "saga_compensated": (
@@ -82,14 +92,91 @@ _SPECS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Completions that configuration and dialect allowed on the one-statement path but that went another way, and inline decisions handed to the decision task, by the first reason (docs/operations.md).",
         ("reason",),
     ),
+    "activity_completed": (
+        "harvest_activity_completed",
+        "Activity attempts whose completion was recorded (ActivityCompleted appended): the steps a run took, compensations included.",
+        ("workflow", "queue"),
+    ),
+    "limit_in_use": (
+        "harvest_limit_in_use",
+        "Slots of the activity's concurrency limit in use, summed over its keys (read from Postgres when scraped; docs/flow-control.md).",
+        ("limit",),
+    ),
+    "limit_waiting": (
+        "harvest_limit_waiting",
+        "Activity task rows held back (status waiting) for a slot of the limit, summed over its keys (read from Postgres when scraped).",
+        ("limit",),
+    ),
+    "activity_schedule_to_start": (
+        "harvest_activity_schedule_to_start_seconds",
+        "Seconds from an activity's ActivityScheduled to its first attempt's ActivityStarted (recorded times): queueing, broker hop and any wait for a concurrency slot. Observed when the claim has committed; later attempts are not observed (their start waits on the retry backoff).",
+        ("queue",),
+    ),
 }
+# the keys of _SPECS that are histograms, with their buckets (seconds)
+_LAG_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    900.0,
+    3600.0,
+)
+HISTOGRAMS: dict[str, tuple[float, ...]] = {"activity_schedule_to_start": _LAG_BUCKETS}
+# the keys of _SPECS that are gauges read from Postgres when scraped (``LimitGauges``), with the
+# field of ``Harvest.limits()`` each reports
+FROM_POSTGRES: dict[str, str] = {"limit_in_use": "in_use", "limit_waiting": "waiting"}
+# the exposition's sample names per kind (the suffixes prometheus_client adds)
+_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+
+
+class LimitGauges(Collector):
+    """``harvest_limit_in_use`` and ``harvest_limit_waiting``, one sample per limited activity
+    (no key label: a key is payload), read through ``source`` (the process's store,
+    ``Runtime`` sets it) each time the exposition is collected. No source, or a database that
+    does not answer: the gauges have no samples (logged), and the scrape still answers."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], list[dict[str, Any]]] | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        rows: list[dict[str, Any]] = []
+        if self.source is not None:
+            try:
+                rows = self.source()
+            except Exception as exc:  # noqa: BLE001 - the other metrics are still worth a scrape
+                log.warning("harvest_limit_* gauges: cannot read the limits (%s)", type(exc).__name__)
+        for key, field in FROM_POSTGRES.items():
+            name, doc, labels = _SPECS[key]
+            family = GaugeMetricFamily(name, doc, labels=labels)
+            for row in rows:
+                family.add_metric([str(row["name"])], float(row[field]))
+            yield family
 
 
 class Metrics:
     def __init__(self) -> None:
         self.counters: dict[str, Counter] = {
-            key: Counter(name, doc, labels) for key, (name, doc, labels) in _SPECS.items()
+            key: Counter(name, doc, labels)
+            for key, (name, doc, labels) in _SPECS.items()
+            if key not in HISTOGRAMS and key not in FROM_POSTGRES
         }
+        self.histograms: dict[str, Histogram] = {
+            key: Histogram(_SPECS[key][0], _SPECS[key][1], _SPECS[key][2], buckets=buckets)
+            for key, buckets in HISTOGRAMS.items()
+        }
+        self.limits = LimitGauges()
+        REGISTRY.register(self.limits)
 
     def inc(self, key: str, labels: dict[str, str]) -> None:
         counter = self.counters.get(key)
@@ -97,6 +184,22 @@ class Metrics:
             return
         names = _SPECS[key][2]
         counter.labels(**{n: labels.get(n, "") for n in names}).inc()
+
+    def observe(self, key: str, labels: dict[str, str], value: float) -> None:
+        histogram = self.histograms.get(key)
+        if histogram is None:
+            return
+        names = _SPECS[key][2]
+        histogram.labels(**{n: labels.get(n, "") for n in names}).observe(value)
+
+    def exported_names(self) -> set[str]:
+        """Every sample name this registry's metrics export (``harvest_x_total``,
+        ``harvest_y_bucket``/``_sum``/``_count``), read from what the collectors collect."""
+        out: set[str] = set()
+        for collector in (*self.counters.values(), *self.histograms.values(), self.limits):
+            for family in collector.collect():
+                out.update(family.name + suffix for suffix in _SUFFIXES.get(family.type, ("",)))
+        return out
 
     def value(self, key: str, labels: dict[str, str]) -> float:
         """This process's current value (tests and the demo)."""
@@ -108,20 +211,23 @@ class Metrics:
 METRICS = Metrics()
 
 
+def _registry() -> Any:
+    """What a scrape collects: this process's registry, or under PROMETHEUS_MULTIPROC_DIR every
+    process's samples aggregated — plus the gauges read from Postgres (once, by this process)."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return REGISTRY
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    registry.register(METRICS.limits)
+    return registry
+
+
 def exposition() -> tuple[bytes, str]:
     """The text exposition: aggregated over processes when PROMETHEUS_MULTIPROC_DIR is set."""
-    registry: Any = REGISTRY
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
-    return generate_latest(registry), CONTENT_TYPE_LATEST
+    return generate_latest(_registry()), CONTENT_TYPE_LATEST
 
 
 def serve(port: int, addr: str = "127.0.0.1") -> None:
     """Serve ``/metrics`` from this process (aggregating pool children under
     PROMETHEUS_MULTIPROC_DIR)."""
-    registry: Any = REGISTRY
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
-    start_http_server(port, addr=addr, registry=registry)
+    start_http_server(port, addr=addr, registry=_registry())

@@ -30,7 +30,7 @@ from harvest_celery._core.commands import Decision, Failed
 from harvest_celery._core.engine import Activation, Session
 from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.registry import Registry
-from harvest_celery._runtime import activity_context, completion, scheduler
+from harvest_celery._runtime import activity_context, completion, logs, scheduler
 from harvest_celery._runtime.completion import Decided
 from harvest_celery._runtime.leases import LeaseKeeper
 from harvest_celery._runtime.messages import Message, encode
@@ -136,7 +136,10 @@ class Runtime:
                     links.apply_notice(tx, parent_id, child_id, utcnow(), self.settings.decision_queue)
             except Exception:  # noqa: BLE001 - the notice is durable: the sweeper applies it
                 log.exception(
-                    "the notice of child %s to %s failed; the sweeper retries it", child_id, parent_id
+                    "the notice of child %s to %s failed; the sweeper retries it",
+                    child_id,
+                    parent_id,
+                    extra=logs.run(parent_id),
                 )
                 continue
             self._after_commit(tx)
@@ -211,6 +214,7 @@ class Runtime:
                     "eager attempt %s/%s was claimed but not run; retried when its lease expires",
                     held.execution_id,
                     held.activity_id,
+                    extra=logs.run(held.execution_id, held.activity_name, held.activity_id, held.attempt),
                 )
             elif held is not None:
                 self.send([held])
@@ -221,7 +225,11 @@ class Runtime:
         try:
             self.dispatcher.send(message)
         except Exception:  # noqa: BLE001 - the sweeper re-sends it
-            log.exception("dispatch of %s failed; the sweeper will re-send it", message.task_id)
+            log.exception(
+                "dispatch of %s failed; the sweeper will re-send it",
+                message.task_id,
+                extra=logs.of_message(message),
+            )
             return False
         return True
 
@@ -293,6 +301,7 @@ class Runtime:
                 row.id,
                 decision.nd["expected"],
                 decision.nd["actual"],
+                extra=logs.run(row.id),
             )
         return Decided(session, written)
 

@@ -53,6 +53,9 @@ class Settings:
     # False: every step through the decision task — shorthand for inline_decisions=False,
     # sticky_sessions=False, eager_max_chain=0 (a debugging switch; docs/operations.md)
     fast_paths: bool = True
+    # harvest's own loggers: "text" (as the application configures them) or "json" (one JSON
+    # object per line, _runtime/logs.py); the application's logging is never changed
+    log_format: str = "text"
 
     def __post_init__(self) -> None:
         if not self.fast_paths:
@@ -160,6 +163,14 @@ KEYWORDS: tuple[Keyword, ...] = (
         parse=_yes_no,
     ),
     Keyword("listen_url", None, "a postgresql URL or None", _url, env="HARVEST_LISTEN_URL", parse=str),
+    Keyword(
+        "log_format",
+        Settings.log_format,
+        '"text" or "json"',
+        lambda v: v in ("text", "json"),
+        env="HARVEST_LOG_FORMAT",
+        parse=str,
+    ),
 )
 BY_NAME = {keyword.name: keyword for keyword in KEYWORDS}
 

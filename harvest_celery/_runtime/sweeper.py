@@ -18,6 +18,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
+from harvest_celery._runtime import logs
 from harvest_celery._runtime.messages import Message, relayed
 from harvest_celery._store import links, starts, sweeps, tasks
 from harvest_celery._store.records import Timings, utcnow
@@ -190,7 +191,7 @@ class Sweeper:
             with self.store.begin() as tx:
                 work(tx, now=utcnow())
         except Exception:  # noqa: BLE001 - logged; the next pass retries this row
-            log.exception("sweeper: %s of %s failed", what, execution_id)
+            log.exception("sweeper: %s of %s failed", what, execution_id, extra=logs.run(execution_id))
             return
         self._after_commit(tx)
 

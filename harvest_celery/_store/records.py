@@ -403,6 +403,9 @@ class Claim:
     started_seq: int | None = None
     started_at: datetime | None = None
     call_convention: str | None = None  # how an adopted body is called with ``input``
+    queue: str = ""  # the task row's queue (metrics' label)
+    # when its ActivityScheduled was recorded (the schedule-to-start metric)
+    scheduled_at: datetime | None = None
 
 
 @dataclass(frozen=True)

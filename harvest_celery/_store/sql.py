@@ -67,8 +67,8 @@ ANNOUNCE = sa.text(f"SELECT pg_notify({literal(STARTS_CHANNEL)}, :notice)")
 
 # ── the claim and the finish (``tasks``), one statement each ─────────────────────────────────
 # Lock the run (``accepts_results``), take the task row only if it is scheduled at this attempt,
-# append ActivityStarted at the run's next seq, bump next_seq, and return the input from the
-# row's ActivityScheduled event. No row back means refused.
+# append ActivityStarted at the run's next seq, bump next_seq, and return the input (and the
+# recorded time) of the row's ActivityScheduled event. No row back means refused.
 CLAIM = sa.text(f"""
 WITH run AS (
     SELECT id, next_seq FROM {RUNS}
@@ -81,7 +81,7 @@ WITH run AS (
     FROM run
     WHERE t.execution_id = run.id AND t.activity_id = :activity_id
       AND t.status = {SCHEDULED} AND t.attempt = :attempt
-    RETURNING t.activity_name, t.start_to_close, t.event_seq
+    RETURNING t.activity_name, t.start_to_close, t.event_seq, t.queue
 ), started AS (
     INSERT INTO {EVENTS} (execution_id, seq, type, data, recorded_at)
     SELECT run.id, run.next_seq, {STARTED}, CAST(:data AS JSONB), :now FROM run, task
@@ -90,10 +90,10 @@ WITH run AS (
     UPDATE {RUNS} AS e SET next_seq = started.seq + 1, updated_at = :now
     FROM started WHERE e.id = :execution_id
 )
-SELECT task.activity_name, task.start_to_close, started.seq AS started_seq,
-       (SELECT data FROM {EVENTS} AS s
-        WHERE s.execution_id = :execution_id AND s.seq = task.event_seq) AS scheduled
-FROM task, started
+SELECT task.activity_name, task.start_to_close, task.queue, started.seq AS started_seq,
+       s.data AS scheduled, s.recorded_at AS scheduled_at
+FROM task CROSS JOIN started
+LEFT JOIN {EVENTS} AS s ON s.execution_id = :execution_id AND s.seq = task.event_seq
 """)
 
 # Lock the run and mark its task row completed (``tasks.accepts_completion``); the run row comes

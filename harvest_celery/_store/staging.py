@@ -264,6 +264,8 @@ def _claim_eagerly(
             eager.worker_id,
             seq,
             now,
+            queue=d.queue,
+            scheduled_at=now,  # scheduled in this very write
         )
         staged.dispatches[i] = replace(d, claimed=staged.claimed)
         return

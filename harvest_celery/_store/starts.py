@@ -183,6 +183,7 @@ def legacy_digest_of(execution_id: str, stored_input: Any, decode: Callable[[Any
             "answered with the existing run",
             execution_id,
             exc,
+            extra={"execution_id": execution_id},  # a run line's field (_runtime.logs)
         )
         return None
 

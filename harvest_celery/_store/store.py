@@ -198,7 +198,13 @@ class Store:
             try:
                 decoded[column] = self.payloads.decode_value(getattr(execution, column))
             except Exception as exc:  # noqa: BLE001 - any store or codec failure: degrade
-                log.warning("execution %s: %s stays encoded: %s", execution_id, column, exc)
+                log.warning(
+                    "execution %s: %s stays encoded: %s",
+                    execution_id,
+                    column,
+                    exc,
+                    extra={"execution_id": execution_id},  # a run line's field (_runtime.logs)
+                )
         return dataclasses.replace(execution, **decoded) if decoded else execution
 
     def children(self, execution_id: str) -> tuple[dict[str, str], ...]:
@@ -249,7 +255,7 @@ class Store:
         read-only views)."""
         with self.engine.connect() as conn:
             raw = Tx(conn, self.dialect, self.payloads).raw_history(execution_id)
-        return [self._decoded(r, strict) for r in raw]
+        return [self._decoded(r, strict, execution_id) for r in raw]
 
     def snapshot(self, execution_id: str) -> RunSnapshot:
         """The current run of ``execution_id``'s chain (the addressed run, or while it is
@@ -272,17 +278,23 @@ class Store:
                 raw = Tx(conn, self.dialect, self.payloads).raw_history(row.id)
         if row is None:
             raise ExecutionNotFound(execution_id)
-        history = [self._decoded(r, True) for r in raw]
+        history = [self._decoded(r, True, row.id) for r in raw]
         return RunSnapshot(row.id, row.workflow_type, row.status, aware(row.erased_at), history)
 
-    def _decoded(self, raw: RawEvent, strict: bool) -> ev.HistoryEvent:
+    def _decoded(self, raw: RawEvent, strict: bool, execution_id: str) -> ev.HistoryEvent:
         seq, data, recorded_at = raw
         try:
             data = self.payloads.decode_event(data)
         except Exception as exc:  # noqa: BLE001 - any store or codec failure
             if strict:
                 raise  # the pipeline raises every decode failure as a HarvestError (503)
-            log.warning("event %s stays encoded: %s", seq, exc)
+            log.warning(
+                "event %s of %s stays encoded: %s",
+                seq,
+                execution_id,
+                exc,
+                extra={"execution_id": execution_id},  # a run line's field (_runtime.logs)
+            )
         return ev.HistoryEvent(seq, ev.event_from_data(data), recorded_at)
 
     def list(
@@ -386,7 +398,12 @@ class Store:
                 detail = self.payloads.decode_value(detail)
             except Exception as exc:  # noqa: BLE001 - a read-only view degrades
                 log.warning(
-                    "attempt error %s/%s/%s stays encoded: %s", execution_id, r.activity_id, r.attempt, exc
+                    "attempt error %s/%s/%s stays encoded: %s",
+                    execution_id,
+                    r.activity_id,
+                    r.attempt,
+                    exc,
+                    extra={"execution_id": execution_id, "activity_id": r.activity_id, "attempt": r.attempt},
                 )
             detail = detail if isinstance(detail, dict) else {}
             out.append(

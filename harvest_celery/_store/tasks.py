@@ -83,6 +83,8 @@ def _claim_in_one(
         found.started_seq,
         now,
         scheduled.get("call_convention"),
+        found.queue,
+        aware(found.scheduled_at),
     )
 
 
@@ -117,6 +119,8 @@ def _claim_stepwise(
         seq,
         now,
         task.call_convention,
+        task.queue,
+        tx.recorded_at(execution_id, task.event_seq),
     )
 
 

@@ -251,6 +251,8 @@ class Tx:
                     key,
                     type(exc).__name__,
                     exc,
+                    # a run line's field (_runtime.logs): a blob key starts with its run's prefix
+                    extra={"execution_id": key.split("/", 1)[0]},
                 )
 
     def _written_or_undone(self, blobs: Sequence[Blob], statement: Any) -> Any:
@@ -470,6 +472,15 @@ class Tx:
             self.payloads, execution_id, activity_id, attempt, error_type, message, traceback, now
         )
         self.conn.execute(self.dialect.insert_ignore(attempt_errors).values(**row))
+
+    def recorded_at(self, execution_id: str, seq: int) -> datetime | None:
+        """When the run's event at ``seq`` was recorded (None: no such event)."""
+        found = self.conn.execute(
+            sa.select(events.c.recorded_at).where(
+                (events.c.execution_id == execution_id) & (events.c.seq == seq)
+            )
+        ).scalar()
+        return aware(found) if found is not None else None
 
     def scheduled_input(self, execution_id: str, activity_id: str) -> Any:
         data = self.conn.execute(

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from harvest_celery._runtime.metrics import _SPECS
+from harvest_celery._runtime.metrics import METRICS
 
 ROOT = Path(__file__).resolve().parents[2]
 PACK = ROOT / "docs" / "alerts" / "starter-pack-v0.1.0.json"
@@ -71,7 +71,7 @@ def _rules(pack: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _exported_metrics() -> set[str]:
-    return {f"{name}_total" for name, _doc, _labels in _SPECS.values()}
+    return METRICS.exported_names()
 
 
 def _anchor(heading: str) -> str:

@@ -24,6 +24,7 @@ from harvest_celery._client import Harvest
 from harvest_celery._core.lifecycle import TERMINAL_STATUSES
 from harvest_celery._dag.graph import build_run_graph
 from harvest_celery._errors import ExecutionNotFound, HarvestError, http_status
+from harvest_celery._runtime import logs
 from harvest_celery._web.auth import Auth, LoginRequired, login_redirect, safe_next
 from harvest_celery._web.console.actions import ConsoleActions, form_fields, render_retry_preview
 from harvest_celery._web.console.docs import DOCS_CSP, plain_docs, static_files, swagger_page
@@ -108,7 +109,7 @@ class Console:
         try:
             graph = build_run_graph(definition.extra, x, history)
         except Exception as exc:  # noqa: BLE001 - a read-only view degrades: the rest still shows
-            log.warning("run %s: the DAG graph cannot be drawn: %s", x.id, exc)
+            log.warning("run %s: the DAG graph cannot be drawn: %s", x.id, exc, extra=logs.run(x.id))
             return '<p class="empty">the graph cannot be drawn from this history</p>', None, None
         link = f"/ui/dags/{quote(x.workflow_type, safe='')}/runs/{quote(x.id, safe='')}"
         return (
