@@ -51,7 +51,6 @@ from harvest_celery._errors import (
     UnregisteredActivity,
     WorkflowCancelledError,
     WorkflowFailed,
-    WorkflowTimedOut,
 )
 from harvest_celery._payloads.codec import Codec, FernetCodec
 from harvest_celery._payloads.stores import FileSystemPayloadStore, PayloadStore
@@ -119,7 +118,6 @@ __all__ = [
     "WorkflowCancelledError",
     "WorkflowContext",
     "WorkflowFailed",
-    "WorkflowTimedOut",
     "activity",
     "activity_context",
     "configure_celery",

@@ -16,7 +16,6 @@ from harvest_celery._core.events import (
     WorkflowCompleted,
     WorkflowFailed,
     WorkflowStarted,
-    WorkflowTimeoutRequested,
 )
 
 __all__ = [
@@ -35,5 +34,4 @@ __all__ = [
     "WorkflowCompleted",
     "WorkflowFailed",
     "WorkflowStarted",
-    "WorkflowTimeoutRequested",
 ]

@@ -87,7 +87,6 @@ def test_the_exported_list_is_exactly_this():
             "WorkflowCancelledError",
             "WorkflowContext",
             "WorkflowFailed",
-            "WorkflowTimedOut",
             "activity",
             "activity_context",
             "configure_celery",

@@ -41,7 +41,6 @@ STATUS_CLASS = {
     "CANCELLED": "cancelled",
     "TERMINATED": "terminated",
     "CONTINUED_AS_NEW": "continued",
-    "TIMED_OUT": "timed-out",
     "CANCELLING": "cancelling",
 }
 
