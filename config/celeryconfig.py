@@ -27,6 +27,10 @@ task_default_queue = "default"
 task_ignore_result = True
 # Workers wait for the broker at start-up instead of exiting.
 broker_connection_retry_on_startup = True
+# Celery 5.7, -P threads or solo: the prefetch restored after a reconnect is set from the pool
+# thread that acks, racing the consumer on one AMQP connection, and the worker stops fetching
+# (docs/operations.md, "Broker: Redis or RabbitMQ").
+worker_enable_prefetch_count_reduction = False
 
 # ── deployment settings (not set by configure_dedicated_celery_app) ─────────────────────────
 broker_url = os.environ.get("HARVEST_BROKER_URL", "redis://localhost:6379/0")

@@ -240,6 +240,11 @@ def configure_dedicated_celery_app(app: Any) -> None:
         task_default_queue="default",
         task_ignore_result=True,
         broker_connection_retry_on_startup=True,
+        # Celery 5.7, pools without an event loop (threads, solo): after a reconnect the worker
+        # restores its reduced prefetch with a synchronous basic.qos from the pool thread that
+        # acks, racing the consumer thread on one AMQP connection; the worker then fetches
+        # nothing more (docs/operations.md, "Brokers and sticky queues").
+        worker_enable_prefetch_count_reduction=False,
     )
 
 

@@ -75,12 +75,6 @@ def _alive(faults: Any) -> None:
     assert not dead, f"workers exited: {dead}"
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="engine bug: after a RabbitMQ restart with acks_late bodies held, the reconnected activity "
-    "worker fetched nothing for about 3 minutes in one run of two (the messages waited in the queue), "
-    "past the 90 s recovery deadline; not yet diagnosed (Celery's prefetch after reconnect is the suspect)",
-)
 def test_rabbitmq_restart_with_messages_in_flight(rabbit: RabbitMQ, faults: Any) -> None:
     """Half the runs hang mid-body (their messages unacked in the activity worker), the rest
     have messages waiting in their queues; the node is stopped and started again. The workers

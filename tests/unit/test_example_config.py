@@ -30,8 +30,18 @@ def test_celeryconfig_matches_configure_dedicated_celery_app() -> None:
         "task_default_queue",
         "task_ignore_result",
         "broker_connection_retry_on_startup",
+        "worker_enable_prefetch_count_reduction",
     ):
         assert getattr(module, key) == app.conf[key], key
+
+
+def test_the_dedicated_app_turns_off_celerys_prefetch_reduction_after_a_reconnect() -> None:
+    """Celery 5.7's restoration of a reduced prefetch runs a synchronous basic.qos from a threads
+    pool's acking thread and wedges the worker's consumer (tests/faults/test_rabbitmq.py)."""
+    app = Celery("probe", set_as_current=False)
+    assert app.conf.worker_enable_prefetch_count_reduction is True  # Celery's default
+    configure_dedicated_celery_app(app)
+    assert app.conf.worker_enable_prefetch_count_reduction is False
 
 
 def test_settings_example_names_the_env_vars_from_env_reads() -> None:
