@@ -257,10 +257,11 @@ def _pool(engine: sa.Engine) -> tuple[int, int]:
 
 def test_the_defaults_are_unchanged() -> None:
     harvest = Harvest(PG_URL)
-    # the connection budget (docs/operations.md#connection-pools): 8 + 6 + 1 per process at most
-    assert harvest.store.pools == Pools(size=2, overflow=6, claim_size=1, claim_overflow=5)
-    assert _pool(harvest.store.engine) == (2, 6)
-    assert _pool(harvest.store.autocommit_engine) == (1, 5)
+    # the connection budget (docs/operations.md#connection-pools): 8 + 6 + 1 per process at most,
+    # no overflow (an overflow connection is closed when given back: a backend start per use)
+    assert harvest.store.pools == Pools(size=8, overflow=0, claim_size=6, claim_overflow=0)
+    assert _pool(harvest.store.engine) == (8, 0)
+    assert _pool(harvest.store.autocommit_engine) == (6, 0)
     settings = harvest.runtime.settings
     assert (
         settings.decision_queue,
@@ -290,7 +291,7 @@ def test_the_pool_variables_apply_when_the_keyword_is_not_given(monkeypatch: pyt
     harvest = Harvest(PG_URL, claim_max_overflow=7)  # the keyword wins
     monkeypatch.setenv("HARVEST_MAX_OVERFLOW", "9")
     harvest = Harvest(PG_URL, claim_max_overflow=7)
-    assert harvest.store.pools == Pools(size=2, overflow=9, claim_size=1, claim_overflow=7)
+    assert harvest.store.pools == Pools(size=2, overflow=9, claim_size=6, claim_overflow=7)
     assert _pool(harvest.store.engine) == (2, 9)
 
 
@@ -364,7 +365,7 @@ def test_django_keys_become_keywords() -> None:
         "OPTIONS": {"eager_max_chain": 2},
     }
     harvest = conf.build(settings)
-    assert harvest.store.pools == Pools(size=3, overflow=6, claim_size=1, claim_overflow=5)
+    assert harvest.store.pools == Pools(size=3, overflow=0, claim_size=1, claim_overflow=0)
     assert (harvest.runtime.settings.max_sessions, harvest.runtime.settings.eager_max_chain) == (9, 2)
     assert {"POOL_SIZE", "CELERY_ERROR_DETAIL", "CODEC", "PAYLOAD_STORE"} <= set(conf.KEYWORD_KEYS)
     with pytest.raises(Exception, match="MAX_SESSIONS|max_sessions set both"):
