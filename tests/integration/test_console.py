@@ -352,7 +352,11 @@ def test_an_open_run_page_refreshes_itself(harvest, workers, tag, signed_in, bro
     run_id = harvest.start_workflow("approval", {"tag": tag})
     _settled(harvest, run_id)
     page = _open(browser, f"{signed_in}/console/runs/{run_id}")
-    page.wait_for_function("document.getElementById('live').textContent.startsWith('live ·')")
+    from playwright.sync_api import expect  # browser.py says so if playwright is missing
+
+    # expect() polls from Playwright's own world: a wait_for_function string is eval'd in the page
+    # once its first check fails, which the console's CSP (script-src 'self') refuses
+    expect(page.locator("#live")).to_have_text(re.compile(r"^live ·"), timeout=20_000)
     harvest.signal(run_id, "decision", "later")
     harvest.result(run_id, timeout=30)
     page.wait_for_selector('header .badge[data-status="COMPLETED"]', timeout=20_000)

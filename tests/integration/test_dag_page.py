@@ -105,9 +105,10 @@ def test_the_failed_diamond_is_drawn_with_its_unwind(harvest, workers, redis_cli
         target.hover()
         title = target.locator(":scope > title").text_content() or ""
         assert "attempts" in title and "status: failed" in title and "error:" in title
-        page.wait_for_function(
-            "document.getElementById('details').textContent.includes('attempts')", timeout=5000
-        )
+        from playwright.sync_api import expect
+
+        # not wait_for_function: its string is eval'd in the page, which the console's CSP refuses
+        expect(page.locator("#details")).to_contain_text("attempts", timeout=5000)
         assert "dia_d" in page.locator("#details").inner_text()
 
         # a screenshot a person can look at
