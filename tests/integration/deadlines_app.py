@@ -1,6 +1,11 @@
 """The worker app of tests/integration/test_deadlines.py: its own decision and activity queues
 (so the suite's shared workers never decide its runs) and short timings — a 2 s grace period
-after a timeout, a 0.3 s sweep — so a deadline's whole outcome table runs in seconds."""
+after a timeout, a 0.3 s sweep — so a deadline's whole outcome table runs in seconds.
+
+The queue names end in ``HARVEST_TEST_DL_SUFFIX``, which the module's fixture sets to a name of
+this session's own before it imports this module and starts the worker (which inherits it): a
+worker of any other run on the same broker — another session's, or one left over from a run that
+was killed — consumes other queues, so it can never take this run's decision requests."""
 
 from __future__ import annotations
 
@@ -20,7 +25,8 @@ DATABASE_URL = os.environ.get(
 )
 BROKER_URL = os.environ.get("HARVEST_TEST_BROKER_URL", "redis://127.0.0.1:6379/5")
 REDIS_URL = os.environ.get("HARVEST_TEST_REDIS_URL", "redis://127.0.0.1:6379/5")
-DECIDE, QUEUE = "dl_decide", "dl_q"
+SUFFIX = os.environ.get("HARVEST_TEST_DL_SUFFIX", "")
+DECIDE, QUEUE = f"dl_decide{SUFFIX}", f"dl_q{SUFFIX}"
 GRACE = 2.0
 
 app = Celery("harvest_dl", broker=BROKER_URL)

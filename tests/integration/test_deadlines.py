@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.request
+import uuid
 from typing import Any
 
 import pytest
@@ -24,7 +25,9 @@ from .conftest import Worker, wait_for
 
 pytestmark = pytest.mark.integration
 
-PORT = int(os.environ.get("HARVEST_TEST_METRICS_PORT", "19808")) + 5  # this module's worker
+# this module's worker: a port no other module's worker takes (the session's two +0/+1,
+# test_observability's +4/+5, test_schedules' +7)
+PORT = int(os.environ.get("HARVEST_TEST_METRICS_PORT", "19808")) + 8
 
 
 @pytest.fixture(autouse=True)
@@ -34,13 +37,18 @@ def _open_api(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def dl(harvest: Any, redis_client: Any) -> Any:
-    """The deadlines app, its worker deciding on its own queue and running its activities."""
+    """The deadlines app, its worker deciding on its own queues and running its activities. The
+    queues are this session's own (``deadlines_app``): a worker of another run on the same broker
+    took this module's decision requests when they had fixed names."""
+    suffix = f"_s{os.environ.get('HARVEST_TEST_SLOT', '0')}_{uuid.uuid4().hex[:8]}"
+    os.environ["HARVEST_TEST_DL_SUFFIX"] = suffix  # before the import; the worker inherits it
     from tests.integration import deadlines_app
 
+    assert deadlines_app.DECIDE.endswith(suffix), "deadlines_app was imported before the fixture"
     worker = Worker(
         "dl",
         f"{deadlines_app.DECIDE},{deadlines_app.QUEUE}",
-        {"HARVEST_METRICS_PORT": str(PORT)},
+        {"HARVEST_METRICS_PORT": str(PORT), "HARVEST_TEST_DL_SUFFIX": suffix},
         app="tests.integration.deadlines_app",
     )
     worker.start()
