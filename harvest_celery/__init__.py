@@ -51,6 +51,7 @@ from harvest_celery._errors import (
     UnregisteredActivity,
     WorkflowCancelledError,
     WorkflowFailed,
+    WorkflowTimedOut,
 )
 from harvest_celery._payloads.codec import Codec, FernetCodec
 from harvest_celery._payloads.stores import FileSystemPayloadStore, PayloadStore
@@ -118,6 +119,7 @@ __all__ = [
     "WorkflowCancelledError",
     "WorkflowContext",
     "WorkflowFailed",
+    "WorkflowTimedOut",
     "activity",
     "activity_context",
     "configure_celery",

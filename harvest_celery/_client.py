@@ -6,7 +6,7 @@ import logging
 import os
 import uuid
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, Literal
 
@@ -15,6 +15,7 @@ from harvest_celery._client_ops import Operations
 from harvest_celery._client_reads import Reads
 from harvest_celery._client_schedules import Schedules
 from harvest_celery._client_tasks import Tasks
+from harvest_celery._core.deadlines import Timeouts
 from harvest_celery._core.ids import check_execution_id
 from harvest_celery._core.invocation import register_start_task
 from harvest_celery._core.jsonvalues import check_json
@@ -190,6 +191,8 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
         connection: Any = None,
         id_reuse: str = "idempotent",
         scheduled_for: datetime | None = None,
+        execution_timeout: timedelta | float | None = None,
+        run_timeout: timedelta | float | None = None,
     ) -> str:
         """Start a run and return its id (``execution_id``, or a new uuid).
 
@@ -214,18 +217,15 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
         you commit, the first decision is dispatched (docs/django.md, docs/flask.md).
 
         ``scheduled_for`` — the tick a scheduler starts this run for: recorded in
-        ``WorkflowStarted`` and read as ``ctx.info.scheduled_for`` (docs/schedules.md)."""
+        ``WorkflowStarted`` and read as ``ctx.info.scheduled_for`` (docs/schedules.md).
+        ``execution_timeout`` / ``run_timeout`` — the chain's and this run's deadlines, a timedelta
+        or seconds, positive (docs/concepts.md, "Deadlines")."""
         self._preflight(name)
         payload = check_json(input, f"input of workflow {name!r}")
         execution_id = check_execution_id(execution_id or uuid.uuid4().hex)
         check_policy(id_reuse)
-        if scheduled_for is not None and (
-            not isinstance(scheduled_for, datetime) or scheduled_for.tzinfo is None
-        ):
-            raise ValueError(f"scheduled_for is an aware datetime, not {scheduled_for!r}")
-        if connection is not None:
-            if scheduled_for is not None:
-                raise ValueError("scheduled_for is not taken with connection=")
+        timeouts = Timeouts.checked(execution_timeout, run_timeout)
+        if _start_options(connection, scheduled_for, timeouts):
             return self._start_on(connection, name, payload, execution_id, id_reuse)
         with self.store.begin() as tx:
             tx.payloads = payloads_on(self.store, tx.conn)  # its blobs in its own transaction
@@ -238,6 +238,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
                 self.runtime.settings.decision_queue,
                 id_reuse=id_reuse,
                 scheduled_for=scheduled_for,
+                timeouts=timeouts,
             )
         self._after(tx)
         return execution_id
@@ -277,6 +278,8 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
         session: Any = None,
         using: str | None = None,
         id_reuse: str = "idempotent",
+        execution_timeout: timedelta | float | None = None,
+        run_timeout: timedelta | float | None = None,
     ) -> str:
         """Start a run once your transaction commits, for an app whose database is *not* the
         harvest database; returns the id the run will have.
@@ -288,16 +291,25 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
         ``order-42``) so a reconciliation job can start what is missing, idempotently.
 
         ``session``: a SQLAlchemy ``Session`` (or ``scoped_session``) whose commit it waits for;
-        otherwise Django's ``transaction.on_commit`` on database ``using``. Name, input and id are
-        checked now, before anything is deferred."""
+        otherwise Django's ``transaction.on_commit`` on database ``using``. Name, input, id and
+        timeouts are checked now, before anything is deferred; the deadlines count from the
+        start, after your commit."""
         self._preflight(name)
         payload = check_json(input, f"input of workflow {name!r}")
         run_id = check_execution_id(execution_id or uuid.uuid4().hex)
         check_policy(id_reuse)
+        timeouts = Timeouts.checked(execution_timeout, run_timeout)
 
         def start() -> None:
             try:
-                self.start_workflow(name, payload, run_id, id_reuse=id_reuse)
+                self.start_workflow(
+                    name,
+                    payload,
+                    run_id,
+                    id_reuse=id_reuse,
+                    execution_timeout=timeouts.execution,
+                    run_timeout=timeouts.run,
+                )
             except Exception:  # noqa: BLE001 - after the app's commit: logged, not raised
                 log.exception(
                     "harvest: the deferred start of %s (%s) failed after the application "
@@ -322,21 +334,40 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
         self._after(tx)
 
     def signal_with_start(
-        self, workflow: str, input: Any, execution_id: str, signal: str, payload: Any = None
+        self,
+        workflow: str,
+        input: Any,
+        execution_id: str,
+        signal: str,
+        payload: Any = None,
+        *,
+        execution_timeout: timedelta | float | None = None,
+        run_timeout: timedelta | float | None = None,
     ) -> str:
         """Start the run if it does not exist, and deliver the signal — one transaction. An
         existing run of ``workflow`` gets the signal whatever its input (``id_reuse=
-        "use_existing"``); a run of another workflow raises ``ExecutionAlreadyExists``."""
+        "use_existing"``); a run of another workflow raises ``ExecutionAlreadyExists``. The
+        timeouts apply only if it creates the run (the first start's deadlines stand)."""
         self._preflight(workflow)
         payload = check_json(payload, f"payload of signal {signal!r}")
         data = check_json(input, f"input of workflow {workflow!r}")
         check_execution_id(execution_id)
+        timeouts = Timeouts.checked(execution_timeout, run_timeout)
         now = utcnow()
         q = self.runtime.settings.decision_queue
         with self.store.begin() as tx:
             tx.payloads = payloads_on(self.store, tx.conn)
             # its input only matters if it creates the run: an existing run of the workflow is it
-            starts.start(tx, execution_id, workflow, data, now, q, id_reuse="use_existing")
+            starts.start(
+                tx,
+                execution_id,
+                workflow,
+                data,
+                now,
+                q,
+                id_reuse="use_existing",
+                timeouts=timeouts,
+            )
             ops.signal(tx, execution_id, signal, payload, now, q)
         self._after(tx)
         return execution_id
@@ -376,6 +407,25 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
 
 
 __all__ = ["Harvest", "configure_celery", "configure_dedicated_celery_app"]
+
+
+def _start_options(connection: Any, scheduled_for: datetime | None, timeouts: Timeouts) -> bool:
+    """Check a start's ``scheduled_for`` and what ``connection=`` does not take; True: the start
+    is made on ``connection``."""
+    if scheduled_for is not None and (
+        not isinstance(scheduled_for, datetime) or scheduled_for.tzinfo is None
+    ):
+        raise ValueError(f"scheduled_for is an aware datetime, not {scheduled_for!r}")
+    if connection is None:
+        return False
+    if scheduled_for is not None:
+        raise ValueError("scheduled_for is not taken with connection=")
+    if timeouts:
+        raise ValueError(
+            "execution_timeout and run_timeout are not taken with connection= (not built yet): "
+            "start without it, or with start_workflow_on_commit"
+        )
+    return True
 
 
 def _store(database_url: str, payloads: Payloads, options: dict[str, Any]) -> Store:

@@ -17,7 +17,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, TypeVar
 
@@ -55,29 +55,55 @@ class AsyncHarvest:
         *,
         connection: Any = None,
         id_reuse: str = "idempotent",
+        execution_timeout: timedelta | float | None = None,
+        run_timeout: timedelta | float | None = None,
     ) -> str:
         """``Harvest.start_workflow``; ``connection`` may also be an ``AsyncSession`` or
         ``AsyncConnection`` (its transaction is joined through ``run_sync``)."""
+        timeouts: dict[str, Any] = {"execution_timeout": execution_timeout, "run_timeout": run_timeout}
         if connection is not None and hasattr(connection, "run_sync"):
 
             def on_sync(sync_connection: Any) -> str:
                 return self.harvest.start_workflow(
-                    name, input, execution_id, connection=sync_connection, id_reuse=id_reuse
+                    name, input, execution_id, connection=sync_connection, id_reuse=id_reuse, **timeouts
                 )
 
             result: str = await connection.run_sync(on_sync)
             return result
         return await self._run(
-            self.harvest.start_workflow, name, input, execution_id, connection=connection, id_reuse=id_reuse
+            self.harvest.start_workflow,
+            name,
+            input,
+            execution_id,
+            connection=connection,
+            id_reuse=id_reuse,
+            **timeouts,
         )
 
     async def signal(self, execution_id: str, name: str, payload: Any = None) -> None:
         await self._run(self.harvest.signal, execution_id, name, payload)
 
     async def signal_with_start(
-        self, workflow: str, input: Any, execution_id: str, signal: str, payload: Any = None
+        self,
+        workflow: str,
+        input: Any,
+        execution_id: str,
+        signal: str,
+        payload: Any = None,
+        *,
+        execution_timeout: timedelta | float | None = None,
+        run_timeout: timedelta | float | None = None,
     ) -> str:
-        return await self._run(self.harvest.signal_with_start, workflow, input, execution_id, signal, payload)
+        return await self._run(
+            self.harvest.signal_with_start,
+            workflow,
+            input,
+            execution_id,
+            signal,
+            payload,
+            execution_timeout=execution_timeout,
+            run_timeout=run_timeout,
+        )
 
     async def cancel_workflow_execution(self, execution_id: str, reason: str = "") -> str:
         return await self._run(self.harvest.cancel_workflow_execution, execution_id, reason)

@@ -12,10 +12,17 @@ from typing import Any
 from harvest_celery._client_base import ClientBase
 from harvest_celery._core import events as ev
 from harvest_celery._core.engine import Activation
-from harvest_celery._core.lifecycle import CANCELLED, COMPLETED, CONTINUED_AS_NEW, RUNNING, TERMINAL_STATUSES
-from harvest_celery._core.names import TaskStatus
+from harvest_celery._core.lifecycle import (
+    CANCELLED,
+    COMPLETED,
+    CONTINUED_AS_NEW,
+    RUNNING,
+    TERMINAL_STATUSES,
+    TIMED_OUT,
+)
+from harvest_celery._core.names import CANCELLED_ERROR, TaskStatus
 from harvest_celery._core.queries import answer, query_arg
-from harvest_celery._errors import InvalidState, WorkflowCancelledError, WorkflowFailed
+from harvest_celery._errors import InvalidState, WorkflowCancelledError, WorkflowFailed, WorkflowTimedOut
 from harvest_celery._runtime.consumers import waiting_hints
 from harvest_celery._store.records import AttemptError, CancelBranch, Execution, utcnow
 
@@ -127,7 +134,8 @@ class Reads(ClientBase):
 
     def result(self, execution_id: str, timeout: float | None = 30.0, poll: float = 1.0) -> Any:
         """Wait for the run to finish; return its result or raise ``WorkflowFailed`` /
-        ``WorkflowCancelledError`` (``TimeoutError`` after ``timeout`` seconds).
+        ``WorkflowCancelledError`` / ``WorkflowTimedOut`` (a deadline expired and the run did
+        not complete anyway) (``TimeoutError`` after ``timeout`` seconds).
 
         A cancelled (sealed) run is waited on until its cancel branch has settled — no decision
         pending and no body running — and ``WorkflowCancelledError`` carries what the branch did
@@ -161,13 +169,13 @@ class Reads(ClientBase):
                 if status in TERMINAL_STATUSES:
                     branch = self.store.cancel_branch(execution_id)
                     if branch is None:
-                        return None, _outcome(self.store.get(execution_id))
+                        return None, self._outcome(self.store.get(execution_id))
                     if branch.settled:
-                        raise self._cancelled_error(execution_id, branch)
+                        raise self._cancelled_error(execution_id, branch, status)
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     if branch is not None:
-                        raise self._cancelled_error(execution_id, branch)  # outcome "pending"
+                        raise self._cancelled_error(execution_id, branch, status)  # outcome "pending"
                     raise TimeoutError(f"execution {execution_id} still {status} after {timeout}s")
                 wait = poll if left is None else min(poll, left)
                 if woken is not None:
@@ -177,9 +185,28 @@ class Reads(ClientBase):
                     time.sleep(min(wait, 0.05))
                     self.runtime.sweep_once()
 
-    def _cancelled_error(self, execution_id: str, branch: CancelBranch) -> WorkflowCancelledError:
+    def _cancelled_error(
+        self, execution_id: str, branch: CancelBranch, status: str
+    ) -> WorkflowCancelledError | WorkflowTimedOut:
+        """A sealed run's error once its branch settled (or "pending"): a timeout's seal gives
+        ``WorkflowTimedOut``."""
         value = self.store.get(execution_id).result if branch.outcome == "returned" else None
+        if status == TIMED_OUT:
+            return self._timed_out(execution_id, branch.outcome, branch.error, value)
         return WorkflowCancelledError(execution_id, branch.reason, branch.error, branch.outcome, value)
+
+    def _timed_out(self, execution_id: str, outcome: str, error: str | None, value: Any) -> WorkflowTimedOut:
+        request = self.store.timeout_request(execution_id)
+        timeout, reason = (request.timeout, request.reason) if request is not None else ("execution", "")
+        return WorkflowTimedOut(execution_id, timeout, reason, outcome, error, value)
+
+    def _outcome(self, row: Execution) -> Any:
+        if row.status == TIMED_OUT:  # its branch raised after the timeout request
+            error = row.error or {}
+            failed = error.get("type") != CANCELLED_ERROR
+            text = f"{error.get('type', 'Error')}: {error.get('message', '')}" if failed else None
+            raise self._timed_out(row.id, "failed" if failed else "cancelled", text, None)
+        return _outcome(row)
 
 
 def _outcome(row: Execution) -> Any:

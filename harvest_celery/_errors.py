@@ -17,7 +17,7 @@
     ├── RedactedActivityError          what Celery sees of a failed attempt when error detail
     │                                  is limited to the exception type
     ├── WorkflowFailed                 the run ended FAILED (raised by Harvest.result)
-    ├── WorkflowCancelledError         the run was cancelled (raised by Harvest.result)
+    ├── WorkflowCancelledError, WorkflowTimedOut   cancelled, or TIMED_OUT (Harvest.result)
     ├── ChildWorkflowFailed            a child workflow ended other than COMPLETED (seen by
     │                                  its parent)
     ├── UnknownQuery                   a query name the run registered no handler for (HTTP 404)
@@ -224,6 +224,19 @@ class WorkflowCancelledError(HarvestError):
         self.error = error
         self.outcome = outcome
         self.value = value
+
+
+class WorkflowTimedOut(HarvestError):
+    """``Harvest.result`` on a TIMED_OUT run: its ``timeout`` (execution or run) expired; ``reason``
+    and what its cancel branch did (``outcome``, ``error``, ``value``) as for a cancel's error."""
+
+    def __init__(
+        self, execution_id: str, timeout: str, reason: str, outcome: str, error: Any = None, value: Any = None
+    ) -> None:
+        branch = WorkflowCancelledError(execution_id, reason, error, outcome, value)  # the same words
+        super().__init__(branch.message.replace("was cancelled", "timed out", 1))
+        self.timeout = timeout
+        self.__dict__.update({k: v for k, v in vars(branch).items() if k != "message"})
 
 
 class UnknownQuery(HarvestError):

@@ -16,6 +16,7 @@ from harvest_celery._core.events import (
     WorkflowCompleted,
     WorkflowFailed,
     WorkflowStarted,
+    WorkflowTimeoutRequested,
 )
 
 __all__ = [
@@ -34,4 +35,5 @@ __all__ = [
     "WorkflowCompleted",
     "WorkflowFailed",
     "WorkflowStarted",
+    "WorkflowTimeoutRequested",
 ]

@@ -29,6 +29,7 @@ from harvest_celery._core.lifecycle import (
     open_activity_ids,
     status_after_cancel,
     status_for_outcome,
+    timeout_requested,
 )
 from harvest_celery._core.queries import answer, query_arg
 from harvest_celery._core.registry import Registry, register_into
@@ -90,7 +91,9 @@ class SimRun:
         for event in decision_events(decision, self.events):
             self.append(event)
         self.metrics.extend(decision.metrics)
-        self.status = status_for_outcome(decision, self.status, cancel_requested(self.events))
+        self.status = status_for_outcome(
+            decision, self.status, cancel_requested(self.events), timeout_requested(self.events) is not None
+        )
         return decision
 
     def replay(self) -> Decision:
@@ -146,13 +149,13 @@ class SimRun:
             if isinstance(e, ev.TimerStarted) and e.timer_id not in fired:
                 self.append(ev.TimerFired(e.timer_id))
 
-    def cancel(self, reason: str = "") -> None:
+    def cancel(self, reason: str = "", *, timed_out: bool = False) -> None:
         """As ``cancel_workflow_execution``: seal, fail unstarted rows, then the post-cancel
-        decision."""
+        decision. ``timed_out``: as the seal at the end of a timeout's grace period (TIMED_OUT)."""
         if self.status in TERMINAL_STATUSES:
             raise RuntimeError(f"cannot cancel a {self.status} run")
         self.append(ev.WorkflowCancelled(reason))
-        self.status = status_after_cancel(self.events)
+        self.status = status_after_cancel(self.events, timed_out)
         started = {e.activity_id for e in self.events if isinstance(e, ev.ActivityStarted)}
         self.cancelled_rows |= {a for a in open_activity_ids(self.events) if a not in started}
         self.decide()
@@ -167,6 +170,13 @@ class SimRun:
             return False
         self.append(ev.WorkflowCancelRequested(reason))
         return True
+
+    def time_out(self, timeout: str = "execution", reason: str = "") -> None:
+        """As the sweeper at an expired deadline: record ``WorkflowTimeoutRequested`` (the run
+        stays RUNNING, shown CANCELLING). Like ``signal``, it does not decide."""
+        if self.status != RUNNING:
+            raise RuntimeError(f"cannot time out a {self.status} run")
+        self.append(ev.WorkflowTimeoutRequested(timeout, reason or f"{timeout}_timeout expired"))
 
     @property
     def cancelling(self) -> bool:

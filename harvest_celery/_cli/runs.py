@@ -12,7 +12,7 @@ from harvest_celery._cli.common import PROG, CliError, Command, harvest_of, load
 from harvest_celery._client import Harvest
 from harvest_celery._core.limits import slot_text
 from harvest_celery._core.timeline import render_errors, render_status, render_timeline
-from harvest_celery._errors import WorkflowCancelledError, WorkflowFailed
+from harvest_celery._errors import WorkflowCancelledError, WorkflowFailed, WorkflowTimedOut
 from harvest_celery._store.store import Store
 
 
@@ -25,6 +25,14 @@ def run_commands(command: Command, common: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--wait", type=float, default=None, metavar="SECONDS", help="wait this long for the result"
     )
+    s.add_argument(
+        "--execution-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="deadline of the whole execution (spans a continue-as-new chain)",
+    )
+    s.add_argument("--run-timeout", type=float, default=None, metavar="SECONDS", help="deadline of each run")
     s.set_defaults(handler=cmd_start)
 
     sh = command("show", help="status and history timeline of a run")
@@ -77,7 +85,13 @@ def _signal_commands(command: Command) -> None:
 def cmd_start(args: argparse.Namespace) -> int:
     data = parse_json(args.input, "INPUT_JSON")
     harvest = harvest_of(args)
-    execution_id = harvest.start_workflow(args.workflow, data, execution_id=args.execution_id)
+    execution_id = harvest.start_workflow(
+        args.workflow,
+        data,
+        execution_id=args.execution_id,
+        execution_timeout=args.execution_timeout,
+        run_timeout=args.run_timeout,
+    )
     print(execution_id)
     if args.wait is not None:
         return print_result(harvest, execution_id, args.wait)
@@ -166,7 +180,7 @@ def print_result(harvest: Harvest, execution_id: str, timeout: float) -> int:
         value = harvest.result(execution_id, timeout=timeout)
     except TimeoutError as exc:
         raise CliError(str(exc)) from None
-    except (WorkflowFailed, WorkflowCancelledError) as exc:
+    except (WorkflowFailed, WorkflowCancelledError, WorkflowTimedOut) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(value))

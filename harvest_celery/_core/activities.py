@@ -241,6 +241,7 @@ def _step(item: ev.HistoryEvent, acts: dict[str, _Open]) -> bool:
         case (
             ev.WorkflowStarted()
             | ev.WorkflowCancelRequested()
+            | ev.WorkflowTimeoutRequested()
             | ev.MarkerRecorded()
             | ev.SignalReceived()
             | ev.TimerStarted()

@@ -66,7 +66,7 @@ class ReplayPort(Protocol):
 
     def check_inputs(self, name: str, inputs: Sequence[Any]) -> list[Any]: ...
 
-    def start_timer(self, seconds: float) -> Future: ...
+    def start_timer(self, seconds: float, cancellable: bool = False) -> Future: ...
 
     def wait_signal(self, name: str, cancellable: bool = False) -> Future: ...
 
@@ -162,10 +162,13 @@ class WorkflowContext:
         self._replay.check_running("ctx.check_activity_inputs")
         return self._replay.check_inputs(activity_name(activity), inputs)
 
-    def sleep(self, seconds: float) -> Future:
-        """A durable timer: survives worker restarts; fired by the sweeper from Postgres."""
+    def sleep(self, seconds: float, *, cancellable: bool = False) -> Future:
+        """A durable timer: survives worker restarts; fired by the sweeper from Postgres.
+        ``cancellable=True``: if a cancellation — a cooperative request, a deadline's timeout
+        request, or the seal — arrives before the timer fires (in history order), the await
+        raises ``Cancelled`` instead; the timer still fires later, delivered to nobody."""
         self._replay.check_running("ctx.sleep")
-        return self._replay.start_timer(seconds)
+        return self._replay.start_timer(seconds, cancellable)
 
     def wait_signal(self, name: str, *, cancellable: bool = False) -> Future:
         """Await the next signal called ``name`` (signals are buffered until awaited; see

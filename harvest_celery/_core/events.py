@@ -9,7 +9,8 @@ pipeline and erasure use is derived from those declarations:
   (``ActivityScheduled``, ``MarkerRecorded``, ``TimerStarted``); a **result** of a command is
   delivered in history order (``ActivityStarted``, ``ActivityCompleted``, ``ActivityFailed``,
   ``TimerFired``); an **input**, sent to a run from outside, is delivered the same way
-  (``SignalReceived``, a cooperative ``WorkflowCancelRequested``); a **lifecycle** event is the
+  (``SignalReceived``, a cooperative ``WorkflowCancelRequested``, a deadline's
+  ``WorkflowTimeoutRequested``); a **lifecycle** event is the
   run's own (``WorkflowStarted``, the seal ``WorkflowCancelled``, and the ``terminal``
   ``WorkflowCompleted`` / ``WorkflowFailed``, never matched);
 * ``cursor``: how the command cursor treats it (``Cursor``);
@@ -239,6 +240,20 @@ class WorkflowCancelRequested(
 
 
 @dataclass(frozen=True)
+class WorkflowTimeoutRequested(
+    Event, family=Family.INPUT, terminal=False, cursor=Cursor.STEPPED_OVER, advance=True
+):
+    """A deadline expired (``execution_timeout`` or ``run_timeout``; the sweeper appends it): an
+    input event delivered exactly like ``WorkflowCancelRequested``. ``timeout`` is
+    ``"execution"`` or ``"run"``. Never a command event (no timer): no matcher ever meets it.
+    No payload field."""
+
+    type: ClassVar[str] = "WorkflowTimeoutRequested"
+    timeout: str = "execution"
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class WorkflowCompleted(
     Event, family=Family.LIFECYCLE, terminal=True, cursor=Cursor.STEPPED_OVER, advance=False
 ):
@@ -332,6 +347,7 @@ AnyEvent: TypeAlias = (
     | TimerFired
     | WorkflowCancelled
     | WorkflowCancelRequested
+    | WorkflowTimeoutRequested
     | WorkflowCompleted
     | WorkflowFailed
     | ChildWorkflowScheduled
@@ -390,6 +406,8 @@ CANDIDATE_EVENTS = tuple(cls for cls in EVENT_CLASSES if cls.cursor is not Curso
 HELD_EVENTS = tuple(cls for cls in EVENT_CLASSES if cls.cursor is Cursor.HELD)
 # what ``Session.advance`` accepts after the session's own commands
 ADVANCE_EVENTS = tuple(cls for cls in EVENT_CLASSES if cls.advance)
+# a cooperative cancellation request, an operator's or a deadline's: delivered alike
+CANCEL_REQUESTS = (WorkflowCancelRequested, WorkflowTimeoutRequested)
 
 
 def known(event: Event) -> AnyEvent:
@@ -489,5 +507,7 @@ def describe(event: Event) -> str:
             | WorkflowFailed()
         ):
             return event.type
+        case WorkflowTimeoutRequested(timeout=timeout):
+            return f"WorkflowTimeoutRequested({timeout})"
         case other:
             unhandled(other)

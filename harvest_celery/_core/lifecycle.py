@@ -25,11 +25,14 @@ CANCELLED = "CANCELLED"
 TERMINATED = "TERMINATED"
 # ended by ``ctx.continue_as_new``: its chain goes on in the run named by ``continued_to``
 CONTINUED_AS_NEW = "CONTINUED_AS_NEW"
-TERMINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED, TERMINATED, CONTINUED_AS_NEW})
+# a deadline expired (``execution_timeout``/``run_timeout``) and the run did not complete anyway:
+# it raised ``Cancelled`` or another error after the timeout request, or was sealed at grace end
+TIMED_OUT = "TIMED_OUT"
+TERMINAL_STATUSES = frozenset({COMPLETED, FAILED, CANCELLED, TERMINATED, CONTINUED_AS_NEW, TIMED_OUT})
 # Every stored run status (``harvest_executions.status``), in one order: the schema's CHECK
 # constraint, the SQL and the predicates (``_store.predicates``) take them from here. A new
 # status is added here and by a migration altering that constraint (``0007`` is the model).
-RUN_STATUSES = (RUNNING, COMPLETED, FAILED, CANCELLED, TERMINATED, CONTINUED_AS_NEW)
+RUN_STATUSES = (RUNNING, COMPLETED, FAILED, CANCELLED, TERMINATED, CONTINUED_AS_NEW, TIMED_OUT)
 # Derived, never stored: a RUNNING run with an open cooperative cancellation request. Claims,
 # completions and a later seal cancel treat it exactly as RUNNING.
 CANCELLING = "CANCELLING"
@@ -83,10 +86,14 @@ def has_outcome(history: Sequence[ev.Event]) -> bool:
     return any(isinstance(e, ev.TERMINAL_EVENTS) for e in history)
 
 
-def status_for_outcome(decision: Decision, current: str, cancel_requested: bool = False) -> str:
+def status_for_outcome(
+    decision: Decision, current: str, cancel_requested: bool = False, timed_out: bool = False
+) -> str:
     """A live run takes its outcome's status; a sealed (cancelled) run keeps the status the cancel
     gave it. After a cooperative cancellation request, a workflow that raises ``Cancelled`` ends
-    CANCELLED (one that completes anyway ends COMPLETED; any other error FAILED)."""
+    CANCELLED (one that completes anyway ends COMPLETED; any other error FAILED). After a
+    deadline's timeout request (``timed_out``: ``timed_out_at`` is set) any error ends TIMED_OUT
+    (a ``Cancelled`` is its clean exit; another error a failed cancel branch)."""
     outcome = decision.outcome
     if current != RUNNING or outcome is None:
         return current
@@ -94,12 +101,19 @@ def status_for_outcome(decision: Decision, current: str, cancel_requested: bool 
         return COMPLETED
     if isinstance(outcome, ContinuedAsNew):
         return CONTINUED_AS_NEW
+    if timed_out:
+        return TIMED_OUT
     return CANCELLED if cancel_requested and outcome.error_type == CANCELLED_ERROR else FAILED
 
 
 def cancel_requested(history: Sequence[ev.Event]) -> bool:
-    """A cooperative cancellation request is recorded."""
-    return any(isinstance(e, ev.WorkflowCancelRequested) for e in history)
+    """A cooperative cancellation request (an operator's or a deadline's) is recorded."""
+    return any(isinstance(e, ev.CANCEL_REQUESTS) for e in history)
+
+
+def timeout_requested(history: Sequence[ev.Event]) -> ev.WorkflowTimeoutRequested | None:
+    """The deadline's timeout request recorded, if any (the first)."""
+    return next((e for e in history if isinstance(e, ev.WorkflowTimeoutRequested)), None)
 
 
 def unwind_begun(history: Sequence[ev.Event]) -> bool:
@@ -113,9 +127,12 @@ def unwind_begun(history: Sequence[ev.Event]) -> bool:
     return False
 
 
-def status_after_cancel(history: Sequence[ev.Event]) -> str:
+def status_after_cancel(history: Sequence[ev.Event], timed_out: bool = False) -> str:
     """CANCELLED at once; FAILED when the cancel lands mid-unwind (the remaining compensators
-    never run, and the dangling state needs reconciliation)."""
+    never run, and the dangling state needs reconciliation). The seal of a deadline's grace
+    period end (``timed_out``; never mid-unwind) gives TIMED_OUT."""
+    if timed_out:
+        return TIMED_OUT
     return FAILED if unwind_begun(history) else CANCELLED
 
 
@@ -131,7 +148,7 @@ def cancel_branch_failure(status: str, cancelled: bool, error: object) -> str | 
     """``"<type>: <message>"`` of a cancelled run whose cancel branch failed (``cancelled``: sealed
     by a cancel or asked to cancel) — it ended with an error other than ``Cancelled`` (its clean
     exit) or an operator's terminate — else None. The dangling state operators must see."""
-    if not cancelled or status not in (CANCELLED, FAILED) or not isinstance(error, dict):
+    if not cancelled or status not in (CANCELLED, FAILED, TIMED_OUT) or not isinstance(error, dict):
         return None
     if error.get("type") in (CANCELLED_ERROR, "Terminated"):
         return None
@@ -140,8 +157,9 @@ def cancel_branch_failure(status: str, cancelled: bool, error: object) -> str | 
 
 def display_status(status: str, cancelled: bool, cancel_requested: bool, error: object) -> str:
     """The status as operators read it: ``CANCELLING`` while a cooperative cancellation request
-    is open, ``CANCELLED (cancel branch failed: …)`` when a cancel branch failed; else the
-    stored status."""
+    (or a deadline's timeout request) is open, ``CANCELLED (cancel branch failed: …)`` or
+    ``TIMED_OUT (cancel branch failed: …)`` when a cancel branch failed; else the stored
+    status."""
     if status == RUNNING and cancel_requested:
         return CANCELLING
     failure = cancel_branch_failure(status, cancelled or cancel_requested, error)

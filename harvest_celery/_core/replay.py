@@ -157,9 +157,12 @@ class Replay:
         self.cancel: ev.WorkflowCancelled | None = cancels[0] if cancels else None
         # a cooperative request, from its delivery on; the seal's position once delivered (what
         # a cancellable wait observes: history order, on every replay)
-        self.cancel_request: ev.WorkflowCancelRequested | None = None
+        # (a deadline's ``WorkflowTimeoutRequested`` is such a request: the first one stands)
+        self.cancel_request: ev.WorkflowCancelRequested | ev.WorkflowTimeoutRequested | None = None
         self.seal_delivered = False
-        self.cancellable_waits: list[tuple[str, Future]] = []
+        # open cancellable waits: (signal name, future) of a signal wait, (None, timer id) of a
+        # sleep
+        self.cancellable_waits: list[tuple[str | None, str, Future]] = []
         seed = hashlib.sha256(activation.execution_id.encode()).digest()
         self.rng = _random.Random(int.from_bytes(seed[:8], "big"))
         # ctx.set_query_handler's handlers; the query being answered (``_core.queries``), during
@@ -175,7 +178,9 @@ class Replay:
         return self.cancel is not None
 
     @property
-    def cancellation(self) -> ev.WorkflowCancelled | ev.WorkflowCancelRequested | None:
+    def cancellation(
+        self,
+    ) -> ev.WorkflowCancelled | ev.WorkflowCancelRequested | ev.WorkflowTimeoutRequested | None:
         """What ``ctx.is_cancelled()`` reads: the seal, for the whole replay (the spec), else a
         cooperative request from its position in history on."""
         return self.cancel or self.cancel_request
@@ -316,9 +321,17 @@ class Replay:
     def continue_as_new(self, input: Any) -> NoReturn:
         kids.continue_as_new(self, input)
 
-    def start_timer(self, seconds: float) -> Future:
+    def start_timer(self, seconds: float, cancellable: bool = False) -> Future:
+        """A durable timer. ``cancellable``: a cancellation (a request, a deadline's, or the seal)
+        delivered before its ``TimerFired`` — in history order — raises ``Cancelled`` instead;
+        the timer still fires later, delivered to nobody. One delivered already raises at once,
+        and no timer is started."""
         if seconds < 0:
             raise ValueError("ctx.sleep() needs a non-negative number of seconds")
+        if cancellable and self.cancellation_delivered:
+            future = Future()
+            future.set_exception(self._cancelled())
+            return future
         self.timer_seq += 1
         timer_id = str(self.timer_seq)
         recorded = self.match(ev.TimerStarted, f"TimerStarted({timer_id})", lambda e: True)
@@ -332,6 +345,8 @@ class Replay:
         self.timer_futures[timer_id] = future
         if timer_id in self.fired_timers:
             future.set_result(None)
+        elif cancellable:
+            self.cancellable_waits.append((None, timer_id, future))
         return future
 
     def check_inputs(self, name: str, inputs: Any) -> list[Any]:
@@ -389,13 +404,19 @@ class Replay:
             index, payload = buffered.popleft()
             self._consume(index)
             future.set_result(payload)
-        elif cancellable and (self.cancel_request is not None or self.seal_delivered):
+        elif cancellable and self.cancellation_delivered:
             future.set_exception(self._cancelled())
         else:
             self.signal_waiters.setdefault(name, deque()).append(future)
             if cancellable:
-                self.cancellable_waits.append((name, future))
+                self.cancellable_waits.append((name, "", future))
         return future
+
+    @property
+    def cancellation_delivered(self) -> bool:
+        """A cancellation (a request, a deadline's, or the seal) is delivered at this point of
+        the replay: what a cancellable wait begun now observes."""
+        return self.cancel_request is not None or self.seal_delivered
 
     def _cancelled(self) -> Cancelled:
         found = self.cancellation
@@ -403,12 +424,16 @@ class Replay:
 
     def _wake_cancellable(self) -> None:
         """A cancellation was delivered: every cancellable wait still open raises ``Cancelled``
-        (and gives up its place in the signal queue)."""
+        (a signal wait gives up its place in the signal queue, a sleep its timer)."""
         waits, self.cancellable_waits = self.cancellable_waits, []
-        for name, future in waits:
-            if not future.done():
+        for name, timer_id, future in waits:
+            if future.done():
+                continue
+            if name is None:  # a sleep: its TimerFired, when it comes, is delivered to nobody
+                self.timer_futures.pop(timer_id, None)
+            else:
                 self.signal_waiters[name].remove(future)
-                future.set_exception(self._cancelled())
+            future.set_exception(self._cancelled())
 
     # ── saga observability markers ────────────────────────────────────────────────────────────
     def saga_unwind_started(self, workflow_label: str) -> tuple[int, bool]:
@@ -480,8 +505,8 @@ class Replay:
                     waiters.popleft().set_result(payload)
                 else:
                     self.signal_buffer.setdefault(name, deque()).append((index, payload))
-            case ev.WorkflowCancelRequested() as request:
-                if self.cancel_request is None:  # a second request changes nothing
+            case ev.WorkflowCancelRequested() | ev.WorkflowTimeoutRequested() as request:
+                if self.cancel_request is None:  # a second request changes nothing (its reason stands)
                     self.cancel_request = request
                     self._wake_cancellable()
             case ev.WorkflowCancelled():

@@ -120,6 +120,8 @@ def _detail(event: ev.AnyEvent, names: dict[str, str]) -> str:
             return f"timer #{event.timer_id}"
         case ev.WorkflowCancelled() | ev.WorkflowCancelRequested():
             return f"reason={short(event.reason)}" if event.reason else ""
+        case ev.WorkflowTimeoutRequested():
+            return f"{event.timeout} reason={short(event.reason)}"
         case ev.WorkflowCompleted():
             return f"-> {short(event.result)}"
         case ev.WorkflowFailed():

@@ -1,6 +1,6 @@
 """The sweeper: time lives in Postgres, not in Celery ETAs. Every ``sweep_interval`` seconds it
 fires what is due — retry backoffs, expired leases (a vanished worker, an overrun
-start_to_close), durable timers, lost messages (a task row still scheduled, a decision request
+start_to_close), durable timers, deadlines and the end of a timeout's grace period, lost messages (a task row still scheduled, a decision request
 never taken), nd-block retries — and relays outbox rows an older build left unsent. It runs on
 the decision worker (a daemon thread), or in-process in embedded mode.
 
@@ -123,6 +123,7 @@ class Sweeper:
             due = sweeps.due_retries(tx, now, kinds=kinds)
             expired = sweeps.expired_leases(tx, now, kinds=kinds)
             timers = sweeps.due_timers(tx, now, kinds=kinds)
+            deadlines = sweeps.due_deadlines(tx, now, kinds=kinds)
         for execution_id, activity_id in due:
             self._row(
                 "retry",
@@ -153,6 +154,7 @@ class Sweeper:
                     decision_queue=s.decision_queue,
                 ),
             )
+        self._deadlines(deadlines)
         self._row("lost messages", "*", partial(sweeps.stale_scheduled, timings=s.timings, kinds=kinds))
         self._child_notices(now)
         self._row("waiting rows", "*", sweeps.settle_waiting)  # the release backstop
@@ -167,6 +169,21 @@ class Sweeper:
                 self.fire_schedules()
             except Exception:  # noqa: BLE001 - logged; the next pass fires what is still due
                 log.exception("sweeper: firing schedules failed")
+
+    def _deadlines(self, due: list[tuple[str, str]]) -> None:
+        """Expired deadlines (a timeout request) and ended grace periods (a seal, or overrun)."""
+        s = self.settings
+        for execution_id, kind in due:
+            if kind == sweeps.DEADLINE:
+                work = partial(
+                    sweeps.expire_deadline,
+                    execution_id=execution_id,
+                    grace=s.timings.timeout_grace,
+                    decision_queue=s.decision_queue,
+                )
+            else:
+                work = partial(sweeps.end_grace, execution_id=execution_id, decision_queue=s.decision_queue)
+            self._row(kind, execution_id, work)
 
     def _row(self, what: str, execution_id: str, work: Callable[..., Any]) -> None:
         """``work(tx, now=...)`` in its own transaction."""

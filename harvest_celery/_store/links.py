@@ -20,7 +20,7 @@ from harvest_celery._core import events as ev
 from harvest_celery._core.commands import ContinuedAsNew, Decision, StartChildWorkflow
 from harvest_celery._core.lifecycle import CONTINUED_AS_NEW, TERMINAL_STATUSES
 from harvest_celery._payloads.digest import input_digest
-from harvest_celery._store.records import RunRow
+from harvest_celery._store.records import RunRow, aware
 from harvest_celery._store.schema import child_notices, events, executions
 from harvest_celery._store.starts import new_run_values
 from harvest_celery._store.tx import Tx
@@ -94,7 +94,7 @@ def _continue(
     )
     inserted = tx.conn.execute(
         executions.insert()
-        .values(**values, parent_id=parent_id, continued_from=row.id)
+        .values(**values, **_carried_deadlines(tx, row.id, now), parent_id=parent_id, continued_from=row.id)
         .returning(*executions.c)
     ).first()
     assert inserted is not None
@@ -111,6 +111,21 @@ def _continue(
     encoded = tx.payloads.encode_value(outcome.input, f"{outcome.next_id}/input")
     tx.append(link, [started, *carried], now, decide_on=queue, input=encoded)
     tx.update_run(row.id, continued_to=outcome.next_id)
+
+
+def _carried_deadlines(tx: Tx, run_id: str, now: datetime) -> dict[str, datetime | None]:
+    """The next link's deadlines: the execution deadline spans the chain (carried as it is);
+    the run timeout applies to each run (the same span again, from now)."""
+    found = tx.conn.execute(
+        sa.select(
+            executions.c.execution_deadline_at, executions.c.run_deadline_at, executions.c.created_at
+        ).where(executions.c.id == run_id)
+    ).first()
+    if found is None:
+        return {}
+    execution_deadline, run_deadline, created = (aware(v) for v in found)
+    span = run_deadline - created if run_deadline is not None and created is not None else None
+    return {"execution_deadline_at": execution_deadline, "run_deadline_at": now + span if span else None}
 
 
 def open_children(history: Sequence[ev.Event]) -> list[ev.ChildWorkflowScheduled]:

@@ -48,6 +48,7 @@ class RunRow:
     sticky_queue: str | None = None  # where its warm replay lives (a worker's own queue)
     cancel_requested_at: datetime | None = None  # an open cooperative cancellation request
     decision_queue: str | None = None  # the starting app's decision queue (NULL before 0013)
+    timed_out_at: datetime | None = None  # a deadline's timeout request was recorded
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> RunRow:
@@ -70,6 +71,7 @@ class RunRow:
             m.get("sticky_queue"),
             m.get("cancel_requested_at"),
             m.get("decision_queue"),
+            m.get("timed_out_at"),
         )
 
     @classmethod
@@ -195,6 +197,16 @@ def outbox_execution_id(args: Any, headers: Any) -> str | None:
     return None
 
 
+def timeout_kind(timed_out_at: datetime | None, execution_deadline_at: datetime | None) -> str | None:
+    """Which deadline the sweeper found expired: the execution deadline when it was due by then
+    (it is checked first), else the run deadline."""
+    if timed_out_at is None:
+        return None
+    if execution_deadline_at is not None and aware(execution_deadline_at) <= aware(timed_out_at):  # type: ignore[operator]
+        return "execution"
+    return "run"
+
+
 @dataclass(frozen=True)
 class Execution:
     id: str
@@ -223,6 +235,12 @@ class Execution:
     continued_from: str | None = None
     continued_to: str | None = None
     children: tuple[dict[str, str], ...] = ()  # (id, workflow, status) of each child, by describe()
+    # deadlines (docs/concepts.md, "Deadlines")
+    execution_deadline_at: datetime | None = None
+    run_deadline_at: datetime | None = None
+    timed_out_at: datetime | None = None
+    timeout_grace_at: datetime | None = None
+    timeout_overrun_at: datetime | None = None
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> Execution:
@@ -251,7 +269,23 @@ class Execution:
             continued_from=m.get("continued_from"),
             continued_to=m.get("continued_to"),
             cancel_requested_at=aware(m.get("cancel_requested_at")),
+            execution_deadline_at=aware(m.get("execution_deadline_at")),
+            run_deadline_at=aware(m.get("run_deadline_at")),
+            timed_out_at=aware(m.get("timed_out_at")),
+            timeout_grace_at=aware(m.get("timeout_grace_at")),
+            timeout_overrun_at=aware(m.get("timeout_overrun_at")),
         )
+
+    @property
+    def timeout(self) -> str | None:
+        """Which deadline expired (``"execution"`` or ``"run"``), or None."""
+        return timeout_kind(self.timed_out_at, self.execution_deadline_at)
+
+    @property
+    def timeout_overrun(self) -> bool:
+        """The grace period after a timeout ended mid-unwind: the run was left running until
+        its workflow ends (a WARNING was logged; an operator may still cancel or terminate)."""
+        return self.timeout_overrun_at is not None
 
     @property
     def nd_blocked(self) -> bool:
@@ -282,6 +316,8 @@ class Execution:
             value = getattr(self, name)
             out[name] = value.isoformat() if isinstance(value, datetime) else value
         out["nd_blocked"] = self.nd_blocked
+        out["timeout"] = self.timeout
+        out["timeout_overrun"] = self.timeout_overrun
         out["display_status"] = self.display_status
         out["cancel_branch_error"] = self.cancel_branch_error
         return out
@@ -414,3 +450,6 @@ class Timings:
     # a body's outcome (it ran: its side effect happened) is retried this long against a
     # database that does not answer, its lease renewed meanwhile, before it is given up
     outcome_retry_for: float = 300.0
+    # after a deadline's timeout request, a run still open this long later, with no unwind
+    # begun, is sealed (``runs.cancel``): TIMED_OUT (docs/operations.md, "Deadlines")
+    timeout_grace: float = 60.0

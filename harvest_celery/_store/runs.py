@@ -69,16 +69,18 @@ def signal(tx: Tx, execution_id: str, name: str, payload: Any, now: datetime, de
     tx.append(row, [ev.SignalReceived(name, payload)], now, decide_on=decision_queue)
 
 
-def cancel(tx: Tx, execution_id: str, reason: str, now: datetime, decision_queue: str) -> str:
-    """Seal the run: append WorkflowCancelled, set CANCELLED (FAILED mid-unwind), fail every
-    open task row that has not started — no event for those — and request the post-cancel
-    decision; its open children get their parent-close policy. Returns the new status."""
+def cancel(
+    tx: Tx, execution_id: str, reason: str, now: datetime, decision_queue: str, *, timed_out: bool = False
+) -> str:
+    """Seal the run: append WorkflowCancelled, set CANCELLED (FAILED mid-unwind; TIMED_OUT for
+    ``timed_out``, a deadline's grace end), fail every open task row that has not started (no
+    event), request the post-cancel decision; open children get their parent-close policy."""
     row = _lock_current(tx, execution_id)
     if not operator_live.holds(row):
         raise InvalidState(execution_id, row.status, "cancel")
     history = [h.event for h in tx.history(row.id)]
     tx.append(row, [ev.WorkflowCancelled(reason)], now)
-    new_status = status_after_cancel(history)
+    new_status = status_after_cancel(history, timed_out)
     tx.update_run(
         row.id,
         status=new_status,
@@ -238,9 +240,10 @@ def reset(
         first, forked_from=source_id, parent_id=None, continued_from=None, chain_id=None, link=0
     )
     tx.append(row, prefix, now)
-    requested = [e for e in prefix if isinstance(e, ev.WorkflowCancelRequested)]
-    if requested:  # the copied request is open on the new run too
-        tx.update_run(new_id, cancel_requested_at=now, cancel_reason=requested[0].reason)
+    requested = [e for e in prefix if isinstance(e, ev.CANCEL_REQUESTS)]
+    if requested:  # the copied request (an operator's, or a deadline's) is open on the new run too
+        timed = now if any(isinstance(e, ev.WorkflowTimeoutRequested) for e in requested) else None
+        tx.update_run(new_id, cancel_requested_at=now, cancel_reason=requested[0].reason, timed_out_at=timed)
     flow = _flow_of(tx, source_id)
     for dispatch in fold_dispatches(history[:to_seq]).dispatches:  # the open ones run again
         if dispatch.outcome == OPEN:

@@ -78,6 +78,15 @@ executions = Table(
     Column("parent_id", String(200)),
     Column("continued_from", String(200)),
     Column("continued_to", String(200)),
+    # deadlines (migration 0015): the execution deadline spans a continue-as-new chain, the run
+    # deadline this run; timed_out_at: the sweeper's timeout request; timeout_grace_at: when it
+    # seals a run that has not ended (no unwind begun); timeout_overrun_at: the grace ended
+    # mid-unwind, so it was left running
+    Column("execution_deadline_at", Ts),
+    Column("run_deadline_at", Ts),
+    Column("timed_out_at", Ts),
+    Column("timeout_grace_at", Ts),
+    Column("timeout_overrun_at", Ts),
     Index("ix_harvest_executions_status", "status"),
     Index("ix_harvest_executions_parent_id", "parent_id"),
     Index("ix_harvest_executions_workflow_type", "workflow_type"),

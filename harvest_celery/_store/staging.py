@@ -157,7 +157,9 @@ def stage_decision(
             nd=True,
         )
     new_events = decision_events(decision, history)
-    status = status_for_outcome(decision, row.status, row.cancel_requested_at is not None)
+    status = status_for_outcome(
+        decision, row.status, row.cancel_requested_at is not None, row.timed_out_at is not None
+    )
     first = stage_events(write, row, new_events, now, payloads, key)
     _stage_outcome(write, row, decision, status, new_events, now, payloads, key)
     staged = Staged(
@@ -223,7 +225,7 @@ def _decision_metrics(
     """What a written decision counts (after its commit)."""
     metrics: list[Metric] = [(metric, {"workflow": workflow_label}) for metric in decision.metrics]
     if status != row.status and status in TERMINAL_STATUSES:
-        ended = status.lower()  # completed · failed · cancelled (a cooperative cancel)
+        ended = status.lower()  # completed · failed · cancelled (a cooperative cancel) · timed_out
         metrics.append(("workflow_terminal", {"workflow": workflow_label, "outcome": ended}))
     if (row.cancelled_at is not None or row.cancel_requested_at is not None) and cancel_branch_failure(
         status, True, write.values.get("error")

@@ -40,6 +40,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from harvest_celery._core import events as ev
+from harvest_celery._core.deadlines import Timeouts
 from harvest_celery._core.lifecycle import RUNNING
 from harvest_celery._errors import ExecutionAlreadyExists, PayloadCodecError, PayloadStoreError
 from harvest_celery._payloads.digest import input_digest
@@ -92,16 +93,22 @@ def start(
     id_reuse: str = "idempotent",
     announce: bool = False,
     scheduled_for: datetime | None = None,
+    timeouts: Timeouts | None = None,
 ) -> bool:
     """Create a run with its ``WorkflowStarted`` and request its first decision. False if the id
     exists and ``id_reuse`` accepts it (nothing written); ``ExecutionAlreadyExists`` if not.
     ``announce``: the transaction is the application's, so the request is also announced (see
-    the module docstring). ``scheduled_for``: a schedule's tick, recorded in ``WorkflowStarted``."""
+    the module docstring). ``scheduled_for``: a schedule's tick, recorded in ``WorkflowStarted``.
+    ``timeouts``: its deadlines, from ``now``; a repeated start compares workflow and input
+    only, so the first start's deadlines stand."""
     check_policy(id_reuse)
     digest = input_digest(execution_id, input)
     insert = (
         tx.dialect.insert_ignore(executions)
-        .values(**new_run_values(execution_id, workflow_type, digest, now, decision_queue))
+        .values(
+            **new_run_values(execution_id, workflow_type, digest, now, decision_queue),
+            **(timeouts or Timeouts()).deadlines(now),
+        )
         .returning(*executions.c)
     )
     for _ in range(3):  # the existing row may vanish between the two statements (purged): again

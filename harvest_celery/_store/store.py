@@ -506,6 +506,23 @@ class Store:
             row.error,
         )
 
+    def timeout_request(self, execution_id: str) -> ev.WorkflowTimeoutRequested | None:
+        """The run's first ``WorkflowTimeoutRequested`` (which deadline, and its reason), if any."""
+        q = (
+            sa.select(events.c.data)
+            .where(
+                (events.c.execution_id == execution_id) & (events.c.type == ev.WorkflowTimeoutRequested.type)
+            )
+            .order_by(events.c.seq)
+            .limit(1)
+        )
+        with self.engine.connect() as conn:
+            data = conn.execute(q).scalar()
+        if data is None:
+            return None
+        found = ev.event_from_data(self.payloads.decode_event(data))
+        return found if isinstance(found, ev.WorkflowTimeoutRequested) else None
+
     def decision_request(self, execution_id: str) -> tuple[str, datetime | None, datetime]:
         """The run's status, when its pending decision request was made (None: none pending; the
         sweeper moves it forward when it re-sends the request) and when the run last changed —

@@ -1,9 +1,11 @@
-"""What the sweeper finds due, in SQL: retries, expired leases, timers, lost messages (a task row
-still ``scheduled`` long after its message went out, a decision request never taken), nd-block
-backoff, and outbox rows an older build left unsent."""
+"""What the sweeper finds due, in SQL: retries, expired leases, timers, deadlines (and the end of
+a timeout's grace period), lost messages (a task row still ``scheduled`` long after its message
+went out, a decision request never taken), nd-block backoff, and outbox rows an older build left
+unsent."""
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -12,12 +14,15 @@ from typing import Any
 import sqlalchemy as sa
 
 from harvest_celery._core import events as ev
+from harvest_celery._core.lifecycle import RUNNING, timeout_requested, unwind_begun
 from harvest_celery._core.names import TaskStatus
-from harvest_celery._store import limits
+from harvest_celery._store import limits, links, runs
 from harvest_celery._store.predicates import operator_live
-from harvest_celery._store.records import RelayedMessage, TaskRow, Timings
+from harvest_celery._store.records import RelayedMessage, TaskRow, Timings, aware
 from harvest_celery._store.schema import activity_tasks, executions, outbox, timers
 from harvest_celery._store.tx import Tx
+
+log = logging.getLogger("harvest_celery")
 
 Kinds = Sequence[str] | None  # the workflow types a sweeper answers for (None: every run)
 
@@ -82,6 +87,103 @@ def fire_timer(tx: Tx, execution_id: str, timer_id: str, now: datetime, decision
     )
     if updated.rowcount and operator_live.holds(row):
         tx.append(row, [ev.TimerFired(timer_id)], now, decide_on=decision_queue)
+
+
+# ── deadlines (docs/concepts.md, "Deadlines"): never a timer, never a terminate ─────────────
+DEADLINE = "deadline"  # a deadline expired: append the timeout request
+GRACE = "grace"  # a timeout's grace period ended: seal, unless an unwind has begun
+
+
+def due_deadlines(tx: Tx, now: datetime, limit: int = 100, kinds: Kinds = None) -> list[tuple[str, str]]:
+    """``(execution_id, DEADLINE | GRACE)`` of the running runs whose deadline expired (no timeout
+    request yet) or whose timeout grace period ended (not sealed, not found overrun already)."""
+    c = executions.c
+    due = (c.timed_out_at.is_(None)) & ((c.execution_deadline_at <= now) | (c.run_deadline_at <= now))
+    grace = (
+        c.timed_out_at.is_not(None)
+        & c.cancelled_at.is_(None)
+        & c.timeout_overrun_at.is_(None)
+        & (c.timeout_grace_at <= now)
+    )
+    q = (
+        sa.select(c.id, sa.case((due, DEADLINE), else_=GRACE))
+        .where(
+            (c.status == RUNNING)
+            & (due | grace)
+            & (sa.true() if kinds is None else c.workflow_type.in_(list(kinds)))
+        )
+        .limit(limit)
+    )
+    return [(r[0], r[1]) for r in tx.conn.execute(q)]
+
+
+def expire_deadline(
+    tx: Tx, execution_id: str, now: datetime, grace: float, decision_queue: str
+) -> str | None:
+    """Under the run's lock, on a running run whose deadline expired: append
+    ``WorkflowTimeoutRequested``, open a cancellation request if none is open (so claims,
+    ``activity_context().is_cancelled()`` and CANCELLING behave as after
+    ``request_cancellation``), set ``timed_out_at`` and ``timeout_grace_at``. Returns which
+    timeout expired (None: nothing was due any more)."""
+    row = tx.lock(execution_id)
+    if row is None or not operator_live.holds(row) or row.timed_out_at is not None:
+        return None
+    c = executions.c
+    found = tx.conn.execute(
+        sa.select(c.execution_deadline_at, c.run_deadline_at, c.created_at).where(c.id == execution_id)
+    ).one()
+    execution_deadline, run_deadline, created = (aware(v) for v in found)
+    if execution_deadline is not None and execution_deadline <= now:
+        timeout, deadline = "execution", execution_deadline
+        root = links.chain_root(tx, execution_id)
+        if root != execution_id:
+            created = aware(tx.conn.execute(sa.select(c.created_at).where(c.id == root)).scalar())
+    elif run_deadline is not None and run_deadline <= now:
+        timeout, deadline = "run", run_deadline
+    else:
+        return None
+    span = (deadline - created).total_seconds() if created is not None else 0.0  # type: ignore[operator]
+    reason = f"{timeout}_timeout of {span:g}s expired"
+    opened = (
+        {} if row.cancel_requested_at is not None else {"cancel_requested_at": now, "cancel_reason": reason}
+    )
+    tx.append(
+        row,
+        [ev.WorkflowTimeoutRequested(timeout, reason)],
+        now,
+        decide_on=decision_queue,
+        timed_out_at=now,
+        timeout_grace_at=now + timedelta(seconds=grace),
+        **opened,
+    )
+    return timeout
+
+
+def end_grace(tx: Tx, execution_id: str, now: datetime, decision_queue: str) -> str | None:
+    """Under the run's lock, on a running run whose timeout grace period ended: with no unwind
+    begun, seal it through ``runs.cancel`` (bodies running now have their results recorded and
+    the post-cancel decision runs; TIMED_OUT). Mid-unwind: never terminated, never sealed — it
+    is marked overrun (``timeout_overrun_at``, a WARNING) and left to end. Returns "sealed",
+    "overrun" or None (nothing to do)."""
+    row = tx.lock(execution_id)
+    if row is None or not operator_live.holds(row) or row.cancelled_at is not None:
+        return None
+    history = [h.event for h in tx.history(row.id)]
+    request = timeout_requested(history)
+    if row.timed_out_at is None or request is None:
+        return None
+    if unwind_begun(history):
+        tx.update_run(row.id, timeout_overrun_at=now, updated_at=now)
+        log.warning(
+            "run %s: the grace period after its %s timeout ended mid-unwind; it is left running "
+            "until its workflow ends (timeout_overrun; an operator may cancel or terminate it)",
+            row.id,
+            request.timeout,
+        )
+        return "overrun"
+    reason = f"{request.reason} (the grace period ended)"
+    runs.cancel(tx, row.id, reason, now, decision_queue, timed_out=True)
+    return "sealed"
 
 
 def stale_scheduled(tx: Tx, now: datetime, timings: Timings, limit: int = 100, kinds: Kinds = None) -> None:

@@ -14,10 +14,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from harvest_celery._core.activities import Status as ActivityStatus
 
 # the run statuses of _lifecycle and the node statuses of _rungraph (a unit test pins both)
-Status = Literal["RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "CONTINUED_AS_NEW"]
+Status = Literal["RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "CONTINUED_AS_NEW", "TIMED_OUT"]
 # what a list may filter on: a stored status, or the derived CANCELLING (an open cancel request)
 StatusFilter = Literal[
-    "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "CONTINUED_AS_NEW", "CANCELLING"
+    "RUNNING",
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TERMINATED",
+    "CONTINUED_AS_NEW",
+    "TIMED_OUT",
+    "CANCELLING",
 ]
 # outcomes of a sealed run's cancel branch (WorkflowCancelledError.OUTCOMES)
 BranchOutcome = Literal["returned", "cancelled", "failed", "stopped", "pending"]
@@ -53,6 +60,14 @@ class StartWorkflowRequest(_Model):
         "same input answers that run, another input is a 409), use_existing (that "
         "run, whatever its input) or reject (always a 409); another workflow's id is "
         "always a 409",
+    )
+    execution_timeout: float | None = Field(
+        default=None,
+        description="seconds: the deadline of the whole execution (it spans a continue-as-new "
+        "chain); at it the run is asked to cancel (docs/concepts.md, Deadlines). Not positive: a 400",
+    )
+    run_timeout: float | None = Field(
+        default=None, description="seconds: the deadline of each run of the chain. Not positive: a 400"
     )
 
 
@@ -207,6 +222,21 @@ class WorkflowSummary(BaseModel):
     )
     continued_to: str | None = Field(
         default=None, description="the next run of its continue-as-new chain (this one is CONTINUED_AS_NEW)"
+    )
+    execution_deadline_at: datetime | None = Field(
+        default=None, description="the execution deadline (execution_timeout; it spans the chain)"
+    )
+    run_deadline_at: datetime | None = Field(default=None, description="this run's deadline (run_timeout)")
+    timed_out_at: datetime | None = Field(
+        default=None, description="when a deadline's timeout request was recorded"
+    )
+    timeout: Literal["execution", "run"] | None = Field(default=None, description="which deadline expired")
+    timeout_grace_at: datetime | None = Field(
+        default=None, description="when a timed-out run still open, with no unwind begun, is sealed"
+    )
+    timeout_overrun: bool = Field(
+        default=False,
+        description="the grace period ended mid-unwind: the run is left running until it ends",
     )
 
 

@@ -63,6 +63,7 @@ RUN_STATE_COLOUR = {
     "CANCELLED": "#6b6f76",
     "TERMINATED": "#6b6f76",
     "CONTINUED_AS_NEW": "#1f8a3d",
+    "TIMED_OUT": "#b3261e",
 }
 
 # geometry of the SVG (px)

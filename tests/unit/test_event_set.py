@@ -44,6 +44,7 @@ SAMPLES: dict[str, ev.Event] = {
     "TimerFired": ev.TimerFired("1"),
     "WorkflowCancelled": ev.WorkflowCancelled("operator"),
     "WorkflowCancelRequested": ev.WorkflowCancelRequested("please"),
+    "WorkflowTimeoutRequested": ev.WorkflowTimeoutRequested("execution", "execution_timeout of 3s expired"),
     "WorkflowCompleted": ev.WorkflowCompleted({"receipt": SECRET}),
     "WorkflowFailed": ev.WorkflowFailed("ValueError", f"bad card {SECRET}"),
     "ChildWorkflowScheduled": ev.ChildWorkflowScheduled(
@@ -69,7 +70,7 @@ RESULT = {
     "ChildWorkflowStartRefused",
     "ChildWorkflowClosed",
 }
-INPUT = {"SignalReceived", "WorkflowCancelRequested"}
+INPUT = {"SignalReceived", "WorkflowCancelRequested", "WorkflowTimeoutRequested"}
 TERMINAL = {"WorkflowCompleted", "WorkflowFailed", "WorkflowContinuedAsNew"}
 # positions a command matcher can meet (past position 0): commands, signals, the cancel seal,
 # and a WorkflowStarted anywhere but first (a corrupt history diverges against it)
@@ -92,6 +93,7 @@ ADVANCE = {
     "TimerFired",
     "SignalReceived",
     "WorkflowCancelRequested",
+    "WorkflowTimeoutRequested",
     "ChildWorkflowStarted",
     "ChildWorkflowStartRefused",
     "ChildWorkflowClosed",
@@ -124,6 +126,7 @@ DESCRIBED = {
     "TimerFired": "TimerFired",
     "WorkflowCancelled": "WorkflowCancelled",
     "WorkflowCancelRequested": "WorkflowCancelRequested",
+    "WorkflowTimeoutRequested": "WorkflowTimeoutRequested(execution)",
     "WorkflowCompleted": "WorkflowCompleted",
     "WorkflowFailed": "WorkflowFailed",
     "ChildWorkflowScheduled": "ChildWorkflowScheduled(book_trip)",
@@ -144,6 +147,7 @@ TIMELINE = {
     "TimerFired": "timer #1",
     "WorkflowCancelled": 'reason="operator"',
     "WorkflowCancelRequested": 'reason="please"',
+    "WorkflowTimeoutRequested": 'execution reason="execution_timeout of 3s expired"',
     "WorkflowCompleted": '-> {"receipt":"4111-1111"}',
     "WorkflowFailed": "ValueError: bad card 4111-1111",
     "ChildWorkflowScheduled": 'book_trip id=r-1-c1 policy=abandon input={"card":"4111-1111"} (compensation)',
@@ -159,7 +163,7 @@ def names(classes: Any) -> set[str]:
 
 
 def test_every_type_has_a_sample() -> None:
-    assert set(ev.EVENT_TYPES) == set(SAMPLES) and len(SAMPLES) == 18
+    assert set(ev.EVENT_TYPES) == set(SAMPLES) and len(SAMPLES) == 19
     assert all(type(SAMPLES[name]) is cls for name, cls in ev.EVENT_TYPES.items())
 
 
@@ -263,6 +267,7 @@ def test_deliver_every_type() -> None:
         "TimerFired": {"fired"},
         "WorkflowCancelled": {"seal"},
         "WorkflowCancelRequested": {"request"},
+        "WorkflowTimeoutRequested": set(),  # after the request above: the first one stands
         "WorkflowCompleted": set(),
         "WorkflowFailed": set(),
         "ChildWorkflowScheduled": set(),
@@ -371,6 +376,7 @@ DECLARED = {  # name: (family, terminal, cursor, advance)
     "TimerFired": ("result", False, "stepped over", True),
     "WorkflowCancelled": ("lifecycle", False, "in the way", False),
     "WorkflowCancelRequested": ("input", False, "stepped over", True),
+    "WorkflowTimeoutRequested": ("input", False, "stepped over", True),
     "WorkflowCompleted": ("lifecycle", True, "stepped over", False),
     "WorkflowFailed": ("lifecycle", True, "stepped over", False),
     "ChildWorkflowScheduled": ("command", False, "matched", False),

@@ -87,6 +87,7 @@ def test_the_exported_list_is_exactly_this():
             "WorkflowCancelledError",
             "WorkflowContext",
             "WorkflowFailed",
+            "WorkflowTimedOut",
             "activity",
             "activity_context",
             "configure_celery",

@@ -91,6 +91,14 @@ STATE = {
     "continued_from": _all("lineage: a continued run is a run of its own"),
     "continued_to": _all("lineage: a continued run is terminal, which status says"),
     "sticky_queue": {**_all("routing only: which worker decides"), "fast_path": READS},
+    "execution_deadline_at": _all("the sweeper's deadline clock (due_deadlines), not a state that refuses"),
+    "run_deadline_at": _all("the sweeper's deadline clock (due_deadlines), not a state that refuses"),
+    "timed_out_at": {
+        **_all("a timeout request also opens cancel_requested_at, which the predicates read"),
+        "operator_live": "operators act on a timed-out running run as on any running one",
+    },
+    "timeout_grace_at": _all("the sweeper's grace clock (due_deadlines), not a state that refuses"),
+    "timeout_overrun_at": _all("a mark for operators (describe); the run stays running, which status says"),
 }
 
 
@@ -198,7 +206,15 @@ def _check_text(table):
 
 
 def test_the_schema_checks_the_status_constants():
-    assert RUN_STATUSES == ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "CONTINUED_AS_NEW")
+    assert RUN_STATUSES == (
+        "RUNNING",
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TERMINATED",
+        "CONTINUED_AS_NEW",
+        "TIMED_OUT",
+    )
     assert TASK_STATUSES == tuple(s.value for s in TaskStatus)
     for table, statuses in ((executions, RUN_STATUSES), (activity_tasks, TASK_STATUSES)):
         text = _check_text(table)

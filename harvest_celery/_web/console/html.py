@@ -41,6 +41,7 @@ STATUS_CLASS = {
     "CANCELLED": "cancelled",
     "TERMINATED": "terminated",
     "CONTINUED_AS_NEW": "continued",
+    "TIMED_OUT": "timed-out",
     "CANCELLING": "cancelling",
 }
 

@@ -16,7 +16,16 @@ from urllib.parse import urlencode
 from harvest_celery._store.store import Execution
 from harvest_celery._web.console.html import badge, e, run_href, table, when
 
-STATUSES = ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "CONTINUED_AS_NEW", "CANCELLING")
+STATUSES = (
+    "RUNNING",
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TERMINATED",
+    "CONTINUED_AS_NEW",
+    "TIMED_OUT",
+    "CANCELLING",
+)
 PAGE_SIZES = (25, 50, 100, 200)
 MAX_OFFSET = 2**31 - 1
 

@@ -55,6 +55,12 @@ def _summary(x: Execution) -> dict[str, Any]:
         "parent_id": x.parent_id,
         "continued_from": x.continued_from,
         "continued_to": x.continued_to,
+        "execution_deadline_at": x.execution_deadline_at,
+        "run_deadline_at": x.run_deadline_at,
+        "timed_out_at": x.timed_out_at,
+        "timeout": x.timeout,
+        "timeout_grace_at": x.timeout_grace_at,
+        "timeout_overrun": x.timeout_overrun,
     }
 
 
@@ -91,7 +97,12 @@ def start_workflow(harvest: HarvestDep, body: StartWorkflowRequest) -> dict[str,
         check_id(body.execution_id)
     check_storable(body.input, f"input of workflow {body.workflow!r}")
     run_id = harvest.start_workflow(
-        body.workflow, body.input, execution_id=body.execution_id, id_reuse=body.id_reuse
+        body.workflow,
+        body.input,
+        execution_id=body.execution_id,
+        id_reuse=body.id_reuse,
+        execution_timeout=body.execution_timeout,
+        run_timeout=body.run_timeout,
     )
     return {"execution_id": run_id}
 

@@ -28,9 +28,14 @@ class DjangoHarvest(Harvest):
         connection: Any = None,
         id_reuse: str = "idempotent",
         scheduled_for: Any = None,
+        execution_timeout: Any = None,
+        run_timeout: Any = None,
     ) -> str:
+        """A start with deadlines is its own transaction on the harvest database (a start on a
+        connection takes none yet)."""
         alias = self.database_alias
-        if connection is not None or alias is None or scheduled_for is not None:
+        timed = execution_timeout is not None or run_timeout is not None
+        if connection is not None or alias is None or scheduled_for is not None or timed:
             return super().start_workflow(
                 name,
                 input,
@@ -38,6 +43,8 @@ class DjangoHarvest(Harvest):
                 connection=connection,
                 id_reuse=id_reuse,
                 scheduled_for=scheduled_for,
+                execution_timeout=execution_timeout,
+                run_timeout=run_timeout,
             )
         from django.db import connections, transaction
 
@@ -60,10 +67,19 @@ class DjangoHarvest(Harvest):
         session: Any = None,
         using: str | None = None,
         id_reuse: str = "idempotent",
+        execution_timeout: Any = None,
+        run_timeout: Any = None,
     ) -> str:
         """``Harvest.start_workflow_on_commit`` on Django's ``transaction.on_commit`` (database
         ``using``, default ``"default"``). With ``DATABASE_ALIAS`` set, prefer ``start_workflow``
         inside your atomic block: the start then commits or rolls back with your rows."""
         return super().start_workflow_on_commit(
-            name, input, execution_id, session=session, using=using, id_reuse=id_reuse
+            name,
+            input,
+            execution_id,
+            session=session,
+            using=using,
+            id_reuse=id_reuse,
+            execution_timeout=execution_timeout,
+            run_timeout=run_timeout,
         )
