@@ -72,7 +72,9 @@ class Updates(ClientBase):
 
         queue = self.runtime.settings.decision_queue
         with self.store.begin() as tx:
-            run_id, _fresh = updates.accept(tx, execution_id, update_id, name, payload, utcnow(), queue, check)
+            run_id, _fresh = updates.accept(
+                tx, execution_id, update_id, name, payload, utcnow(), queue, check
+            )
         self._after(tx)
         return self._update_outcome(run_id, name, update_id, deadline, timeout)
 
@@ -91,7 +93,10 @@ class Updates(ClientBase):
                     return done.result
                 if status in TERMINAL_STATUSES:  # an update open when the run closes fails
                     raise UpdateFailed(
-                        run_id, name, "RunClosed", f"the run ended {status} before update {update_id!r} completed"
+                        run_id,
+                        name,
+                        "RunClosed",
+                        f"the run ended {status} before update {update_id!r} completed",
                     )
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:

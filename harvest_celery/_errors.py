@@ -263,29 +263,26 @@ class UnknownUpdate(HarvestError):
         self.execution_id, self.name, self.known = execution_id, name, list(known)
 
 
-class _UpdateError(HarvestError):
-    verb = ""
-
-    def __init__(self, execution_id: str, name: str, error_type: str, error_message: str) -> None:
-        super().__init__(
-            f"update {name!r} of execution {execution_id!r} {self.verb}: {error_type}: {error_message}"
-        )
-        self.execution_id, self.name = execution_id, name
-        self.error_type, self.error_message = error_type, error_message
-
-
-class UpdateRejected(_UpdateError):
+class UpdateRejected(HarvestError):
     """The update's validator raised (its ``error_type``, ``error_message``) or issued a ``ctx``
     command (``"UpdateCommand"``), or the probe replay diverged: nothing was written."""
 
     verb = "was rejected"
 
+    def __init__(self, execution_id: str, name: str, error_type: str, error_message: str) -> None:
+        HarvestError.__init__(
+            self, f"update {name!r} of execution {execution_id!r} {self.verb}: {error_type}: {error_message}"
+        )
+        self.execution_id, self.name = execution_id, name
+        self.error_type, self.error_message = error_type, error_message
 
-class UpdateFailed(_UpdateError):
+
+class UpdateFailed(HarvestError):
     """An accepted update did not return: its handler raised (``error_type``, ``error_message``),
     or the run closed before it completed (``error_type`` ``"RunClosed"``, naming the status)."""
 
     verb = "failed"
+    __init__ = UpdateRejected.__init__  # the same fields; the message says "failed"
 
 
 class RegistrationError(HarvestError):

@@ -29,8 +29,8 @@ from harvest_celery._core import failures
 from harvest_celery._core.children import ContinueAsNew
 from harvest_celery._core.commands import (
     Command,
-    CompleteUpdate,
     Completed,
+    CompleteUpdate,
     ContinuedAsNew,
     Decision,
     Failed,

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 from harvest_celery._core import events as ev
 from harvest_celery._core.commands import (
-    CompleteUpdate,
     Completed,
+    CompleteUpdate,
     ContinuedAsNew,
     Decision,
     Failed,

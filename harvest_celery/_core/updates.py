@@ -57,7 +57,9 @@ class Updates:
         self.validating: str | None = None
         self.refused: UpdateRejected | None = None
 
-    def register(self, name: str, fn: Callable[[Any], Any] | None, validator: Callable[[Any], Any] | None) -> None:
+    def register(
+        self, name: str, fn: Callable[[Any], Any] | None, validator: Callable[[Any], Any] | None
+    ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise TypeError(f"an update name is a non-empty string, not {name!r}")
         if fn is None:

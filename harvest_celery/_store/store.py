@@ -238,13 +238,15 @@ class Store:
         """The run's status and the ``UpdateCompleted`` of ``update_id`` if it was recorded (its
         result decoded), read together (``Harvest.update``'s wait)."""
         with self.engine.connect() as conn:
-            status = conn.execute(sa.select(executions.c.status).where(executions.c.id == execution_id)).scalar()
+            status = conn.execute(
+                sa.select(executions.c.status).where(executions.c.id == execution_id)
+            ).scalar()
             raw = updates.completions(conn, execution_id)
         if status is None:
             raise ExecutionNotFound(execution_id)
         for seq, data, at in raw:
             if isinstance(data, dict) and data.get("update_id") == update_id:
-                found = self._decoded((seq, data, aware(at)), True, execution_id).event
+                found = self._decoded((int(seq), data, at), True, execution_id).event
                 return str(status), found if isinstance(found, ev.UpdateCompleted) else None
         return str(status), None
 

@@ -61,7 +61,7 @@ def accept(
     if earlier is not None:
         return earlier, False
     if not accepts_updates.holds(row):
-        raise InvalidState(execution_id, state_of(row), "update")
+        raise InvalidState(execution_id, state_of(row), "send an update to")
     validate(row, tx.history(row.id))
     tx.append(row, [ev.UpdateAccepted(update_id, name, arg)], now, decide_on=decision_queue)
     tx.conn.execute(

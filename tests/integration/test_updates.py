@@ -108,7 +108,10 @@ def test_an_accepted_update_awaiting_an_activity_returns_its_value_and_is_idempo
 
     async def sent() -> list[Any]:
         async with AsyncHarvest(harvest) as ah:
-            return [await ah.update(run_id, "add", 1, update_id="a1"), await ah.update(run_id, "add", 1, update_id="a1")]
+            return [
+                await ah.update(run_id, "add", 1, update_id="a1"),
+                await ah.update(run_id, "add", 1, update_id="a1"),
+            ]
 
     assert asyncio.run(sent()) == [16, 16]
     assert update_rows(harvest, run_id) == ["a1", "h1", "u1"]
@@ -154,7 +157,7 @@ def test_updates_on_paused_sealed_and_closed_runs_are_invalid_state(harvest, wor
         before = database(harvest, run_id)
         with pytest.raises(InvalidState) as refused:
             harvest.update(run_id, "add", 1)
-        assert (refused.value.status, refused.value.operation) == (status, "update")
+        assert (refused.value.status, refused.value.operation) == (status, "send an update to")
         resp = client.post(f"/workflows/{run_id}/updates/add", json={"arg": 1})
         assert (resp.status_code, resp.json()["error"]) == (409, "InvalidState")
         assert database(harvest, run_id) == before

@@ -78,7 +78,12 @@ def database(h: Harvest) -> dict[str, list[Any]]:
 
 def updates_rows(h: Harvest) -> list[tuple[Any, ...]]:
     with h.store.engine.connect() as conn:
-        return [tuple(r) for r in conn.execute(sa.text("SELECT execution_id, update_id, name FROM harvest_workflow_updates"))]
+        return [
+            tuple(r)
+            for r in conn.execute(
+                sa.text("SELECT execution_id, update_id, name FROM harvest_workflow_updates")
+            )
+        ]
 
 
 def types(h: Harvest, run_id: str) -> list[str]:
@@ -97,7 +102,9 @@ def test_an_accepted_update_whose_handler_awaits_an_activity_returns_its_value(h
     assert harvest.update(run_id, "add", 1) == 12
     assert harvest.query(run_id, "total") == 12
     assert updates_rows(harvest)[0] == (run_id, "u1", "add")
-    assert types(harvest, run_id).count("UpdateAccepted") == types(harvest, run_id).count("UpdateCompleted") == 2
+    assert (
+        types(harvest, run_id).count("UpdateAccepted") == types(harvest, run_id).count("UpdateCompleted") == 2
+    )
     harvest.signal(run_id, "stop")
     assert harvest.result(run_id) == {"total": 12}
 
@@ -177,7 +184,7 @@ def test_updates_on_runs_in_the_wrong_state_are_invalid_state_and_write_nothing(
     before = database(harvest)
     with pytest.raises(InvalidState) as refused:
         harvest.update(run_id, "add", 1)
-    assert refused.value.operation == "update"
+    assert refused.value.operation == "send an update to"
     assert refused.value.status == {"paused": "paused", "cancelled": "CANCELLED"}.get(
         state, "erased" if state == "erased" else "COMPLETED"
     )
