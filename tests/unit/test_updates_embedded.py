@@ -27,7 +27,7 @@ from harvest_celery import (
     activity,
     workflow,
 )
-from harvest_celery._store.schema import metadata
+from harvest_celery._store.schema import executions, metadata
 from harvest_celery._web.api import create_app
 
 
@@ -169,11 +169,16 @@ def test_a_timeout_leaves_the_update_accepted_and_an_update_open_at_close_fails(
     assert failed.value.error_type == "RunClosed" and "COMPLETED" in failed.value.error_message
 
 
-@pytest.mark.parametrize("state", ["paused", "cancelled", "closed", "erased"])
+@pytest.mark.parametrize("state", ["paused", "cancelled", "closed", "erased", "nd-blocked"])
 def test_updates_on_runs_in_the_wrong_state_are_invalid_state_and_write_nothing(harvest, state):
     run_id = waiting(harvest)
     if state == "paused":
         harvest.pause(run_id)
+    elif state == "nd-blocked":  # as a decision that diverged leaves it
+        with harvest.store.engine.begin() as conn:
+            conn.execute(
+                sa.update(executions).where(executions.c.id == run_id).values(nd_blocked_at=sa.func.now())
+            )
     elif state == "cancelled":
         harvest.cancel_workflow_execution(run_id, "stop")
     else:
@@ -185,9 +190,8 @@ def test_updates_on_runs_in_the_wrong_state_are_invalid_state_and_write_nothing(
     with pytest.raises(InvalidState) as refused:
         harvest.update(run_id, "add", 1)
     assert refused.value.operation == "send an update to"
-    assert refused.value.status == {"paused": "paused", "cancelled": "CANCELLED"}.get(
-        state, "erased" if state == "erased" else "COMPLETED"
-    )
+    expected = {"paused": "paused", "cancelled": "CANCELLED", "closed": "COMPLETED"}
+    assert refused.value.status == expected.get(state, state)
     assert database(harvest) == before
 
 
