@@ -570,4 +570,6 @@ class Replay:
         async def _wrap() -> Any:
             return await awaitable
 
-        return _Task(self, _wrap()).future
+        task = _Task(self, _wrap())
+        task.update = self.current_update  # spawned by an update handler: still its code
+        return task.future

@@ -325,3 +325,31 @@ def test_the_update_errors_pickle_and_answer_http():
     assert http_status(rejected) == http_status(failed) == 400
     assert error_body(rejected) == {"error": "UpdateRejected", "detail": str(rejected)}
     assert str(rejected) == "update 'add' of execution 'run-1' was rejected: ValueError: negative"
+
+
+@workflow
+async def gathering(ctx: WorkflowContext, _data: Any) -> str:
+    async def saga_in_a_branch() -> None:
+        Saga(ctx)
+
+    async def fan(_arg: Any) -> list[Any]:
+        return await ctx.gather(ctx.execute_activity(double, 1), saga_in_a_branch())
+
+    ctx.set_update_handler("fan", fan)
+    saga = Saga(ctx)  # the workflow's own code may use one
+    await saga.step(lambda: ctx.execute_activity(double, 2), lambda _r: ctx.execute_activity(refund, 2))
+    return str(await ctx.wait_signal("stop"))
+
+
+def test_a_saga_in_a_branch_an_update_handler_gathers_is_refused_too():
+    run = Simulator(gathering, double, refund).start("gathering", None)
+    run.decide()
+    run.update("fan", None, update_id="u1")
+    run.decide()
+    run.complete("1", 4)
+    run.complete("2", 2)
+    run.decide()
+    assert completed(run, "u1").error_type == "TypeError"
+    run.signal("stop", "s")
+    run.decide()
+    assert run.status == "COMPLETED"
