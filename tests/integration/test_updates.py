@@ -145,7 +145,7 @@ def test_two_concurrent_calls_with_one_update_id_accept_once(harvest, workers, t
     assert harvest.result(run_id, timeout=30) == 6
 
 
-def test_updates_on_paused_sealed_and_closed_runs_are_invalid_state(harvest, workers, client, tag):
+def test_updates_on_paused_sealed_closed_and_erased_runs_are_invalid_state(harvest, workers, client, tag):
     paused = parked(harvest, f"{tag}p")
     harvest.pause(paused)
     sealed = parked(harvest, f"{tag}s")
@@ -153,7 +153,12 @@ def test_updates_on_paused_sealed_and_closed_runs_are_invalid_state(harvest, wor
     closed = parked(harvest, f"{tag}c")
     harvest.signal(closed, "stop")
     harvest.result(closed, timeout=30)
-    for run_id, status in ((paused, "paused"), (sealed, "CANCELLED"), (closed, "COMPLETED")):
+    erased = parked(harvest, f"{tag}e")
+    harvest.signal(erased, "stop")
+    harvest.result(erased, timeout=30)
+    harvest.erase_payloads(erased)
+    refusals = ((paused, "paused"), (sealed, "CANCELLED"), (closed, "COMPLETED"), (erased, "erased"))
+    for run_id, status in refusals:
         before = database(harvest, run_id)
         with pytest.raises(InvalidState) as refused:
             harvest.update(run_id, "add", 1)
