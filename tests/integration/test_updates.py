@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from harvest_celery import AsyncHarvest, InvalidState, UnknownUpdate, UpdateRejected
+from harvest_celery import AsyncHarvest, InvalidState, UnknownUpdate, UpdateRejected, WorkflowCancelledError
 from harvest_celery._core.engine import replay_history
 from harvest_celery._store.schema import events, executions, metadata, workflow_updates
 
@@ -150,6 +150,8 @@ def test_updates_on_paused_sealed_closed_and_erased_runs_are_invalid_state(harve
     harvest.pause(paused)
     sealed = parked(harvest, f"{tag}s")
     harvest.cancel_workflow_execution(sealed, "stop")
+    with pytest.raises(WorkflowCancelledError):  # its post-cancel decision has settled
+        harvest.result(sealed, timeout=30)
     closed = parked(harvest, f"{tag}c")
     harvest.signal(closed, "stop")
     harvest.result(closed, timeout=30)
