@@ -353,3 +353,21 @@ def test_a_saga_in_a_branch_an_update_handler_gathers_is_refused_too():
     run.signal("stop", "s")
     run.decide()
     assert run.status == "COMPLETED"
+
+
+@workflow
+async def busy(ctx: WorkflowContext, _data: Any) -> int:
+    seen: list[Any] = []
+    ctx.set_update_handler("note", lambda arg: seen.append(arg) or len(seen))
+    await ctx.execute_activity(double, 1)
+    return len(seen)
+
+
+def test_an_update_runs_beside_an_activity_the_workflow_still_awaits():
+    run = Simulator(busy, double).start("busy", None)
+    run.decide()
+    run.update("note", "x", update_id="u1")
+    assert run.decide().commands == [CompleteUpdate("u1", 1)]  # the activity is still open
+    run.complete("1", 2)
+    run.decide()
+    assert run.status == "COMPLETED" and run.events[-1].result == 1
