@@ -15,6 +15,7 @@ from harvest_celery._client_ops import Operations
 from harvest_celery._client_reads import Reads
 from harvest_celery._client_schedules import Schedules
 from harvest_celery._client_tasks import Tasks
+from harvest_celery._client_updates import Updates
 from harvest_celery._core.deadlines import Timeouts
 from harvest_celery._core.ids import check_execution_id
 from harvest_celery._core.invocation import register_start_task
@@ -49,7 +50,7 @@ log = logging.getLogger("harvest_celery")
 EMBEDDED_URL = "sqlite:///harvest-embedded.db"
 
 
-class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
+class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
     """Start, signal, cancel and inspect durable workflows.
 
     With a ``celery_app``, activities and decisions are Celery tasks on that app (run

@@ -158,6 +158,18 @@ class AsyncHarvest:
         run's history in this process; nothing is written)."""
         return await self._run(self.harvest.query, execution_id, name, arg)
 
+    async def update(
+        self,
+        execution_id: str,
+        name: str,
+        arg: Any = None,
+        update_id: str | None = None,
+        timeout: float | None = 30.0,
+    ) -> Any:
+        """``Harvest.update`` on a call thread: the acceptance (validated under the run's lock)
+        and the wait for the handler's value."""
+        return await self._run(self.harvest.update, execution_id, name, arg, update_id, timeout)
+
     async def result(self, execution_id: str, timeout: float | None = 30.0, poll: float = 1.0) -> Any:
         """``Harvest.result`` without blocking the loop: waits in slices of ``wait_slice``
         seconds on a waiter thread, so cancelling the awaiting task stops the wait at the end of

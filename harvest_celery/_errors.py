@@ -23,6 +23,9 @@
     ├── UnknownQuery                   a query name the run registered no handler for (HTTP 404)
     ├── QueryFailed                    a query handler raised or issued a ctx command, or the
     │                                  probe replay diverged (HTTP 400)
+    ├── UnknownUpdate                  an update name the run registered no handler for (404)
+    ├── UpdateRejected                 its validator raised; nothing was written (HTTP 400)
+    ├── UpdateFailed                   its handler raised, or the run closed first (HTTP 400)
     ├── RegistrationError
     │   ├── UnknownWorkflow
     │   ├── UnknownActivity
@@ -99,9 +102,7 @@ class NonDeterministic(HarvestError):
 
     def __init__(self, expected: str, actual: str, event_index: int, workflow_type: str = "") -> None:
         super().__init__(f"expected {expected}, got {actual}")
-        self.expected = expected
-        self.actual = actual
-        self.event_index = event_index
+        self.expected, self.actual, self.event_index = expected, actual, event_index
         self.workflow_type = workflow_type
 
     def details(self) -> dict[str, Any]:
@@ -117,8 +118,7 @@ class SagaCompensationFailed(HarvestError):
     """An unwind ran every compensation and at least one failed (continue-not-abort)."""
 
     def __init__(self, original_error: BaseException | str, compensation_errors: list[Any]) -> None:
-        self.original_error = original_error
-        self.compensation_errors = list(compensation_errors)
+        self.original_error, self.compensation_errors = original_error, list(compensation_errors)
         rendered = ", ".join(str(e) for e in self.compensation_errors)
         super().__init__(
             f"saga compensation failed after original error: {original_error}; "
@@ -131,9 +131,7 @@ class PayloadTooLarge(HarvestError):
 
     def __init__(self, what: str, size: int, cap: int) -> None:
         super().__init__(f"payload too large: {what} is {size} bytes, over the cap of {cap} bytes")
-        self.what = what
-        self.size = size
-        self.cap = cap
+        self.what, self.size, self.cap = what, size, cap
 
 
 class InvalidLimitKey(HarvestError):
@@ -142,8 +140,7 @@ class InvalidLimitKey(HarvestError):
 
     def __init__(self, activity_name: str, reason: str) -> None:
         super().__init__(f"invalid limit key for activity {activity_name!r}: {reason}")
-        self.activity_name = activity_name
-        self.reason = reason
+        self.activity_name, self.reason = activity_name, reason
 
 
 class PayloadNotSerializable(HarvestError):
@@ -151,8 +148,7 @@ class PayloadNotSerializable(HarvestError):
 
     def __init__(self, what: str, reason: str) -> None:
         super().__init__(f"{what} is not JSON-serialisable: {reason}")
-        self.what = what
-        self.reason = reason
+        self.what, self.reason = what, reason
 
 
 class ActivityError(HarvestError):
@@ -162,9 +158,7 @@ class ActivityError(HarvestError):
         super().__init__(
             f"activity {activity_name} failed after {attempts} attempt(s): {error_type}: {error_message}"
         )
-        self.activity_name = activity_name
-        self.error_type = error_type
-        self.error_message = error_message
+        self.activity_name, self.error_type, self.error_message = activity_name, error_type, error_message
         self.attempts = attempts
 
 
@@ -173,9 +167,7 @@ class WorkflowFailed(HarvestError):
 
     def __init__(self, execution_id: str, error_type: str, error_message: str) -> None:
         super().__init__(f"workflow {execution_id} failed: {error_type}: {error_message}")
-        self.execution_id = execution_id
-        self.error_type = error_type
-        self.error_message = error_message
+        self.execution_id, self.error_type, self.error_message = execution_id, error_type, error_message
 
 
 class ChildWorkflowFailed(HarvestError):
@@ -184,9 +176,7 @@ class ChildWorkflowFailed(HarvestError):
 
     def __init__(self, child_id: str, status: str, error: str | None = None) -> None:
         super().__init__(f"child workflow {child_id} ended {status}" + (f": {error}" if error else ""))
-        self.child_id = child_id
-        self.status = status
-        self.error = error
+        self.child_id, self.status, self.error = child_id, status, error
 
 
 class WorkflowCancelledError(HarvestError):
@@ -219,11 +209,8 @@ class WorkflowCancelledError(HarvestError):
         elif error:
             message += f" (cancel branch failed: {error})"
         super().__init__(message)
-        self.execution_id = execution_id
-        self.reason = reason
-        self.error = error
-        self.outcome = outcome
-        self.value = value
+        self.execution_id, self.reason, self.error = execution_id, reason, error
+        self.outcome, self.value = outcome, value
 
 
 class WorkflowTimedOut(HarvestError):
@@ -246,9 +233,7 @@ class UnknownQuery(HarvestError):
     def __init__(self, execution_id: str, name: str, known: list[str]) -> None:
         names = ", ".join(repr(k) for k in known) if known else "none"
         super().__init__(f"execution {execution_id!r} has no query handler {name!r} (registered: {names})")
-        self.execution_id = execution_id
-        self.name = name
-        self.known = list(known)
+        self.execution_id, self.name, self.known = execution_id, name, list(known)
 
 
 class QueryFailed(HarvestError):
@@ -263,11 +248,41 @@ class QueryFailed(HarvestError):
         super().__init__(
             f"query {name!r} of execution {execution_id!r} failed: {error_type}: {error_message}"
         )
-        self.execution_id = execution_id
-        self.name = name
-        self.error_type = error_type
-        self.error_message = error_message
+        self.execution_id, self.name = execution_id, name
+        self.error_type, self.error_message = error_type, error_message
         self.command = command
+
+
+class UnknownUpdate(HarvestError):
+    """``Harvest.update`` of a name the run has no handler for (``ctx.set_update_handler``) at
+    the end of its history; ``known`` lists those it registered, sorted. Nothing was written."""
+
+    def __init__(self, execution_id: str, name: str, known: list[str]) -> None:
+        names = ", ".join(repr(k) for k in known) if known else "none"
+        super().__init__(f"execution {execution_id!r} has no update handler {name!r} (registered: {names})")
+        self.execution_id, self.name, self.known = execution_id, name, list(known)
+
+
+class UpdateRejected(HarvestError):
+    """The update's validator raised (its ``error_type``, ``error_message``) or issued a ``ctx``
+    command (``"UpdateCommand"``), or the probe replay diverged: nothing was written."""
+
+    verb = "was rejected"
+
+    def __init__(self, execution_id: str, name: str, error_type: str, error_message: str) -> None:
+        HarvestError.__init__(
+            self, f"update {name!r} of execution {execution_id!r} {self.verb}: {error_type}: {error_message}"
+        )
+        self.execution_id, self.name = execution_id, name
+        self.error_type, self.error_message = error_type, error_message
+
+
+class UpdateFailed(HarvestError):
+    """An accepted update did not return: its handler raised (``error_type``, ``error_message``),
+    or the run closed before it completed (``error_type`` ``"RunClosed"``, naming the status)."""
+
+    verb = "failed"
+    __init__ = UpdateRejected.__init__  # the same fields; the message says "failed"
 
 
 class RegistrationError(HarvestError):
@@ -301,8 +316,7 @@ class InvalidTaskCall(HarvestError, ValueError):
 class DuplicateRegistration(RegistrationError):
     def __init__(self, kind: str, name: str) -> None:
         super().__init__(f"duplicate registration: {kind} {name!r} is already registered")
-        self.kind = kind
-        self.name = name
+        self.kind, self.name = kind, name
 
 
 class NotInWorkflow(HarvestError):
@@ -367,11 +381,8 @@ class ExecutionAlreadyExists(HarvestError):
         if status:
             message += f" [{status}]"
         super().__init__(message)
-        self.execution_id = execution_id
-        self.workflow_type = workflow_type
-        self.conflict = conflict
-        self.requested = requested
-        self.status = status
+        self.execution_id, self.workflow_type, self.conflict = execution_id, workflow_type, conflict
+        self.requested, self.status = requested, status
 
 
 class InvalidExecutionId(HarvestError, ValueError):
@@ -381,8 +392,7 @@ class InvalidExecutionId(HarvestError, ValueError):
 
     def __init__(self, execution_id: Any, reason: str) -> None:
         super().__init__(f"invalid execution id {execution_id!r}: {reason}")
-        self.execution_id = execution_id
-        self.reason = reason
+        self.execution_id, self.reason = execution_id, reason
 
 
 class InvalidState(HarvestError):
@@ -390,9 +400,7 @@ class InvalidState(HarvestError):
 
     def __init__(self, execution_id: str, status: str, operation: str) -> None:
         super().__init__(f"cannot {operation} execution {execution_id!r}: it is {status}")
-        self.execution_id = execution_id
-        self.status = status
-        self.operation = operation
+        self.execution_id, self.status, self.operation = execution_id, status, operation
 
 
 class ForksHoldCopies(InvalidState):
@@ -419,8 +427,7 @@ class PayloadCodecError(HarvestError):
 
     def __init__(self, message: str, *, codec: str = "", key_id: str = "") -> None:
         super().__init__(message)
-        self.codec = codec
-        self.key_id = key_id
+        self.codec, self.key_id = codec, key_id
 
 
 class PayloadStoreError(HarvestError):
@@ -428,8 +435,7 @@ class PayloadStoreError(HarvestError):
 
     def __init__(self, message: str, *, key: str = "", store_id: str = "") -> None:
         super().__init__(message)
-        self.key = key
-        self.store_id = store_id
+        self.key, self.store_id = key, store_id
 
 
 class UnknownEventType(HarvestError):
@@ -444,8 +450,7 @@ class RetryRefused(HarvestError):
 
     def __init__(self, execution_id: str, reason: str, message: str) -> None:
         super().__init__(message)
-        self.execution_id = execution_id
-        self.reason = reason
+        self.execution_id, self.reason = execution_id, reason
 
 
 class UnknownNode(HarvestError):
@@ -453,8 +458,7 @@ class UnknownNode(HarvestError):
 
     def __init__(self, dag: str, node: str) -> None:
         super().__init__(f"dag {dag!r} has no node {node!r}")
-        self.dag = dag
-        self.node = node
+        self.dag, self.node = dag, node
 
 
 class DagBuildError(HarvestError):
@@ -501,8 +505,7 @@ class RedactedActivityError(HarvestError):
             f"{error_type} (message redacted; the full error is recorded for attempt "
             f"{task_id}: harvest show <run id>)"
         )
-        self.error_type = error_type
-        self.task_id = task_id
+        self.error_type, self.task_id = error_type, task_id
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.error_type, self.task_id))
@@ -513,8 +516,9 @@ def http_status(exc: BaseException) -> int:
     """404 unknown (execution, workflow, activity), 409 a conflict with the run's state or id
     (``ExecutionAlreadyExists``, ``InvalidState``, ``RetryRefused``), 503 a stored payload the
     server cannot decode (its configuration, not the request), 400 every other client error
-    (a bad id, payload or node; a ``QueryFailed``, as Temporal answers a failed query)."""
-    if isinstance(exc, (ExecutionNotFound, RegistrationError, ScheduleNotFound, UnknownQuery)):
+    (a bad id, payload or node; a ``QueryFailed``, as Temporal answers a failed query; an
+    ``UpdateRejected`` or ``UpdateFailed``)."""
+    if isinstance(exc, (ExecutionNotFound, RegistrationError, ScheduleNotFound, UnknownQuery, UnknownUpdate)):
         return 404
     if isinstance(exc, (ExecutionAlreadyExists, InvalidState, RetryRefused, ScheduleAlreadyExists)):
         return 409
@@ -554,8 +558,7 @@ class BodyInterrupted(HarvestError):
             + (f": {message}" if message else "")
             + " (recorded as a failed attempt)"
         )
-        self.error_type = error_type
-        self.error_message = message
+        self.error_type, self.error_message = error_type, message
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.error_type, self.error_message))
@@ -570,17 +573,11 @@ class ScheduleNotFound(HarvestError):
         super().__init__(f"no schedule named {name!r}")
         self.name = name
 
-    def __reduce__(self) -> Any:
-        return (type(self), (self.name,))
-
 
 class ScheduleAlreadyExists(HarvestError):
     def __init__(self, name: str) -> None:
         super().__init__(f"a schedule named {name!r} exists")
         self.name = name
-
-    def __reduce__(self) -> Any:
-        return (type(self), (self.name,))
 
 
 class BeatImportRefused(HarvestError, ValueError):
@@ -595,6 +592,3 @@ class BeatImportRefused(HarvestError, ValueError):
             f"nothing:{lines}"
         )
         self.refused = dict(refused)
-
-    def __reduce__(self) -> Any:
-        return (type(self), (self.refused,))

@@ -38,7 +38,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from harvest_celery._core import events as ev
-from harvest_celery._core.commands import Command, RecordMarker, ScheduleActivity, StartChildWorkflow
+from harvest_celery._core.commands import (
+    Command,
+    CompleteUpdate,
+    RecordMarker,
+    ScheduleActivity,
+    StartChildWorkflow,
+)
 from harvest_celery._core.engine import EngineConfig, replay_history
 from harvest_celery._core.lifecycle import RUNNING, TERMINAL_STATUSES, TERMINATED
 from harvest_celery._core.registry import Registry
@@ -432,6 +438,8 @@ def _describe(command: Command) -> str:
         return f"MarkerRecorded({command.name})"
     if isinstance(command, StartChildWorkflow):
         return f"ChildWorkflowScheduled({command.workflow_type})"
+    if isinstance(command, CompleteUpdate):
+        return f"UpdateCompleted({command.update_id})"
     return f"TimerStarted({command.timer_id})"
 
 

@@ -33,6 +33,7 @@ from harvest_celery._core.lifecycle import (
 )
 from harvest_celery._core.queries import answer, query_arg
 from harvest_celery._core.registry import Registry, register_into
+from harvest_celery._core.validators import update_arg, validate
 
 
 def registry_of(*objects: Any) -> Registry:
@@ -111,6 +112,27 @@ class SimRun:
             self.execution_id, self.workflow_type, list(self.history), self.sim.config, probe=True
         )
         return answer(definition, activation, self.sim.registry, name, query_arg(name, arg))
+
+    def update(self, name: str, arg: Any = None, update_id: str | None = None) -> str:
+        """As ``Harvest.update``'s acceptance: validate on a replay built for the call, then
+        append ``UpdateAccepted`` (an id already accepted appends nothing). Returns the id;
+        ``update_outcome`` reads its ``UpdateCompleted`` once a decision recorded it."""
+        update_id = update_id or f"u{len(self.history)}"
+        if any(isinstance(e, ev.UpdateAccepted) and e.update_id == update_id for e in self.events):
+            return update_id
+        payload = update_arg(name, arg)
+        definition = self.sim.registry.workflow(self.workflow_type)
+        activation = Activation(
+            self.execution_id, self.workflow_type, list(self.history), self.sim.config, probe=True
+        )
+        validate(definition, activation, self.sim.registry, name, payload)
+        self.append(ev.UpdateAccepted(update_id, name, payload))
+        return update_id
+
+    def update_outcome(self, update_id: str) -> ev.UpdateCompleted | None:
+        """The recorded ``UpdateCompleted`` of ``update_id``, if any."""
+        done = [e for e in self.events if isinstance(e, ev.UpdateCompleted) and e.update_id == update_id]
+        return done[0] if done else None
 
     # ── the world ────────────────────────────────────────────────────────────────────────────
     def open_activities(self) -> list[ev.ActivityScheduled]:

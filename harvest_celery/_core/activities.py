@@ -242,6 +242,8 @@ def _step(item: ev.HistoryEvent, acts: dict[str, _Open]) -> bool:
             ev.WorkflowStarted()
             | ev.WorkflowCancelRequested()
             | ev.WorkflowTimeoutRequested()
+            | ev.UpdateAccepted()
+            | ev.UpdateCompleted()
             | ev.MarkerRecorded()
             | ev.SignalReceived()
             | ev.TimerStarted()

@@ -56,7 +56,17 @@ class StartChildWorkflow:
     user_id: bool = False
 
 
-Command = ScheduleActivity | RecordMarker | StartTimer | StartChildWorkflow
+@dataclass(frozen=True)
+class CompleteUpdate:
+    """An update handler ended (``UpdateCompleted``): its JSON ``result``, or its error."""
+
+    update_id: str
+    result: Any = None
+    error_type: str = ""
+    message: str = ""
+
+
+Command = ScheduleActivity | RecordMarker | StartTimer | StartChildWorkflow | CompleteUpdate
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,8 @@ class ReplayPort(Protocol):
     rng: _random.Random
     compensating: int
     query_handlers: dict[str, Callable[[Any], Any]]
+    updates: Any  # ``_core.updates.Updates``
+    current_update: str | None
 
     @property
     def cancellation(self) -> Any: ...
@@ -314,6 +316,35 @@ class WorkflowContext:
                 "answers from the run's state at once and may not await"
             )
         self._replay.query_handlers[name] = handler
+
+    # ── updates (docs/concepts.md, "Updates") ───────────────────────────────────────────────
+    def set_update_handler(
+        self,
+        name: str,
+        handler: Callable[[Any], Any] | None,
+        validator: Callable[[Any], Any] | None = None,
+    ) -> None:
+        """Run ``handler(arg)`` for each ``Harvest.update(run_id, name, arg)`` the run accepts:
+        a function or an ``async`` function that may change the workflow's state and await
+        activities, timers and signals (as a task beside the workflow's, replayed at the
+        position of its ``UpdateAccepted``); its JSON return value is the caller's answer, an
+        error it raises the caller's ``UpdateFailed``. ``validator(arg)``, a plain function,
+        runs first, on a replay built for the call under the run's lock: raising rejects the
+        update (``UpdateRejected``) and nothing is written; it may issue no ``ctx`` command. A
+        later call with the same name replaces the handler; ``None`` removes it. Registering is
+        not recorded: it holds from where the code reaches it, on every replay."""
+        self._replay.check_running("ctx.set_update_handler")
+        self._replay.updates.register(name, handler, validator)
+
+    def check_not_in_update(self, api: str) -> None:
+        """Refuse ``api`` (a ``Saga``) inside an update handler: saga + update is out of scope
+        (docs/concepts.md, "Updates")."""
+        update = self._replay.current_update
+        if update is not None:
+            raise TypeError(
+                f"{api} may not be used from an update handler (update {update!r}): a saga's "
+                "compensations belong to the workflow's own code; saga + update is out of scope"
+            )
 
     # ── replay introspection (the DAG runner's cancel edges) ─────────────────────────────────
     def dispatch_recorded(self, activity: Any) -> bool:

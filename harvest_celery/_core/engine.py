@@ -30,6 +30,7 @@ from harvest_celery._core.children import ContinueAsNew
 from harvest_celery._core.commands import (
     Command,
     Completed,
+    CompleteUpdate,
     ContinuedAsNew,
     Decision,
     Failed,
@@ -182,6 +183,8 @@ def _same(command: Command, event: ev.Event) -> bool:
         return isinstance(event, ev.MarkerRecorded) and event.name == command.name
     if isinstance(command, StartChildWorkflow):
         return isinstance(event, ev.ChildWorkflowScheduled) and event.child_id == command.child_id
+    if isinstance(command, CompleteUpdate):
+        return isinstance(event, ev.UpdateCompleted) and event.update_id == command.update_id
     return isinstance(event, ev.TimerStarted) and event.timer_id == command.timer_id
 
 

@@ -10,7 +10,7 @@ pipeline and erasure use is derived from those declarations:
   delivered in history order (``ActivityStarted``, ``ActivityCompleted``, ``ActivityFailed``,
   ``TimerFired``); an **input**, sent to a run from outside, is delivered the same way
   (``SignalReceived``, a cooperative ``WorkflowCancelRequested``, a deadline's
-  ``WorkflowTimeoutRequested``); a **lifecycle** event is the
+  ``WorkflowTimeoutRequested``, an accepted update's ``UpdateAccepted``); a **lifecycle** event is the
   run's own (``WorkflowStarted``, the seal ``WorkflowCancelled``, and the ``terminal``
   ``WorkflowCompleted`` / ``WorkflowFailed``, never matched);
 * ``cursor``: how the command cursor treats it (``Cursor``);
@@ -254,6 +254,31 @@ class WorkflowTimeoutRequested(
 
 
 @dataclass(frozen=True)
+class UpdateAccepted(Event, family=Family.INPUT, terminal=False, cursor=Cursor.STEPPED_OVER, advance=True):
+    """An update its validator accepted (``Harvest.update``): an input event delivered in history
+    order like a signal, which starts the handler ``name`` as a task. Never on the cursor: the
+    handler's ``UpdateCompleted`` is what replay matches."""
+
+    type: ClassVar[str] = "UpdateAccepted"
+    update_id: str
+    name: str
+    arg: Any = field(default=None, metadata=PAYLOAD)
+
+
+@dataclass(frozen=True)
+class UpdateCompleted(Event, family=Family.COMMAND, terminal=False, cursor=Cursor.MATCHED, advance=False):
+    """An update handler ended: its ``result``, or (``error_type`` set) its error. A command
+    event matched by ``update_id``: a handler that no longer completes where it did diverges,
+    like a removed step."""
+
+    type: ClassVar[str] = "UpdateCompleted"
+    update_id: str
+    result: Any = field(default=None, metadata=PAYLOAD)
+    error_type: str = ""
+    message: str = field(default="", metadata=SCRUBBED)
+
+
+@dataclass(frozen=True)
 class WorkflowCompleted(
     Event, family=Family.LIFECYCLE, terminal=True, cursor=Cursor.STEPPED_OVER, advance=False
 ):
@@ -355,6 +380,8 @@ AnyEvent: TypeAlias = (
     | ChildWorkflowStartRefused
     | ChildWorkflowClosed
     | WorkflowContinuedAsNew
+    | UpdateAccepted
+    | UpdateCompleted
 )
 EVENT_CLASSES: tuple[type[Event], ...] = get_args(AnyEvent)
 EVENT_TYPES: dict[str, type[Event]] = {cls.type: cls for cls in EVENT_CLASSES}
@@ -492,6 +519,8 @@ def describe(event: Event) -> str:
             return f"{event.type}({child_id})"
         case WorkflowContinuedAsNew(next_id=next_id):
             return f"WorkflowContinuedAsNew({next_id})"
+        case UpdateAccepted(update_id=update_id) | UpdateCompleted(update_id=update_id):
+            return f"{event.type}({update_id})"
         case (
             ActivityStarted(activity_id=activity_id)
             | ActivityCompleted(activity_id=activity_id)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from harvest_celery._core import events as ev
 from harvest_celery._core.commands import (
     Completed,
+    CompleteUpdate,
     ContinuedAsNew,
     Decision,
     Failed,
@@ -70,6 +71,10 @@ def decision_events(decision: Decision, history: Sequence[ev.Event]) -> list[ev.
                     command.policy,
                     command.compensation,
                 )
+            )
+        elif isinstance(command, CompleteUpdate):
+            out.append(
+                ev.UpdateCompleted(command.update_id, command.result, command.error_type, command.message)
             )
     outcome = decision.outcome
     if outcome is not None and not has_outcome(history):

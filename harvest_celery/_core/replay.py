@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from harvest_celery._core import children as kids
 from harvest_celery._core import events as ev
+from harvest_celery._core import updates as ups
 from harvest_celery._core.commands import (
     Command,
     RecordMarker,
@@ -79,12 +80,13 @@ class _Task:
         self.replay = replay
         self.coro = coro
         self.future = Future()
+        self.update: str | None = None  # the update whose handler this task runs
         replay.tasks.append(self)
         replay.ready.append(self)
 
     def step(self) -> None:
         replay = self.replay
-        replay.running = True
+        replay.running, replay.current_update = True, self.update
         try:
             yielded = self.coro.send(None)
         except StopIteration as stop:
@@ -103,7 +105,7 @@ class _Task:
             self.future.set_exception(exc)
             return
         finally:
-            replay.running = False
+            replay.running, replay.current_update = False, None
         if not isinstance(yielded, Future):
             self.coro.close()
             self.future.set_exception(_foreign_await(repr(yielded)))
@@ -170,6 +172,10 @@ class Replay:
         self.query_handlers: dict[str, Callable[[Any], Any]] = {}
         self.query: str | None = None
         self.query_refused: QueryFailed | None = None
+        # ctx.set_update_handler's handlers and the update tasks (``_core.updates``); the update
+        # whose handler is running now (a Saga refuses to be used from one)
+        self.updates = ups.Updates(self)
+        self.current_update: str | None = None
 
     # ── the command cursor ─────────────────────────────────────────────────────────────────
     @property
@@ -240,6 +246,8 @@ class Replay:
             )
             self.query_refused = self.query_refused or refused
             raise refused
+        if self.updates.validating is not None:  # a validator reads state; it issues nothing
+            raise self.updates.refuse(api)
         if not self.running:
             raise NotInWorkflow(api)
 
@@ -514,8 +522,18 @@ class Replay:
                 self._wake_cancellable()
             case ev.ChildWorkflowStartRefused() | ev.ChildWorkflowClosed():
                 self.children.deliver(event)
+            case ev.UpdateAccepted() as accepted:
+                handler = self.updates.accepted(index, accepted)
+                if handler is not None:  # its task runs beside the workflow's
+                    task = _Task(self, handler)
+                    task.update = accepted.update_id
+                    task.future.add_done_callback(lambda f: self.updates.completed(accepted, f))
             case (
-                ev.ActivityScheduled() | ev.MarkerRecorded() | ev.TimerStarted() | ev.ChildWorkflowScheduled()
+                ev.ActivityScheduled()
+                | ev.MarkerRecorded()
+                | ev.TimerStarted()
+                | ev.ChildWorkflowScheduled()
+                | ev.UpdateCompleted()
             ):
                 pass  # command events: met by the command cursor, nothing to deliver
             case ev.ChildWorkflowStarted():
@@ -552,4 +570,6 @@ class Replay:
         async def _wrap() -> Any:
             return await awaitable
 
-        return _Task(self, _wrap()).future
+        task = _Task(self, _wrap())
+        task.update = self.current_update  # spawned by an update handler: still its code
+        return task.future

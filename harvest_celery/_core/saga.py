@@ -33,6 +33,7 @@ class Saga:
     """Register a compensation per completed forward step; unwind them LIFO on failure."""
 
     def __init__(self, ctx: WorkflowContext) -> None:
+        ctx.check_not_in_update("Saga")
         self._ctx = ctx
         self._stack: list[Callable[[], Any]] = []
 
@@ -48,6 +49,7 @@ class Saga:
         child pass through untouched: cancellation never compensates, and a divergence is a
         deploy problem that nd-blocks the run.
         """
+        self._ctx.check_not_in_update("Saga.step")
         try:
             result = await _call(forward)
         except (Cancelled, NonDeterministic):
@@ -64,6 +66,7 @@ class Saga:
 
     def push_compensation(self, compensate: Callable[[], Any]) -> None:
         """Register a compensation without running anything."""
+        self._ctx.check_not_in_update("Saga.push_compensation")
         self._stack.append(compensate)
 
     async def compensate_all(self) -> None:
@@ -81,6 +84,7 @@ class Saga:
         raise error
 
     async def _unwind(self) -> list[BaseException]:
+        self._ctx.check_not_in_update("Saga compensation")
         if not self._stack:
             return []  # an empty unwind is not a sequence: no number, no marker, no metric
         stack, self._stack = self._stack, []

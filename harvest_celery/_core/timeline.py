@@ -141,6 +141,12 @@ def _detail(event: ev.AnyEvent, names: dict[str, str]) -> str:
             return f"id={event.child_id} {event.status} {event.error_type}: {_cut(event.message, MAX_VALUE)}"
         case ev.WorkflowContinuedAsNew():
             return f"-> {event.next_id} input={short(event.input)}"
+        case ev.UpdateAccepted():
+            return f"{event.name} id={event.update_id} arg={short(event.arg)}"
+        case ev.UpdateCompleted():
+            if event.error_type:
+                return f"id={event.update_id} {event.error_type}: {_cut(event.message, MAX_VALUE)}"
+            return f"id={event.update_id} -> {short(event.result)}"
         case other:
             ev.unhandled(other)
 

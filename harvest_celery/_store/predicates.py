@@ -267,4 +267,14 @@ operator_live = Predicate(
     "claims of an announced start.",
 )
 
-PREDICATES = (accepts_results, decidable, fast_path, eager_claim, operator_live)
+accepts_updates = operator_live.extended(
+    "accepts_updates",
+    _null("cancelled_at", "no cancel seal"),
+    _null("paused_at", "not paused"),
+    _null("erased_at", "not erased"),
+    _null("nd_blocked_at", "not nd-blocked"),
+    doc="An update may be accepted (``_store.updates``): running, not sealed, paused, erased or "
+    "nd-blocked, since its handler must run on the next decision.",
+)
+
+PREDICATES = (accepts_results, decidable, fast_path, eager_claim, operator_live, accepts_updates)

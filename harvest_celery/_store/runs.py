@@ -1,7 +1,6 @@
-"""Every mutation of a run as a whole, in SQL: start, signal, **cancel** (the seal), the
-cooperative cancellation request, terminate, pause/resume, the fork mechanism (DAG
-retry-from-node, reset), PII **erasure** and retention. Each function works inside one ``Tx``
-(one transaction, the run row locked first)."""
+"""Every mutation of a run as a whole, in SQL: start, signal, **cancel** (the seal), the cooperative
+cancellation request, terminate, pause/resume, the fork mechanism (DAG retry-from-node, reset), PII
+**erasure** and retention. Each works inside one ``Tx`` (one transaction, the run row locked first)."""
 
 from __future__ import annotations
 
@@ -47,6 +46,7 @@ from harvest_celery._store.schema import (
     executions,
     outbox,
     timers,
+    workflow_updates,
 )
 from harvest_celery._store.tx import Tx
 
@@ -575,7 +575,7 @@ def purgeable(tx: Tx, cutoff: datetime, limit: int) -> list[str]:
 
 
 def delete_runs(tx: Tx, ids: Sequence[str]) -> tuple[int, list[tuple[str, str]]]:
-    """Delete whole runs (history, task rows, timers). Returns events removed and the blob
+    """Delete whole runs (history, task rows, timers, updates). Returns events removed and the blob
     references to delete after commit."""
     refs: list[tuple[str, str]] = []
     removed = 0
@@ -593,7 +593,7 @@ def delete_runs(tx: Tx, ids: Sequence[str]) -> tuple[int, list[tuple[str, str]]]
         sa.select(attempt_errors.c.detail).where(attempt_errors.c.execution_id.in_(list(ids)))
     ):
         refs += references(detail)
-    for table in (events, activity_tasks, timers, attempt_errors):
+    for table in (events, activity_tasks, timers, attempt_errors, workflow_updates):
         tx.conn.execute(table.delete().where(table.c.execution_id.in_(list(ids))))
     _delete_outbox_rows(tx, ids)
     tx.conn.execute(executions.delete().where(executions.c.id.in_(list(ids))))

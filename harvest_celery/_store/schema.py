@@ -193,6 +193,20 @@ attempt_errors = Table(
     Column("recorded_at", Ts, nullable=False),
 )
 
+# An accepted update (docs/concepts.md, "Updates"): written with its ``UpdateAccepted`` under the
+# run's lock (migration 0017). The primary key makes concurrent calls with one id accept once;
+# the outcome is the history's ``UpdateCompleted``, never a column here.
+workflow_updates = Table(
+    "harvest_workflow_updates",
+    metadata,
+    Column(
+        "execution_id", String(200), ForeignKey("harvest_executions.id", ondelete="CASCADE"), primary_key=True
+    ),
+    Column("update_id", String(200), primary_key=True),
+    Column("name", String(200), nullable=False),
+    Column("accepted_at", Ts, nullable=False),
+)
+
 outbox = Table(
     "harvest_outbox",
     metadata,

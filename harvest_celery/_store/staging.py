@@ -84,7 +84,7 @@ class Staged:
     metrics: list[Metric] = field(default_factory=list)
     blobs: list[Blob] = field(default_factory=list)
     claimed: Claim | None = None
-    wake: bool = False  # a post-cancel decision may settle the cancel branch: wake waiters
+    wake: bool = False  # a post-cancel decision may settle the cancel branch, an update end: wake waiters
     nd: bool = False
 
     def written(self) -> list[ev.HistoryEvent]:
@@ -170,7 +170,9 @@ def stage_decision(
         now,
         blobs=blobs,
         metrics=_decision_metrics(row, decision, status, write, workflow_label),
-        wake=row.cancelled_at is not None,
+        # a post-cancel decision may settle the cancel branch; an update's end is awaited by its
+        # caller (Harvest.update): wake the waiters either way
+        wake=row.cancelled_at is not None or any(isinstance(e, ev.UpdateCompleted) for e in new_events),
     )
     _stage_commands(staged, row, decision, registry, payloads, key)
     if eager is not None and predicates.eager_claim.holds(row, closes=write.abandon is not None):

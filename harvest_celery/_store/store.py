@@ -25,7 +25,7 @@ from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import listable, run_prefix
-from harvest_celery._store import links, redaction, runs, sql
+from harvest_celery._store import links, redaction, runs, sql, updates
 from harvest_celery._store.blobs import PostgresPayloadStore
 from harvest_celery._store.dialect import Dialect, Pools, dialect_for
 from harvest_celery._store.listener import Listener, PollingListener, listener_of
@@ -233,6 +233,22 @@ class Store:
         if status is None:
             raise ExecutionNotFound(execution_id)
         return str(status)
+
+    def update_outcome(self, execution_id: str, update_id: str) -> tuple[str, ev.UpdateCompleted | None]:
+        """The run's status and the ``UpdateCompleted`` of ``update_id`` if it was recorded (its
+        result decoded), read together (``Harvest.update``'s wait)."""
+        with self.engine.connect() as conn:
+            status = conn.execute(
+                sa.select(executions.c.status).where(executions.c.id == execution_id)
+            ).scalar()
+            raw = updates.completions(conn, execution_id)
+        if status is None:
+            raise ExecutionNotFound(execution_id)
+        for seq, data, at in raw:
+            if isinstance(data, dict) and data.get("update_id") == update_id:
+                found = self._decoded((int(seq), data, at), True, execution_id).event
+                return str(status), found if isinstance(found, ev.UpdateCompleted) else None
+        return str(status), None
 
     def cancelled(self, execution_id: str) -> bool:
         """Was the run sealed by a cancel, asked to cancel, or terminated (or is it gone)? One

@@ -25,7 +25,17 @@ from harvest_celery._web.deps import Guard
 from harvest_celery._web.errors import error_responses, install_error_handlers
 from harvest_celery._web.hardening import install_failure_handlers, install_guards, max_body_from_env
 from harvest_celery._web.pages import register_pages
-from harvest_celery._web.routers import dags, limits, meta, operator, queries, runs, schedules, signals
+from harvest_celery._web.routers import (
+    dags,
+    limits,
+    meta,
+    operator,
+    queries,
+    runs,
+    schedules,
+    signals,
+    updates,
+)
 
 TOKEN_ENV = "HARVEST_API_TOKEN"
 log = logging.getLogger("harvest_celery.api")
@@ -76,6 +86,7 @@ def create_app(harvest: Harvest, *, token: str | None = None, max_body_bytes: in
         schedules.router(guard),
         limits.router(guard),
         queries.router(guard),
+        updates.router(guard),
     ):
         app.include_router(router, dependencies=access, responses=denied)
     app.include_router(meta.router(access))  # /metrics behind the auth; /healthz open

@@ -1,13 +1,14 @@
 """How the operator API answers errors: ``ApiError``, the ``HarvestError`` → HTTP status mapping,
 the JSON exception handlers, and the error responses each endpoint publishes in OpenAPI.
 
-Errors are JSON ``{"error": <class name>, "detail": <message>}``: unknown workflow/execution/query
-→ 404, an id reused for another workflow or an operation the run's status forbids → 409 (a refused
+Errors are JSON ``{"error": <class name>, "detail": <message>}``: unknown workflow/execution/query/
+update → 404, an id reused for another workflow or an operation the run's status forbids → 409 (a refused
 DAG retry adds ``"reason"``: compensated · erased · running · completed · retried), a bad
 payload, id or node → 400, a stored payload the server cannot decode (an offloaded payload whose
 store is not configured, a codec key it does not hold) → 503, a request that does not match the
 schema → 422 (``"ValidationError"``, with pydantic's error list as ``detail``), a missing or
-wrong bearer token on a mutating endpoint → 401.
+wrong bearer token on a mutating endpoint → 401, an accepted update whose handler has not
+finished within its timeout → 504 (``"UpdateTimeout"``).
 """
 
 from __future__ import annotations
@@ -66,11 +67,12 @@ def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
         400: "a malformed id or payload",
         401: "a missing or wrong bearer token",
         403: "a cross-site request, or a session mutation without its CSRF token",
-        404: "unknown workflow, DAG, execution, schedule or query",
+        404: "unknown workflow, DAG, execution, schedule, query or update",
         409: "the run's state forbids it",
         413: "the request body is over the size limit",
         422: "the request does not match the schema, or its JSON nests over 100 deep",
         503: "a stored payload cannot be decoded here (e.g. its payload store is not configured)",
+        504: "an accepted update's handler did not finish in time (repeat with its update_id)",
     }
     return {code: {"model": ErrorBody, "description": text[code]} for code in codes}
 

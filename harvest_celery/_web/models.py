@@ -346,3 +346,23 @@ class QueryResponse(BaseModel):
     execution_id: str
     query: str
     result: Any = Field(description="what the run's query handler returned (JSON)")
+
+
+class UpdateRequest(_Model):
+    arg: Any = Field(default=None, description="the JSON argument handed to the validator and the handler")
+    update_id: str | None = Field(
+        default=None,
+        description="makes the call idempotent: an id already accepted runs and writes nothing "
+        "and waits for that update's outcome (default: a new id)",
+    )
+    timeout: float = Field(
+        default=30.0,
+        description="seconds to wait for the handler's value (0 < timeout <= 300; else 400)",
+    )
+
+
+class UpdateResponse(BaseModel):
+    execution_id: str
+    update: str
+    update_id: str
+    result: Any = Field(description="what the run's update handler returned (JSON)")

@@ -417,3 +417,8 @@ harvest.adopt_task("legacy.limited_send", queue=limited.QUEUE, concurrency=1)
 from . import queries  # noqa: E402  (they need record() from this module)
 
 harvest.register(*queries.ALL)
+
+# ── the update tests (test_updates.py) ───────────────────────────────────────────────────────
+from . import updates  # noqa: E402  (they need record() from this module)
+
+harvest.register(*updates.ALL)

@@ -283,4 +283,5 @@ def test_openapi_names_every_endpoint(client):
         "/limits",
         "/limits/{name}",
         "/workflows/{execution_id}/queries/{name}",
+        "/workflows/{execution_id}/updates/{name}",
     }

@@ -133,6 +133,7 @@ def test_every_known_event_type_is_decided():
                     "child_id",
                     "status",
                     "next_id",
+                    "update_id",
                 )
                 if f in cls.__dataclass_fields__
             },

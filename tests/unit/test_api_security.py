@@ -105,6 +105,7 @@ def test_every_endpoint_but_healthz_needs_the_token_reads_included(harvest, clie
     assert SECRET in client.get(f"/workflows/{run_id}/history", headers=BEARER).text
     # a query reads the run's state: it needs the token like every read
     _json_error(client.post(f"/workflows/{run_id}/queries/stage"), 401, "Unauthorized")
+    _json_error(client.post(f"/workflows/{run_id}/updates/qty"), 401, "Unauthorized")  # a mutation
     assert client.get("/healthz").json() == {"status": "ok"}
     # HTML pages send the browser to the sign-in page instead
     for path in ("/console", f"/console/runs/{run_id}", "/docs", "/ui/dags/d/runs/x"):
@@ -365,6 +366,7 @@ def test_every_endpoint_answers_503_json_when_the_database_is_down(monkeypatch):
         ("post", "/workflows/r1/reset", {"to_seq": 1}),
         ("post", "/workflows/r1/erase-payloads", None),
         ("post", "/workflows/r1/queries/stage", None),
+        ("post", "/workflows/r1/updates/qty", {"arg": 1}),
         ("post", "/admin/purge", {"older_than_days": 1}),
         ("get", "/healthz", None),
     ]

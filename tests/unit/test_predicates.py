@@ -18,7 +18,7 @@ from harvest_celery._store.schema import activity_tasks, executions
 
 READS = "reads"
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
-NAMES = ("accepts_results", "decidable", "fast_path", "eager_claim", "operator_live")
+NAMES = ("accepts_results", "decidable", "fast_path", "eager_claim", "operator_live", "accepts_updates")
 
 
 def _all(reason: str) -> dict[str, str]:
@@ -50,6 +50,7 @@ STATE = {
         "fast_path": READS,
         "eager_claim": "its ActivityStarted follows the decision's own events in the same write",
         "operator_live": "an operator action appends at the locked run's next seq",
+        "accepts_updates": "an acceptance appends at the locked run's next seq",
     },
     "closed_at": _all("set with a terminal status; status is what the predicates read"),
     "cancelled_at": {**_all(READS), "operator_live": "a seal sets a terminal status, which status refuses"},
@@ -60,6 +61,7 @@ STATE = {
         "eager_claim": "a cancelling run may still schedule durable work",
         "operator_live": "operators act on a cancelling run as on a running one "
         "(request_cancellation checks it itself, for idempotence)",
+        "accepts_updates": "a cancelling run still decides, so its handler still runs",
     },
     "decision_requested_at": {
         "accepts_results": "a pending decision reads the results recorded before it runs",
@@ -67,6 +69,7 @@ STATE = {
         "fast_path": READS,
         "eager_claim": "the decision carrying the claim clears it in the same write",
         "operator_live": "an operator action requests a decision only when none is pending",
+        "accepts_updates": "the acceptance requests a decision only when none is pending",
     },
     "nd_blocked_at": {
         "accepts_results": "an nd-blocked run records results for its retried decision",
@@ -74,6 +77,7 @@ STATE = {
         "fast_path": READS,
         "eager_claim": "only a decision that is not nd-blocked schedules work (it clears the block)",
         "operator_live": "operators may cancel or terminate an nd-blocked run",
+        "accepts_updates": READS,
     },
     "nd_block_count": _all("the nd backoff's counter; nd_blocked_at says whether it is blocked"),
     "nd_retry_at": {**_all("the sweeper's nd backoff clock, not a state that refuses"), "fast_path": READS},
@@ -84,6 +88,7 @@ STATE = {
         "fast_path": READS,
         "eager_claim": "the decision carrying it was taken on a decidable run, under the same lock",
         "operator_live": "operators may signal, cancel or terminate a paused run",
+        "accepts_updates": READS,
     },
     "forked_from": _all("lineage: a fork is a run of its own"),
     "forked_to": _all("lineage: a forked source is in the state its own columns say"),

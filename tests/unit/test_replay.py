@@ -545,6 +545,9 @@ SAMPLE_ARGS = {
     "ChildWorkflowFailed": ("order-7-c1", "FAILED", "RuntimeError: no rooms"),
     "UnknownQuery": ("run-1", "stagee", ["stage", "total"]),
     "QueryFailed": ("run-1", "stage", "QueryCommand", "may not call ctx.sleep", "ctx.sleep"),
+    "UnknownUpdate": ("run-1", "qtyy", ["qty"]),
+    "UpdateRejected": ("run-1", "qty", "ValueError", "negative"),
+    "UpdateFailed": ("run-1", "qty", "RunClosed", "the run ended COMPLETED before update 'u1' completed"),
     "WorkflowCancelledError": (
         "run-1",
         "customer asked",

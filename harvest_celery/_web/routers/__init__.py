@@ -5,6 +5,7 @@
 live run · ``operator`` terminate, pause, resume, reset, erase payloads, and purge (the admin
 router) · ``dags`` the run graph and retry of a DAG run · ``schedules`` durable schedules ·
 ``limits`` activity limits · ``queries`` a run's query handlers (a read, though a POST) ·
+``updates`` a run's update handlers (validated, then awaited) ·
 ``meta`` /metrics and /healthz.
 
 The endpoints are module-level functions that take the app's ``Harvest`` as a dependency; the
