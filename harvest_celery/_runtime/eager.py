@@ -88,7 +88,9 @@ def _run_one(
         events.send("task-started", uuid=task_id)  # the dispatcher adds this process's pid
     started = time.monotonic()
     # what Celery's tracer does around a delivered body (current_task, the signals), in order
-    with EagerAttempt(app, d, task_id, args, hostname) as attempt:
+    # the run span current (tracing on): Celery's instrumentation parents the eager task span on
+    # it, as a delivered message's headers would
+    with runtime.trace_context(d.execution_id), EagerAttempt(app, d, task_id, args, hostname) as attempt:
         claimed = claims.claim_dispatch(runtime, d)
         attempt.prerun()  # after the claim, before the body; harvest's own hook skips it
         ran, error = claims.run_claimed(runtime, claimed, wrap(fn))

@@ -94,13 +94,15 @@ def start(
     announce: bool = False,
     scheduled_for: datetime | None = None,
     timeouts: Timeouts | None = None,
+    traceparent: str | None = None,
 ) -> bool:
     """Create a run with its ``WorkflowStarted`` and request its first decision. False if the id
     exists and ``id_reuse`` accepts it (nothing written); ``ExecutionAlreadyExists`` if not.
     ``announce``: the transaction is the application's, so the request is also announced (see
     the module docstring). ``scheduled_for``: a schedule's tick, recorded in ``WorkflowStarted``.
     ``timeouts``: its deadlines, from ``now``; a repeated start compares workflow and input
-    only, so the first start's deadlines stand."""
+    only, so the first start's deadlines stand. ``traceparent``: the run span's context
+    (tracing on), written by the insert itself and never compared: the first start's stands."""
     check_policy(id_reuse)
     digest = input_digest(execution_id, input)
     insert = (
@@ -108,6 +110,7 @@ def start(
         .values(
             **new_run_values(execution_id, workflow_type, digest, now, decision_queue),
             **(timeouts or Timeouts()).deadlines(now),
+            **({"traceparent": traceparent} if traceparent is not None else {}),
         )
         .returning(*executions.c)
     )
@@ -191,6 +194,17 @@ def legacy_digest_of(execution_id: str, stored_input: Any, decode: Callable[[Any
 def _legacy_digest(tx: Tx, execution_id: str) -> str | None:
     stored = tx.conn.execute(sa.select(executions.c.input).where(executions.c.id == execution_id)).scalar()
     return legacy_digest_of(execution_id, stored, tx.payloads.decode_value)
+
+
+def trace_context(tx: Tx, execution_id: str) -> Any:
+    """What tracing reads of a run (its stored traceparent, workflow, status and times), or
+    None for an unknown id."""
+    c = executions.c
+    return tx.conn.execute(
+        sa.select(c.traceparent, c.workflow_type, c.status, c.created_at, c.closed_at).where(
+            c.id == execution_id
+        )
+    ).first()
 
 
 # ── the announcement and its claim ───────────────────────────────────────────────────────────
