@@ -233,6 +233,14 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
         timeouts = Timeouts.checked(execution_timeout, run_timeout)
         if _start_options(connection, scheduled_for, timeouts):
             return self._start_on(connection, name, payload, execution_id, id_reuse)
+        self._start(
+            name, payload, execution_id, id_reuse=id_reuse, scheduled_for=scheduled_for, timeouts=timeouts
+        )
+        return execution_id
+
+    def _start(self, name: str, payload: Any, execution_id: str, **options: Any) -> None:
+        """A start in a transaction of its own (``starts.start``'s ``options``); tracing on, with
+        its span and the run span's pre-allocated context."""
         traced = self.tracing.begin_start(name) if self.tracing is not None else None
         with self.store.begin() as tx:
             tx.payloads = payloads_on(self.store, tx.conn)  # its blobs in its own transaction
@@ -243,15 +251,12 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl):
                 payload,
                 utcnow(),
                 self.runtime.settings.decision_queue,
-                id_reuse=id_reuse,
-                scheduled_for=scheduled_for,
-                timeouts=timeouts,
                 traceparent=traced.traceparent if traced is not None else None,
+                **options,
             )
         if traced is not None:
             self.tracing.started(traced, execution_id, created)  # committed: its span, then the sends
         self._after(tx)
-        return execution_id
 
     def _start_on(self, connection: Any, name: str, payload: Any, execution_id: str, id_reuse: str) -> str:
         now = utcnow()

@@ -113,7 +113,9 @@ class Runtime(Protocol):
 
     def _eager_claim(self) -> EagerClaim | None: ...
 
-    def trace_decision(self, tx: Tx, execution_id: str, workflow: str, path: str, started_ns: int) -> None: ...
+    def trace_decision(
+        self, tx: Tx, execution_id: str, workflow: str, path: str, started_ns: int
+    ) -> None: ...
 
 
 def _open_activities(session: Session) -> int:
@@ -296,14 +298,11 @@ def _one_statement(rt: Runtime, claim: Claim, output: Any, session: Session) -> 
     if written is None:
         session.close()
         return Choice(INLINE, refusal)
-    tx.metrics.append(
-        ("decisions", {"workflow": session.replay.activation.workflow_type, "path": ONE_STATEMENT})
-    )
+    workflow = session.replay.activation.workflow_type
+    tx.metrics.append(("decisions", {"workflow": workflow, "path": ONE_STATEMENT}))
     tx.metrics.append(("decision_replays", {"replay": "warm"}))  # the one-statement path is warm only
-    rt.trace_decision(tx, claim.execution_id, session.replay.activation.workflow_type, ONE_STATEMENT, started_ns)
-    tx.metrics.append(
-        ("activity_completed", {"workflow": session.replay.activation.workflow_type, "queue": claim.queue})
-    )
+    tx.metrics.append(("activity_completed", {"workflow": workflow, "queue": claim.queue}))
+    rt.trace_decision(tx, claim.execution_id, workflow, ONE_STATEMENT, started_ns)
     rt._after_decision(tx, Decided(session, written))
     return Choice(ONE_STATEMENT)
 

@@ -219,8 +219,11 @@ class Tracing:
         is a span of its own; the first start's stored context stays the run's."""
         if created:
             self._remember(execution_id, RunContext(start.run, start.workflow))
-        attributes = {"harvest.execution_id": execution_id, "harvest.workflow": start.workflow}
-        attributes["harvest.created"] = created
+        attributes = {
+            "harvest.execution_id": execution_id,
+            "harvest.workflow": start.workflow,
+            "harvest.created": created,
+        }
         ctx = start_span_of(start.run) if created else self._child(start.run)
         self._emit("harvest.start", ctx, start.parent, start.started_ns, time.time_ns(), attributes)
 
@@ -289,12 +292,20 @@ class Tracing:
             "harvest.queue": claim.queue,
             "harvest.outcome": outcome,
         }
-        status, events = None, ()
+        status: Status | None = None
+        events: tuple[Event, ...] = ()
         if error is not None:
             status, events = self._failure(claim, error)
         name = f"harvest.{kind} {claim.activity_name}"
         self._emit(
-            name, self._child(parent), parent, started_ns, time.time_ns(), attributes, status=status, events=events
+            name,
+            self._child(parent),
+            parent,
+            started_ns,
+            time.time_ns(),
+            attributes,
+            status=status,
+            events=events,
         )
 
     def _failure(self, claim: Claim, error: BaseException) -> tuple[Status, tuple[Event, ...]]:

@@ -105,15 +105,11 @@ def start(
     (tracing on), written by the insert itself and never compared: the first start's stands."""
     check_policy(id_reuse)
     digest = input_digest(execution_id, input)
-    insert = (
-        tx.dialect.insert_ignore(executions)
-        .values(
-            **new_run_values(execution_id, workflow_type, digest, now, decision_queue),
-            **(timeouts or Timeouts()).deadlines(now),
-            **({"traceparent": traceparent} if traceparent is not None else {}),
-        )
-        .returning(*executions.c)
+    values = new_run_values(execution_id, workflow_type, digest, now, decision_queue)
+    values.update(
+        (timeouts or Timeouts()).deadlines(now), **({"traceparent": traceparent} if traceparent else {})
     )
+    insert = tx.dialect.insert_ignore(executions).values(**values).returning(*executions.c)
     for _ in range(3):  # the existing row may vanish between the two statements (purged): again
         inserted = tx.conn.execute(insert).first()
         if inserted is not None:

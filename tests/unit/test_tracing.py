@@ -127,7 +127,7 @@ def test_tracing_off_loads_no_opentelemetry_module(tmp_path):
         for name in [m for m in sys.modules if m.startswith("opentelemetry")]:
             del sys.modules[name]
         import harvest_celery
-        h = harvest_celery.Harvest("sqlite:///{tmp_path / 'off.db'}")
+        h = harvest_celery.Harvest("sqlite:///{tmp_path / "off.db"}")
         loaded = [m for m in sys.modules if m.startswith(("opentelemetry", "sentry_sdk"))]
         print(json.dumps([h.tracing is None, h.runtime.tracer is None, loaded]))
         """,
