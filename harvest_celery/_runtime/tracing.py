@@ -123,7 +123,7 @@ class Tracing:
         self.runtime = runtime
         self.provider = provider
         self._ids = RandomIdGenerator()
-        self._known: OrderedDict[str, RunContext] = OrderedDict()
+        self._known: OrderedDict[str, RunContext | None] = OrderedDict()  # None: not traced
         self._lock = threading.Lock()
 
     # ── emission ─────────────────────────────────────────────────────────────────────────────
@@ -165,7 +165,7 @@ class Tracing:
         return SpanContext(parent.trace_id, self._ids.generate_span_id(), False, parent.trace_flags)
 
     # ── the run's stored context ─────────────────────────────────────────────────────────────
-    def _remember(self, execution_id: str, run: RunContext) -> None:
+    def _remember(self, execution_id: str, run: RunContext | None) -> None:
         with self._lock:
             self._known[execution_id] = run
             self._known.move_to_end(execution_id)
@@ -175,15 +175,15 @@ class Tracing:
     def run_of(self, execution_id: str) -> RunContext | None:
         """The run span's context, rebuilt from the stored traceparent (remembered per run)."""
         with self._lock:
-            known = self._known.get(execution_id)
-        if known is not None:
-            return known
+            if execution_id in self._known:
+                return self._known[execution_id]
         with self.runtime.store.begin() as tx:
             found = starts.trace_context(tx, execution_id)
-        span = parse_traceparent(found.traceparent if found is not None else None)
-        if found is None or span is None:
-            return None  # started with tracing off: its steps are not traced
-        run = RunContext(span, found.workflow_type)
+        if found is None:
+            return None  # not (or no longer) a run: asked again next time
+        span = parse_traceparent(found.traceparent)
+        # started with tracing off: its steps are not traced (remembered as such)
+        run = RunContext(span, found.workflow_type) if span is not None else None
         self._remember(execution_id, run)
         return run
 
