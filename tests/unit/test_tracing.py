@@ -17,7 +17,15 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from harvest_celery import ActivityError, Harvest, Saga, WorkflowContext, activity, workflow
+from harvest_celery import (
+    ActivityError,
+    Harvest,
+    Saga,
+    WorkflowCancelledError,
+    WorkflowContext,
+    activity,
+    workflow,
+)
 from harvest_celery._core.engine import replay_history
 from harvest_celery._runtime import tracing
 from harvest_celery._store.schema import executions
@@ -67,6 +75,11 @@ async def steps(ctx: WorkflowContext, n):
     return i
 
 
+@workflow
+async def waiter(ctx: WorkflowContext, _):
+    return await ctx.wait_signal("go")
+
+
 @pytest.fixture
 def spans():
     exporter = InMemorySpanExporter()
@@ -78,7 +91,7 @@ def spans():
 
 def _app(tmp_path: Path, exporter: InMemorySpanExporter, **kw) -> Harvest:
     h = Harvest(f"sqlite:///{tmp_path / 't.db'}", tracing=True, **kw).register(
-        charge, ship, refund, step, checkout, steps
+        charge, ship, refund, step, checkout, steps, waiter
     )
     h.migrate()
     h.tracing.provider = exporter.provider
@@ -311,3 +324,38 @@ def test_under_full_detail_the_text_is_only_in_the_exception_event(tmp_path, spa
         assert not [v for v in s.attributes.values() if MARKER in str(v)]
     events = [e for s in finished for e in s.events]
     assert events and all(MARKER in e.attributes["exception.message"] for e in events)
+
+
+# ── after commit only ────────────────────────────────────────────────────────────────────────
+def test_a_decision_that_does_not_commit_emits_nothing_and_its_retake_emits_one(tmp_path, spans, monkeypatch):
+    from harvest_celery._store import links
+
+    h = _app(tmp_path, spans)
+    real, calls = links.after_decision, []
+
+    def second_fails(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # the inline decision on the step's completion: it never commits
+            raise RuntimeError("the decision dies before its commit")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(links, "after_decision", second_fails)
+    run_id = h.start_workflow("steps", 1)
+    assert h.result(run_id, timeout=WAIT) == 1
+    decisions = [s.name for s in spans.get_finished_spans() if s.name.startswith("harvest.decision")]
+    assert decisions == ["harvest.decision task", "harvest.decision task"]  # the start's, the retake
+    assert len(calls) == 3
+
+
+def test_a_post_cancel_decision_emits_no_decision_span(tmp_path, spans):
+    h = _app(tmp_path, spans)
+    run_id = h.start_workflow("waiter", None)
+    wait_for_decisions = [s for s in spans.get_finished_spans() if s.name.startswith("harvest.decision")]
+    assert len(wait_for_decisions) == 1  # the start's: it waits for the signal
+    h.cancel_workflow_execution(run_id, "no")
+    with pytest.raises(WorkflowCancelledError):
+        h.result(run_id, timeout=WAIT)
+    finished = spans.get_finished_spans()
+    assert [s.name for s in finished if s.name.startswith("harvest.decision")] == ["harvest.decision task"]
+    (run,) = [s for s in finished if s.name == "harvest.run waiter"]  # the close is traced
+    assert run.attributes["harvest.status"] == "CANCELLED"
