@@ -34,7 +34,7 @@ import threading
 import time
 import traceback
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -57,6 +57,7 @@ from harvest_celery._store.tx import Tx
 SCOPE = InstrumentationScope("harvest_celery")
 _START_MASK = 0x5A17_C0DE_0B5E_7F01  # start span id = run span id XOR this (never 0: re-drawn)
 _FAILED = ("FAILED", "TIMED_OUT", "TERMINATED")
+_MAX_EVENTS = 128  # the SDK's default limit of events per span
 _KNOWN_MAX = 10_000  # runs whose context this process remembers (a stored context never changes)
 
 
@@ -254,7 +255,8 @@ class Tracing:
     def _run_span(self, execution_id: str) -> None:
         with self.runtime.store.begin() as tx:
             found = starts.trace_context(tx, execution_id)
-        run = parse_traceparent(found.traceparent if found is not None else None)
+            run = parse_traceparent(found.traceparent if found is not None else None)
+            waits = _waits(tx.raw_history(execution_id)) if run is not None else ()
         if found is None or run is None:
             return
         created, closed = _ns(found.created_at), _ns(found.closed_at) or time.time_ns()
@@ -272,6 +274,7 @@ class Tracing:
                 "harvest.status": found.status,
             },
             status=Status(StatusCode.ERROR, found.status) if failed else None,
+            events=waits,
         )
 
     # ── attempts ─────────────────────────────────────────────────────────────────────────────
@@ -322,6 +325,27 @@ class Tracing:
         else:
             description = error_type
         return Status(StatusCode.ERROR, description), (Event("exception", attributes, time.time_ns()),)
+
+
+def _waits(history: Sequence[tuple[int, dict[str, Any], datetime]]) -> tuple[Event, ...]:
+    """The run's timer and signal waits as events, at their recorded times: ids, durations and
+    signal names only, never a payload (the first ``_MAX_EVENTS``)."""
+    out: list[Event] = []
+    for _seq, data, at in history:
+        kind, when = data.get("type"), _ns(at)
+        if kind == "TimerStarted":
+            attributes = {
+                "harvest.timer_id": str(data.get("timer_id")),
+                "harvest.seconds": data.get("seconds"),
+            }
+            out.append(Event("harvest.timer_started", attributes, when))
+        elif kind == "TimerFired":
+            out.append(Event("harvest.timer_fired", {"harvest.timer_id": str(data.get("timer_id"))}, when))
+        elif kind == "SignalReceived":
+            out.append(Event("harvest.signal", {"harvest.signal": str(data.get("name"))}, when))
+        if len(out) >= _MAX_EVENTS:
+            break
+    return tuple(out)
 
 
 def _task_span(run: SpanContext) -> SpanContext | None:

@@ -80,6 +80,13 @@ async def waiter(ctx: WorkflowContext, _):
     return await ctx.wait_signal("go")
 
 
+@workflow
+async def napper(ctx: WorkflowContext, _):
+    await ctx.wait_signal("go")
+    await ctx.sleep(0.2)
+    return "woke"
+
+
 @pytest.fixture
 def spans():
     exporter = InMemorySpanExporter()
@@ -91,7 +98,7 @@ def spans():
 
 def _app(tmp_path: Path, exporter: InMemorySpanExporter, **kw) -> Harvest:
     h = Harvest(f"sqlite:///{tmp_path / 't.db'}", tracing=True, **kw).register(
-        charge, ship, refund, step, checkout, steps, waiter
+        charge, ship, refund, step, checkout, steps, waiter, napper
     )
     h.migrate()
     h.tracing.provider = exporter.provider
@@ -359,3 +366,16 @@ def test_a_post_cancel_decision_emits_no_decision_span(tmp_path, spans):
     assert [s.name for s in finished if s.name.startswith("harvest.decision")] == ["harvest.decision task"]
     (run,) = [s for s in finished if s.name == "harvest.run waiter"]  # the close is traced
     assert run.attributes["harvest.status"] == "CANCELLED"
+
+
+def test_timer_and_signal_waits_are_events_on_the_run_span(tmp_path, spans):
+    h = _app(tmp_path, spans)
+    run_id = h.start_workflow("napper", MARKER)
+    h.signal(run_id, "go", {"secret": MARKER})
+    assert h.result(run_id, timeout=WAIT) == "woke"
+    (run,) = [s for s in spans.get_finished_spans() if s.name == "harvest.run napper"]
+    assert [e.name for e in run.events] == ["harvest.signal", "harvest.timer_started", "harvest.timer_fired"]
+    assert run.events[0].attributes == {"harvest.signal": "go"}
+    assert run.events[1].attributes["harvest.seconds"] == 0.2
+    assert run.start_time <= run.events[0].timestamp <= run.events[2].timestamp <= run.end_time
+    assert MARKER not in str([dict(e.attributes) for e in run.events])
