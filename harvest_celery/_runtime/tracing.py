@@ -21,7 +21,8 @@ the previous step's: the tree's depth does not grow with the number of steps. Ev
 only after the commit of what it describes (``Tx.spans``, ``Tx.closed_runs``, read by
 ``Runtime._after_commit``; an attempt's after its outcome's commit), never from a replay, a
 probe or a query. No span holds an input, output, signal payload or marker detail: exception
-text follows ``celery_error_detail`` through ``outcomes.for_celery``, as Celery's view does.
+text follows ``celery_error_detail`` through ``outcomes.for_celery``, as Celery's view does, and a
+database error in its chain is redacted as harvest's log filter does (``_store.redaction``).
 
 The SDK's id generator cannot be asked for a given id, so every harvest span is built here,
 finished (``ReadableSpan``), and handed to the SDK provider's span processors: this module is the
@@ -52,6 +53,7 @@ from harvest_celery._runtime.outcomes import for_celery
 from harvest_celery._runtime.runtime import Runtime
 from harvest_celery._store import starts
 from harvest_celery._store.records import Claim
+from harvest_celery._store.redaction import redacted
 from harvest_celery._store.tx import Tx
 
 SCOPE = InstrumentationScope("harvest_celery")
@@ -318,10 +320,12 @@ class Tracing:
         shown = for_celery(self.runtime, error, task_id)
         error_type = type(error).__qualname__
         attributes: dict[str, Any] = {"exception.type": error_type}
+        text = redacted(shown)  # a Postgres error in the chain: its primary message, as in the logs
         if shown is error:
-            attributes["exception.message"] = str(error)
-            attributes["exception.stacktrace"] = "".join(traceback.format_exception(error))
-            description = f"{error_type}: {error}"
+            attributes["exception.message"] = str(text)
+            if text is error:
+                attributes["exception.stacktrace"] = "".join(traceback.format_exception(error))
+            description = f"{error_type}: {text}"
         else:
             description = error_type
         return Status(StatusCode.ERROR, description), (Event("exception", attributes, time.time_ns()),)

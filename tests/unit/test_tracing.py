@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from harvest_celery import (
     ActivityError,
     Harvest,
+    RetryPolicy,
     Saga,
     WorkflowCancelledError,
     WorkflowContext,
@@ -42,6 +43,31 @@ def charge(order):
 @activity
 def ship(order):
     raise RuntimeError(f"cannot ship {order}")  # its input in the message
+
+
+class _Diag:
+    message_primary = "invalid input syntax for type json"
+
+
+class _DriverError(Exception):
+    diag = _Diag()
+
+
+@activity
+def bad_sql(order):
+    try:
+        raise _DriverError(f"LINE 1: ... VALUES ('{order}')")  # Postgres quotes the value back
+    except _DriverError as exc:
+        raise RuntimeError("the insert failed") from exc
+
+
+@workflow
+async def sql_fails(ctx: WorkflowContext, order):
+    try:
+        await ctx.execute_activity(bad_sql, order, retry=RetryPolicy(max_attempts=1))
+    except ActivityError:
+        return "failed"
+    return "ok"
 
 
 @activity
@@ -98,7 +124,7 @@ def spans():
 
 def _app(tmp_path: Path, exporter: InMemorySpanExporter, **kw) -> Harvest:
     h = Harvest(f"sqlite:///{tmp_path / 't.db'}", tracing=True, **kw).register(
-        charge, ship, refund, step, checkout, steps, waiter, napper
+        charge, ship, refund, step, checkout, steps, waiter, napper, bad_sql, sql_fails
     )
     h.migrate()
     h.tracing.provider = exporter.provider
@@ -379,3 +405,14 @@ def test_timer_and_signal_waits_are_events_on_the_run_span(tmp_path, spans):
     assert run.events[1].attributes["harvest.seconds"] == 0.2
     assert run.start_time <= run.events[0].timestamp <= run.events[2].timestamp <= run.end_time
     assert MARKER not in str([dict(e.attributes) for e in run.events])
+
+
+def test_a_database_error_in_the_chain_stays_redacted_under_full_detail(tmp_path, spans):
+    h = _app(tmp_path, spans)
+    run_id = h.start_workflow("sql_fails", MARKER)
+    assert h.result(run_id, timeout=WAIT) == "failed"
+    (span,) = [s for s in spans.get_finished_spans() if s.name == "harvest.activity bad_sql"]
+    (event,) = span.events
+    assert "invalid input syntax for type json" in event.attributes["exception.message"]
+    assert "exception.stacktrace" not in event.attributes
+    assert MARKER not in str(dict(event.attributes)) and MARKER not in (span.status.description or "")
