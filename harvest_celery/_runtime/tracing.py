@@ -267,7 +267,7 @@ class Tracing:
         self._emit(
             f"harvest.run {found.workflow_type}",
             run,
-            start_span_of(run),
+            self._run_parent(run, found),
             created or closed,
             closed,
             {
@@ -278,6 +278,15 @@ class Tracing:
             status=Status(StatusCode.ERROR, found.status) if failed else None,
             events=waits,
         )
+
+    def _run_parent(self, run: SpanContext, found: Any) -> SpanContext:
+        """A run span's parent: its start span; a child's, the parent's run span (the child's
+        context was inherited from it: ``starts.inherited_traceparent``)."""
+        if found.parent_id is not None and found.continued_from is None:
+            parent = self.run_of(found.parent_id)
+            if parent is not None and parent.span.trace_id == run.trace_id:
+                return parent.span
+        return start_span_of(run)
 
     # ── attempts ─────────────────────────────────────────────────────────────────────────────
     def attempt(self, claim: Claim, started_ns: int, outcome: str, error: BaseException | None) -> None:

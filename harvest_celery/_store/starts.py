@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -193,14 +194,24 @@ def _legacy_digest(tx: Tx, execution_id: str) -> str | None:
 
 
 def trace_context(tx: Tx, execution_id: str) -> Any:
-    """What tracing reads of a run (its stored traceparent, workflow, status and times), or
-    None for an unknown id."""
+    """What tracing reads of a run (its stored traceparent, workflow, status, times and
+    parent), or None for an unknown id."""
     c = executions.c
     return tx.conn.execute(
-        sa.select(c.traceparent, c.workflow_type, c.status, c.created_at, c.closed_at).where(
-            c.id == execution_id
-        )
+        sa.select(
+            c.traceparent, c.workflow_type, c.status, c.created_at, c.closed_at, c.parent_id, c.continued_from
+        ).where(c.id == execution_id)
     ).first()
+
+
+def inherited_traceparent(tx: Tx, source_id: str) -> str | None:
+    """A child's stored trace context: its parent's trace and flags, a span id of its own (its
+    run span's); None when the parent is not traced. Plain text: the store knows no tracer."""
+    source = tx.conn.execute(sa.select(executions.c.traceparent).where(executions.c.id == source_id)).scalar()
+    parts = (source or "").split("-")
+    if len(parts) != 4:
+        return None
+    return f"{parts[0]}-{parts[1]}-{secrets.randbits(64) | 1:016x}-{parts[3]}"
 
 
 # ── the announcement and its claim ───────────────────────────────────────────────────────────

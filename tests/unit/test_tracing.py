@@ -113,6 +113,11 @@ async def napper(ctx: WorkflowContext, _):
     return "woke"
 
 
+@workflow
+async def parent_flow(ctx: WorkflowContext, n):
+    return await ctx.execute_child_workflow(steps, n)
+
+
 @pytest.fixture
 def spans():
     exporter = InMemorySpanExporter()
@@ -124,7 +129,7 @@ def spans():
 
 def _app(tmp_path: Path, exporter: InMemorySpanExporter, **kw) -> Harvest:
     h = Harvest(f"sqlite:///{tmp_path / 't.db'}", tracing=True, **kw).register(
-        charge, ship, refund, step, checkout, steps, waiter, napper, bad_sql, sql_fails
+        charge, ship, refund, step, checkout, steps, waiter, napper, bad_sql, sql_fails, parent_flow
     )
     h.migrate()
     h.tracing.provider = exporter.provider
@@ -416,3 +421,17 @@ def test_a_database_error_in_the_chain_stays_redacted_under_full_detail(tmp_path
     assert "invalid input syntax for type json" in event.attributes["exception.message"]
     assert "exception.stacktrace" not in event.attributes
     assert MARKER not in str(dict(event.attributes)) and MARKER not in (span.status.description or "")
+
+
+def test_a_childs_run_span_is_a_child_of_its_parents(tmp_path, spans):
+    h = _app(tmp_path, spans)
+    with _request(spans) as request:
+        run_id = h.start_workflow("parent_flow", 2)
+    assert h.result(run_id, timeout=WAIT) == 2
+    finished = spans.get_finished_spans()
+    assert {s.context.trace_id for s in finished} == {request.get_span_context().trace_id}
+    (parent,) = [s for s in finished if s.name == "harvest.run parent_flow"]
+    (child,) = [s for s in finished if s.name == "harvest.run steps"]
+    assert child.parent.span_id == parent.context.span_id
+    steps_ = [s for s in finished if s.name == "harvest.activity step"]
+    assert len(steps_) == 2 and all(s.parent.span_id == child.context.span_id for s in steps_)
