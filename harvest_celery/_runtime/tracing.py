@@ -31,6 +31,7 @@ only code that touches SDK types. A provider that is not the SDK's (none set) ge
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import traceback
@@ -56,6 +57,7 @@ from harvest_celery._store.records import Claim
 from harvest_celery._store.redaction import redacted
 from harvest_celery._store.tx import Tx
 
+log = logging.getLogger("harvest_celery")
 SCOPE = InstrumentationScope("harvest_celery")
 _START_MASK = 0x5A17_C0DE_0B5E_7F01  # start span id = run span id XOR this (never 0: re-drawn)
 _FAILED = ("FAILED", "TIMED_OUT", "TERMINATED")
@@ -162,7 +164,10 @@ class Tracing:
             end_time=max(end_ns, start_ns),
             instrumentation_scope=SCOPE,
         )
-        provider._active_span_processor.on_end(span)  # the processors the application set up
+        try:
+            provider._active_span_processor.on_end(span)  # the processors the application set up
+        except Exception:  # noqa: BLE001 - an exporter's failure never fails a step
+            log.warning("tracing: span %s was not exported", name, exc_info=True)
 
     def _child(self, parent: SpanContext) -> SpanContext:
         return SpanContext(parent.trace_id, self._ids.generate_span_id(), False, parent.trace_flags)
@@ -176,7 +181,15 @@ class Tracing:
                 self._known.popitem(last=False)
 
     def run_of(self, execution_id: str) -> RunContext | None:
-        """The run span's context, rebuilt from the stored traceparent (remembered per run)."""
+        """The run span's context, rebuilt from the stored traceparent (remembered per run).
+        A read that fails is logged and traces nothing: tracing never fails a step."""
+        try:
+            return self._run_of(execution_id)
+        except Exception as exc:  # noqa: BLE001 - the step goes on untraced
+            log.warning("tracing: cannot read the trace context of %s: %s", execution_id, type(exc).__name__)
+            return None
+
+    def _run_of(self, execution_id: str) -> RunContext | None:
         with self._lock:
             if execution_id in self._known:
                 return self._known[execution_id]
@@ -236,11 +249,14 @@ class Tracing:
 
     def after_commit(self, tx: Tx) -> None:
         """What a committed transaction did: its decisions' spans, then its closed runs'."""
-        for record in tx.spans:
-            if isinstance(record, DecisionRecord):
-                self._decision_span(record)
-        for execution_id in tx.closed_runs:
-            self._run_span(execution_id)
+        try:
+            for record in tx.spans:
+                if isinstance(record, DecisionRecord):
+                    self._decision_span(record)
+            for execution_id in tx.closed_runs:
+                self._run_span(execution_id)
+        except Exception:  # noqa: BLE001 - what committed is acted on all the same (sends)
+            log.warning("tracing: spans of a committed transaction were lost", exc_info=True)
 
     def _decision_span(self, record: DecisionRecord) -> None:
         run = self.run_of(record.execution_id)
@@ -291,7 +307,14 @@ class Tracing:
     # ── attempts ─────────────────────────────────────────────────────────────────────────────
     def attempt(self, claim: Claim, started_ns: int, outcome: str, error: BaseException | None) -> None:
         """An attempt's span, once its outcome committed: a child of the instrumentation's task
-        span when one is current in the run's trace, else of the run span."""
+        span when one is current in the run's trace, else of the run span. Never raises: the
+        outcome is committed, only its span can be lost."""
+        try:
+            self._attempt(claim, started_ns, outcome, error)
+        except Exception:  # noqa: BLE001 - the outcome is committed; only its span is lost
+            log.warning("tracing: the span of attempt %s/%s was lost", claim.execution_id, claim.activity_id)
+
+    def _attempt(self, claim: Claim, started_ns: int, outcome: str, error: BaseException | None) -> None:
         run = self.run_of(claim.execution_id)
         if run is None:
             return

@@ -435,3 +435,20 @@ def test_a_childs_run_span_is_a_child_of_its_parents(tmp_path, spans):
     assert child.parent.span_id == parent.context.span_id
     steps_ = [s for s in finished if s.name == "harvest.activity step"]
     assert len(steps_) == 2 and all(s.parent.span_id == child.context.span_id for s in steps_)
+
+
+def test_a_failing_exporter_or_context_read_never_fails_a_run(tmp_path, spans, monkeypatch):
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    class Broken(SpanProcessor):
+        def on_end(self, span):
+            raise RuntimeError("the collector is down")
+
+    h = _app(tmp_path, spans)
+    h.tracing.provider.add_span_processor(Broken())
+    run_id = h.start_workflow("steps", 2)
+    assert h.result(run_id, timeout=WAIT) == 2
+    monkeypatch.setattr(tracing.starts, "trace_context", lambda *_a: 1 / 0)
+    h.tracing._known.clear()
+    run_id = h.start_workflow("steps", 2)
+    assert h.result(run_id, timeout=WAIT) == 2
