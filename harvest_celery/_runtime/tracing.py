@@ -47,7 +47,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from harvest_celery._runtime.messages import activity_task_id
 from harvest_celery._runtime.outcomes import for_celery
@@ -147,6 +147,7 @@ class Tracing:
         *,
         status: Status | None = None,
         events: tuple[Event, ...] = (),
+        links: tuple[Link, ...] = (),
     ) -> None:
         provider = self._sdk()
         if provider is None or not ctx.trace_flags.sampled:
@@ -158,6 +159,7 @@ class Tracing:
             resource=provider.resource,
             attributes=dict(attributes),
             events=events,
+            links=links,
             kind=SpanKind.INTERNAL,
             status=status or Status(StatusCode.UNSET),
             start_time=start_ns,
@@ -274,16 +276,21 @@ class Tracing:
         with self.runtime.store.begin() as tx:
             found = starts.trace_context(tx, execution_id)
             run = parse_traceparent(found.traceparent if found is not None else None)
-            waits = _waits(tx.raw_history(execution_id)) if run is not None else ()
-        if found is None or run is None:
-            return
+            if found is None or run is None:
+                return
+            waits = _waits(tx.raw_history(execution_id))
+            chained = found.continued_from is not None
+            root = parse_traceparent(
+                starts.chain_root_traceparent(tx, found.continued_from) if chained else None
+            )
+        parent, links = self._run_parent(run, found, root)
         created, closed = _ns(found.created_at), _ns(found.closed_at) or time.time_ns()
         run = SpanContext(run.trace_id, run.span_id, False, run.trace_flags)
         failed = found.status in _FAILED
         self._emit(
             f"harvest.run {found.workflow_type}",
             run,
-            self._run_parent(run, found),
+            parent,
             created or closed,
             closed,
             {
@@ -293,16 +300,26 @@ class Tracing:
             },
             status=Status(StatusCode.ERROR, found.status) if failed else None,
             events=waits,
+            links=links,
         )
 
-    def _run_parent(self, run: SpanContext, found: Any) -> SpanContext:
-        """A run span's parent: its start span; a child's, the parent's run span (the child's
-        context was inherited from it: ``starts.inherited_traceparent``)."""
-        if found.parent_id is not None and found.continued_from is None:
+    def _run_parent(
+        self, run: SpanContext, found: Any, root: SpanContext | None
+    ) -> tuple[SpanContext, tuple[Link, ...]]:
+        """A run span's parent and links: its start span; a child's, the parent's run span (the
+        child's context was inherited from it: ``starts.inherited_traceparent``); a continued
+        run's, the chain's start span, with a link to the run it continues."""
+        if found.continued_from is not None:
+            previous = self.run_of(found.continued_from)
+            links = (Link(previous.span),) if previous is not None else ()
+            if root is not None and root.trace_id == run.trace_id:
+                return start_span_of(root), links
+            return start_span_of(run), links
+        if found.parent_id is not None:
             parent = self.run_of(found.parent_id)
             if parent is not None and parent.span.trace_id == run.trace_id:
-                return parent.span
-        return start_span_of(run)
+                return parent.span, ()
+        return start_span_of(run), ()
 
     # ── attempts ─────────────────────────────────────────────────────────────────────────────
     def attempt(self, claim: Claim, started_ns: int, outcome: str, error: BaseException | None) -> None:

@@ -98,7 +98,13 @@ def _continue(
     )
     inserted = tx.conn.execute(
         executions.insert()
-        .values(**values, **_carried_deadlines(tx, row.id, now), parent_id=parent_id, continued_from=row.id)
+        .values(
+            **values,
+            **_carried_deadlines(tx, row.id, now),
+            parent_id=parent_id,
+            continued_from=row.id,
+            traceparent=inherited_traceparent(tx, row.id),  # the chain keeps its trace
+        )
         .returning(*executions.c)
     ).first()
     assert inserted is not None

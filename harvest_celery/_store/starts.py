@@ -204,6 +204,23 @@ def trace_context(tx: Tx, execution_id: str) -> Any:
     ).first()
 
 
+def chain_root_traceparent(tx: Tx, execution_id: str) -> str | None:
+    """The stored context of the first run of a continue-as-new chain still stored (one
+    recursive query back along ``continued_from``)."""
+    c = executions.c
+    chain = sa.select(c.id, c.continued_from, c.traceparent).where(c.id == execution_id).cte(recursive=True)
+    earlier = executions.alias("earlier")
+    chain = chain.union_all(
+        sa.select(earlier.c.id, earlier.c.continued_from, earlier.c.traceparent).where(
+            earlier.c.id == chain.c.continued_from
+        )
+    )
+    rows = tx.conn.execute(sa.select(chain.c.id, chain.c.continued_from, chain.c.traceparent)).all()
+    ids = {r.id for r in rows}
+    first = next((r for r in rows if r.continued_from not in ids), None)
+    return first.traceparent if first is not None else None
+
+
 def inherited_traceparent(tx: Tx, source_id: str) -> str | None:
     """A child's stored trace context: its parent's trace and flags, a span id of its own (its
     run span's); None when the parent is not traced. Plain text: the store knows no tracer."""

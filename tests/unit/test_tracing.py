@@ -118,6 +118,14 @@ async def parent_flow(ctx: WorkflowContext, n):
     return await ctx.execute_child_workflow(steps, n)
 
 
+@workflow
+async def looper(ctx: WorkflowContext, n):
+    await ctx.execute_activity(step, n)
+    if n < 2:
+        ctx.continue_as_new(n + 1)
+    return n
+
+
 @pytest.fixture
 def spans():
     exporter = InMemorySpanExporter()
@@ -129,7 +137,7 @@ def spans():
 
 def _app(tmp_path: Path, exporter: InMemorySpanExporter, **kw) -> Harvest:
     h = Harvest(f"sqlite:///{tmp_path / 't.db'}", tracing=True, **kw).register(
-        charge, ship, refund, step, checkout, steps, waiter, napper, bad_sql, sql_fails, parent_flow
+        charge, ship, refund, step, checkout, steps, waiter, napper, bad_sql, sql_fails, parent_flow, looper
     )
     h.migrate()
     h.tracing.provider = exporter.provider
@@ -452,3 +460,19 @@ def test_a_failing_exporter_or_context_read_never_fails_a_run(tmp_path, spans, m
     h.tracing._known.clear()
     run_id = h.start_workflow("steps", 2)
     assert h.result(run_id, timeout=WAIT) == 2
+
+
+def test_continue_as_new_keeps_the_trace_each_run_under_the_start_linked_to_the_last(tmp_path, spans):
+    h = _app(tmp_path, spans)
+    with _request(spans) as request:
+        run_id = h.start_workflow("looper", 0)
+    assert h.result(run_id, timeout=WAIT) == 2  # follows the chain
+    finished = spans.get_finished_spans()
+    assert {s.context.trace_id for s in finished} == {request.get_span_context().trace_id}
+    (start,) = [s for s in finished if s.name == "harvest.start"]
+    runs = sorted((s for s in finished if s.name == "harvest.run looper"), key=lambda s: s.start_time)
+    assert len(runs) == 3
+    assert all(r.parent.span_id == start.context.span_id for r in runs)  # flat: the start's children
+    assert [len(r.links) for r in runs] == [0, 1, 1]
+    assert runs[1].links[0].context.span_id == runs[0].context.span_id
+    assert runs[2].links[0].context.span_id == runs[1].context.span_id
