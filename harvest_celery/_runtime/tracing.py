@@ -305,10 +305,14 @@ class Tracing:
 
     def _run_parent(
         self, run: SpanContext, found: Any, root: SpanContext | None
-    ) -> tuple[SpanContext, tuple[Link, ...]]:
+    ) -> tuple[SpanContext | None, tuple[Link, ...]]:
         """A run span's parent and links: its start span; a child's, the parent's run span (the
         child's context was inherited from it: ``starts.inherited_traceparent``); a continued
-        run's, the chain's start span, with a link to the run it continues."""
+        run's, the chain's start span, with a link to the run it continues; a fork's, none (a
+        trace of its own), with a link to its source's run span."""
+        if found.forked_from is not None:
+            source = self.run_of(found.forked_from)
+            return None, (Link(source.span),) if source is not None else ()
         if found.continued_from is not None:
             previous = self.run_of(found.continued_from)
             links = (Link(previous.span),) if previous is not None else ()

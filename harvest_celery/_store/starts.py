@@ -199,7 +199,14 @@ def trace_context(tx: Tx, execution_id: str) -> Any:
     c = executions.c
     return tx.conn.execute(
         sa.select(
-            c.traceparent, c.workflow_type, c.status, c.created_at, c.closed_at, c.parent_id, c.continued_from
+            c.traceparent,
+            c.workflow_type,
+            c.status,
+            c.created_at,
+            c.closed_at,
+            c.parent_id,
+            c.continued_from,
+            c.forked_from,
         ).where(c.id == execution_id)
     ).first()
 
@@ -221,14 +228,21 @@ def chain_root_traceparent(tx: Tx, execution_id: str) -> str | None:
     return first.traceparent if first is not None else None
 
 
-def inherited_traceparent(tx: Tx, source_id: str) -> str | None:
-    """A child's stored trace context: its parent's trace and flags, a span id of its own (its
-    run span's); None when the parent is not traced. Plain text: the store knows no tracer."""
+def inherited_traceparent(tx: Tx, source_id: str, *, new_trace: bool = False) -> str | None:
+    """A child's (or continued run's) stored trace context: its source's trace and flags, a span
+    id of its own (its run span's); ``new_trace``: a trace of its own too (a fork's). None when
+    the source is not traced. Plain text: the store knows no tracer."""
     source = tx.conn.execute(sa.select(executions.c.traceparent).where(executions.c.id == source_id)).scalar()
     parts = (source or "").split("-")
     if len(parts) != 4:
         return None
-    return f"{parts[0]}-{parts[1]}-{secrets.randbits(64) | 1:016x}-{parts[3]}"
+    trace_id = f"{secrets.randbits(128) | 1:032x}" if new_trace else parts[1]
+    return f"{parts[0]}-{trace_id}-{secrets.randbits(64) | 1:016x}-{parts[3]}"
+
+
+def forked_traceparent(tx: Tx, source_id: str) -> str | None:
+    """A fork's stored context: a new trace, its run span linked to its source's at close."""
+    return inherited_traceparent(tx, source_id, new_trace=True)
 
 
 # ── the announcement and its claim ───────────────────────────────────────────────────────────

@@ -476,3 +476,30 @@ def test_continue_as_new_keeps_the_trace_each_run_under_the_start_linked_to_the_
     assert [len(r.links) for r in runs] == [0, 1, 1]
     assert runs[1].links[0].context.span_id == runs[0].context.span_id
     assert runs[2].links[0].context.span_id == runs[1].context.span_id
+
+
+def test_a_reset_fork_starts_a_new_trace_linked_to_its_source(tmp_path, spans):
+    h = _app(tmp_path, spans)
+    run_id = h.start_workflow("steps", 2)
+    assert h.result(run_id, timeout=WAIT) == 2
+    fork_id = h.reset(run_id, 1)  # from just after WorkflowStarted
+    assert h.result(fork_id, timeout=WAIT) == 2
+    finished = spans.get_finished_spans()
+    (source,) = [
+        s
+        for s in finished
+        if s.name == "harvest.run steps" and s.attributes["harvest.execution_id"] == run_id
+    ]
+    (fork,) = [
+        s
+        for s in finished
+        if s.name == "harvest.run steps" and s.attributes["harvest.execution_id"] == fork_id
+    ]
+    assert fork.context.trace_id != source.context.trace_id and fork.parent is None
+    assert [link.context.span_id for link in fork.links] == [source.context.span_id]
+    forked_steps = [
+        s
+        for s in finished
+        if s.attributes.get("harvest.execution_id") == fork_id and s.name == "harvest.activity step"
+    ]
+    assert forked_steps and all(s.parent.span_id == fork.context.span_id for s in forked_steps)
