@@ -111,6 +111,15 @@ class DecisionRecord:
 
 
 @dataclass(frozen=True)
+class TickRecord:
+    """A schedule tick's start, pre-allocated in its transaction: its span once committed, if
+    the start made the run (an existing run keeps its own context)."""
+
+    execution_id: str
+    start: StartTrace
+
+
+@dataclass(frozen=True)
 class RunContext:
     span: SpanContext
     workflow: str
@@ -245,6 +254,16 @@ class Tracing:
         ctx = start_span_of(start.run) if created else self._child(start.run)
         self._emit("harvest.start", ctx, start.parent, start.started_ns, time.time_ns(), attributes)
 
+    def tick_start(self, tx: Tx, execution_id: str, workflow: str) -> str:
+        """A schedule tick's start (``Tx.trace_start``): a new trace, whatever span is current."""
+        token = otel_context.attach(otel_context.Context())
+        try:
+            start = self.begin_start(workflow)
+        finally:
+            otel_context.detach(token)
+        tx.spans.append(TickRecord(execution_id, start))
+        return start.traceparent
+
     # ── after a commit ───────────────────────────────────────────────────────────────────────
     def decision(self, execution_id: str, workflow: str, path: str, started_ns: int) -> DecisionRecord:
         return DecisionRecord(execution_id, workflow, path, started_ns)
@@ -255,6 +274,11 @@ class Tracing:
             for record in tx.spans:
                 if isinstance(record, DecisionRecord):
                     self._decision_span(record)
+                elif isinstance(record, TickRecord):
+                    run = self.run_of(record.execution_id)
+                    made = run is not None and run.span.span_id == record.start.run.span_id
+                    if made:
+                        self.started(record.start, record.execution_id, True)
             for execution_id in tx.closed_runs:
                 self._run_span(execution_id)
         except Exception:  # noqa: BLE001 - what committed is acted on all the same (sends)

@@ -105,6 +105,8 @@ def start(
     only, so the first start's deadlines stand. ``traceparent``: the run span's context
     (tracing on), written by the insert itself and never compared: the first start's stands."""
     check_policy(id_reuse)
+    if traceparent is None and tx.trace_start is not None:  # a schedule's tick: a trace of its own
+        traceparent = tx.trace_start(execution_id, workflow_type)
     digest = input_digest(execution_id, input)
     values = new_run_values(execution_id, workflow_type, digest, now, decision_queue)
     values.update(

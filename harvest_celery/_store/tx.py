@@ -9,7 +9,7 @@ forked history impossible even if a caller forgot the lock. What the transaction
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -100,6 +100,9 @@ class Tx:
         # (their run spans), emitted once it commits (``Runtime._after_commit``)
         self.spans: list[Any] = []
         self.closed_runs: list[str] = []
+        # set by a caller whose starts each begin a trace (a schedule's ticks, tracing on): the
+        # traceparent a start made in this transaction stores (``starts.start``)
+        self.trace_start: Callable[[str, str], str] | None = None
 
     # ── limits (``_store.limits``) ───────────────────────────────────────────────────────────
     def touch_limit(self, name: str, digest: str | None) -> None:

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -503,3 +504,25 @@ def test_a_reset_fork_starts_a_new_trace_linked_to_its_source(tmp_path, spans):
         if s.attributes.get("harvest.execution_id") == fork_id and s.name == "harvest.activity step"
     ]
     assert forked_steps and all(s.parent.span_id == fork.context.span_id for s in forked_steps)
+
+
+def test_a_schedule_tick_starts_a_trace_of_its_own(tmp_path, spans):
+    from datetime import timedelta
+
+    h = _app(tmp_path, spans)
+    h.create_schedule("tick", workflow="steps", every=timedelta(seconds=1), input=1, overlap="allow_all")
+    fired: list[str] = []
+    deadline = time.monotonic() + 10
+    with _request(spans) as request:  # a span current in the firing process is not the tick's parent
+        while not fired and time.monotonic() < deadline:
+            fired = [run_id for f in h.fire_schedules() for run_id in f.fired]
+            time.sleep(0.05)
+    assert fired
+    assert h.result(fired[0], timeout=WAIT) == 1
+    finished = spans.get_finished_spans()
+    ours = [s for s in finished if s.attributes.get("harvest.execution_id") == fired[0]]
+    (start,) = [s for s in ours if s.name == "harvest.start"]
+    (run,) = [s for s in ours if s.name == "harvest.run steps"]
+    assert start.parent is None and run.parent.span_id == start.context.span_id
+    assert run.context.trace_id != request.get_span_context().trace_id
+    assert tracing.traceparent(run.context) == _stored_traceparent(h, fired[0])
