@@ -105,13 +105,11 @@ def start(
     only, so the first start's deadlines stand. ``traceparent``: the run span's context
     (tracing on), written by the insert itself and never compared: the first start's stands."""
     check_policy(id_reuse)
-    if traceparent is None and tx.trace_start is not None:  # a schedule's tick: a trace of its own
-        traceparent = tx.trace_start(execution_id, workflow_type)
     digest = input_digest(execution_id, input)
     values = new_run_values(execution_id, workflow_type, digest, now, decision_queue)
-    values.update(
-        (timeouts or Timeouts()).deadlines(now), **({"traceparent": traceparent} if traceparent else {})
-    )
+    values.update((timeouts or Timeouts()).deadlines(now))
+    if traceparent is not None or tx.trace_start is not None:  # tx.trace_start: a schedule's tick
+        values["traceparent"] = traceparent or tx.trace_start(execution_id, workflow_type)  # type: ignore[misc]
     insert = tx.dialect.insert_ignore(executions).values(**values).returning(*executions.c)
     for _ in range(3):  # the existing row may vanish between the two statements (purged): again
         inserted = tx.conn.execute(insert).first()
