@@ -154,6 +154,19 @@ def test_the_saga_is_one_trace_from_the_request_to_the_refund(env: SimpleNamespa
     assert [s for s in ours if s["name"].startswith("harvest.decision")]
     for span in ours:
         assert _under_run(span, run["context"]["span_id"], by_id), span["name"]
+    # Celery's instrumentation is active on both paths: every attempt's span is a child of its
+    # task span, itself under the run span directly (eager: harvest makes the run span current)
+    # or through the publish span of the message harvest sent with the run span current
+    for span in ours:
+        if span["name"].startswith("harvest.decision"):
+            assert span["parent"]["span_id"] == run["context"]["span_id"]
+            continue
+        task = by_id[span["parent"]["span_id"]]
+        assert task["kind"] == "CONSUMER" and task["name"].startswith("run/"), task["name"]
+        above = by_id[task["parent"]["span_id"]]
+        assert above is run or (
+            above["kind"] == "PRODUCER" and above["parent"]["span_id"] == run["context"]["span_id"]
+        )
     (ship,) = [s for s in ours if s["name"] == "harvest.activity trace_ship"]
     assert set(ship["attributes"]) == {
         "harvest.execution_id",
