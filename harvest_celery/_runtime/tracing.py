@@ -279,7 +279,7 @@ class Tracing:
                     made = run is not None and run.span.span_id == record.start.run.span_id
                     if made:
                         self.started(record.start, record.execution_id, True)
-            for execution_id in tx.closed_runs:
+            for execution_id in dict.fromkeys(tx.closed_runs):  # once, however often it was written
                 self._run_span(execution_id)
         except Exception:  # noqa: BLE001 - what committed is acted on all the same (sends)
             log.warning("tracing: spans of a committed transaction were lost", exc_info=True)
