@@ -30,6 +30,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from harvest_celery._runtime import claim as claims
+from harvest_celery._runtime import sentry
 from harvest_celery._runtime.celery_compat import EagerAttempt
 from harvest_celery._runtime.messages import activity_task_id
 from harvest_celery._runtime.metrics import METRICS
@@ -99,6 +100,8 @@ def _run_one(
             raise error  # the worker is shutting down: the chain stops here
         shown = attempt.outcome(runtime, ran, error)
         del error  # what Celery may see is ``shown`` (redacted under celery_error_detail="type")
+        if shown is not None:  # no task raises it: Sentry hears of it from here
+            sentry.capture_attempt(d.execution_id, d.activity_name, d.attempt, shown)
     if events is None or not ran:
         return
     if shown is None:

@@ -31,7 +31,7 @@ from harvest_celery._core.commands import Decision, Failed
 from harvest_celery._core.engine import Activation, Session
 from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.registry import Registry
-from harvest_celery._runtime import activity_context, completion, logs, scheduler
+from harvest_celery._runtime import activity_context, completion, logs, scheduler, sentry
 from harvest_celery._runtime.completion import Decided
 from harvest_celery._runtime.leases import LeaseKeeper
 from harvest_celery._runtime.messages import Message, encode
@@ -137,6 +137,8 @@ class Runtime:
             METRICS.inc(name, labels)
         if self.tracer is not None:
             self.tracer.after_commit(tx)
+        if tx.reports:
+            sentry.report(tx.reports, self.settings.celery_error_detail)
         self.send(tx.dispatches)
         if tx.closed_children:
             if self.before_child_notices is not None:
@@ -328,7 +330,7 @@ class Runtime:
             )
         tx.metrics.append(("decisions", {"workflow": row.workflow_type, "path": path}))
         if not session.replay.sealed:  # a post-cancel decision replays a sealed run: no span
-            self.trace_decision(tx, row.id, row.workflow_type, path, started_ns)
+            self._observe(tx, row, decision, path, started_ns)
         if decision.nd is not None:
             log.warning(
                 "execution %s is nd-blocked: expected %s, got %s",
@@ -338,6 +340,17 @@ class Runtime:
                 extra=logs.run(row.id),
             )
         return Decided(session, written)
+
+    def _observe(self, tx: Tx, row: RunRow, decision: Decision, path: str, started_ns: int) -> None:
+        """A live decision's span and, if it fails the run, its error report: both acted on
+        once ``tx`` commits (a replay alone, a probe or a query never gets here)."""
+        self.trace_decision(tx, row.id, row.workflow_type, path, started_ns)
+        failed = decision.outcome
+        if isinstance(failed, Failed) and not failed.interrupt and sentry.sdk() is not None:
+            report = sentry.WorkflowFailure(
+                row.id, row.workflow_type, failed.error_type, failed.message, failed.traceback
+            )
+            tx.reports.append(report)
 
     def _replay(
         self, tx: Tx, row: RunRow, pending: list[ev.HistoryEvent], known: list[ev.HistoryEvent] | None = None

@@ -100,6 +100,7 @@ class Tx:
         # (their run spans), emitted once it commits (``Runtime._after_commit``)
         self.spans: list[Any] = []
         self.closed_runs: list[str] = []
+        self.reports: list[Any] = []  # error reports (Sentry's), sent once this commits
         # set by a caller whose starts each begin a trace (a schedule's ticks, tracing on): the
         # traceparent a start made in this transaction stores (``starts.start``)
         self.trace_start: Callable[[str, str], str] | None = None

@@ -43,7 +43,7 @@ def env(redis_client: Any) -> Iterator[SimpleNamespace]:
 
     _fresh_database(tracing_app.DATABASE_URL.rsplit("/", 1)[1])
     tracing_app.harvest.migrate()
-    redis_client.delete(tracing_app.SPANS_KEY)
+    redis_client.delete(tracing_app.SPANS_KEY, tracing_app.SENTRY_KEY)
     a = Worker(
         "trace-a",
         f"{tracing_app.DECIDE},{tracing_app.QUEUE_A}",
@@ -230,3 +230,28 @@ def test_a_cold_replay_a_probe_and_a_query_add_no_span(env: SimpleNamespace) -> 
     assert names.count("harvest.activity trace_step") == 1
     assert names.count("harvest.activity trace_step_b") == 1
     assert names.count("harvest.run trace_wait") == 1 and names.count("harvest.start") == 1
+
+
+def _sentry(env: SimpleNamespace, rid: str) -> list[dict[str, Any]]:
+    events = [json.loads(x) for x in env.redis.lrange(env.app.SENTRY_KEY, 0, -1)]
+    return [e for e in events if e.get("tags", {}).get("harvest.execution_id") == rid]
+
+
+def test_failed_attempts_reach_sentry_with_their_tags_on_both_paths(env: SimpleNamespace) -> None:
+    """Broker path (``trace_ship``, delivered to B): through Sentry's Celery integration; eager
+    path (``trace_fail_a``, run eagerly on A): captured by harvest. One event each, tagged, with
+    only the type under ``celery_error_detail="type"``."""
+    order = {"id": 9, "note": env.app.MARKER}
+    saga = env.app.harvest.start_workflow("trace_saga", order)
+    eager = env.app.harvest.start_workflow("trace_eager_fail", order)
+    assert env.app.harvest.result(saga, timeout=60) == "refunded"
+    assert env.app.harvest.result(eager, timeout=60) == "failed"
+    wait_for(lambda: _sentry(env, saga) and _sentry(env, eager), timeout=30, what="the Sentry events")
+    for rid, activity in ((saga, "trace_ship"), (eager, "trace_fail_a")):
+        (event,) = _sentry(env, rid)
+        assert event["tags"]["harvest.activity"] == activity and event["tags"]["harvest.attempt"] == "1"
+        assert event["exception"]["values"][-1]["type"] == "RedactedActivityError"
+        assert env.app.MARKER not in json.dumps(event)
+    history = env.app.harvest.history(eager)
+    started = [e for e in history if e.event.type == "ActivityStarted"]
+    assert len(started) == 2  # one claim per attempt: the eager prerun never claims again

@@ -17,10 +17,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+import sentry_sdk
 from celery import Celery
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from sentry_sdk.integrations.celery import CeleryIntegration
+from sentry_sdk.transport import Transport
 
 from harvest_celery import ActivityError, RetryPolicy, Saga, WorkflowContext, activity, workflow
 from harvest_celery._client import Harvest, configure_dedicated_celery_app
@@ -32,6 +35,7 @@ REDIS_URL = os.environ.get("HARVEST_TEST_REDIS_URL", "redis://127.0.0.1:6379/5")
 DATABASE_URL = os.environ["HARVEST_TEST_DATABASE_URL"] + "_trace"
 DECIDE, QUEUE_A, QUEUE_B = "trace_decide", "trace_a", "trace_b"
 SPANS_KEY = "trace:spans"
+SENTRY_KEY = "trace:sentry"  # the workers' Sentry events (``RedisTransport``)
 MARKER = "tr4ce-marker-91d2"  # in inputs and exception text: never in a span
 
 _r = redis.Redis.from_url(REDIS_URL)
@@ -89,8 +93,25 @@ def instrument() -> CeleryInstrumentor:
     return instrumentor
 
 
+class RedisTransport(Transport):
+    """Each Sentry event as one JSON object on ``SENTRY_KEY`` (with the sending pid)."""
+
+    def capture_envelope(self, envelope: Any) -> None:
+        for item in envelope.items:
+            if item.type in ("event", "error"):
+                event = json.loads(item.payload.get_bytes())
+                _r.rpush(SENTRY_KEY, json.dumps({"pid": os.getpid(), **event}, default=str))
+
+
 if os.environ.get("HARVEST_TEST_TRACE_WORKER"):  # a worker process: Celery's instrumentation on
     instrument()
+    # and Sentry's Celery integration, as docs/observability.md sets it up
+    sentry_sdk.init(
+        dsn="http://key@127.0.0.1:9/1",
+        transport=RedisTransport,
+        integrations=[CeleryIntegration()],
+        include_local_variables=False,
+    )
 
 
 @activity(queue=QUEUE_A)
@@ -116,6 +137,22 @@ def trace_step(i: int) -> int:
 @activity(queue=QUEUE_B)
 def trace_step_b(i: int) -> int:
     return i + 1
+
+
+@activity(queue=QUEUE_A, retry=ONCE)
+def trace_fail_a(order: dict[str, Any]) -> str:
+    raise RuntimeError(f"cannot charge {order}")
+
+
+@workflow
+async def trace_eager_fail(ctx: WorkflowContext, order: dict[str, Any]) -> str:
+    """A step, then a failing step on the same queue: run eagerly on worker A."""
+    await ctx.execute_activity(trace_step, 1)
+    try:
+        await ctx.execute_activity(trace_fail_a, order)
+    except ActivityError:
+        return "failed"
+    return "ok"
 
 
 @workflow
@@ -168,4 +205,6 @@ harvest.register(
     trace_steps,
     trace_wait,
     trace_timer,
+    trace_fail_a,
+    trace_eager_fail,
 )
