@@ -81,13 +81,18 @@ def _start(env: SimpleNamespace, workflow: str, arg: Any) -> tuple[str, str, str
 
 
 def _closed_trace(env: SimpleNamespace, rid: str, trace_id: str, workflow: str) -> list[dict[str, Any]]:
-    """The trace once its run span is in (emitted by the closing worker after the commit)."""
-    wait_for(
-        lambda: any(s["name"] == f"harvest.run {workflow}" for s in _trace(env, trace_id)),
-        timeout=30,
-        what="the run span",
-    )
-    return _trace(env, trace_id)
+    """The trace once its run span is in (emitted by the closing worker after the commit) and
+    every span's parent too (a Celery task span ends at ``task_postrun``, after harvest's own
+    spans of the attempt: another process may close the run first)."""
+
+    def complete() -> list[dict[str, Any]] | None:
+        spans = _trace(env, trace_id)
+        ids = {s["context"]["span_id"] for s in spans}
+        closed = any(s["name"] == f"harvest.run {workflow}" for s in spans)
+        whole = all(s["parent"] is None or s["parent"]["span_id"] in ids for s in spans)
+        return spans if closed and whole else None
+
+    return wait_for(complete, timeout=30, what="the whole trace")
 
 
 def _stored(env: SimpleNamespace, rid: str) -> Any:
