@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import partial
+from types import ModuleType
 from typing import Any, Literal
 
 from harvest_celery._client_limits import FlowControl, list_limits
@@ -87,10 +88,13 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
         pooled: bool | None = None,
         listen_url: str | None = None,
         log_format: Literal["text", "json"] | None = None,
+        tracing: bool | None = None,
     ) -> None:
         """Every keyword is a row of docs/configuration.md (None: its documented default). A bad
-        value (or ``fast_paths=False`` beside a fast value) raises ``ValueError``, before connecting."""
+        value (or ``fast_paths=False`` beside a fast value) raises ``ValueError``, before connecting;
+        ``tracing=True`` without the ``otel`` extra raises ``ImportError`` naming it, as early."""
         options = config.checked({k: v for k, v in locals().items() if k in config.BY_NAME})
+        tracer = _tracing_module() if options["tracing"] else None  # before anything is built
         options.update(
             fast_path_settings(options["fast_paths"], inline_decisions, sticky_sessions, eager_max_chain)
         )
@@ -107,6 +111,8 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
         # the cap applies to what is stored inline: with a store, an offloaded input is a reference
         offloads = payloads.offloads if payload_store is not None else None
         self.runtime = Runtime(self.store, self.registry, config.runtime_settings(options, offloads))
+        # tracing on: the tracer module's object (docs/observability.md, "Tracing"); off: None
+        self.tracing: Any = tracer.load(self.runtime) if tracer is not None else None
         logs.configure(options["log_format"])
         METRICS.limits.source = partial(list_limits, self.store)  # the limit gauges, when scraped
         self._attach(celery_app)
@@ -228,21 +234,30 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
         timeouts = Timeouts.checked(execution_timeout, run_timeout)
         if _start_options(connection, scheduled_for, timeouts):
             return self._start_on(connection, name, payload, execution_id, id_reuse)
+        self._start(
+            name, payload, execution_id, id_reuse=id_reuse, scheduled_for=scheduled_for, timeouts=timeouts
+        )
+        return execution_id
+
+    def _start(self, name: str, payload: Any, execution_id: str, **options: Any) -> None:
+        """A start in a transaction of its own (``starts.start``'s ``options``); tracing on, with
+        its span and the run span's pre-allocated context."""
+        traced = self.tracing.begin_start(name) if self.tracing is not None else None
         with self.store.begin() as tx:
             tx.payloads = payloads_on(self.store, tx.conn)  # its blobs in its own transaction
-            starts.start(
+            created = starts.start(
                 tx,
                 execution_id,
                 name,
                 payload,
                 utcnow(),
                 self.runtime.settings.decision_queue,
-                id_reuse=id_reuse,
-                scheduled_for=scheduled_for,
-                timeouts=timeouts,
+                traceparent=traced.traceparent if traced is not None else None,
+                **options,
             )
+        if traced is not None:
+            self.tracing.started(traced, execution_id, created)  # committed: its span, then the sends
         self._after(tx)
-        return execution_id
 
     def _start_on(self, connection: Any, name: str, payload: Any, execution_id: str, id_reuse: str) -> str:
         now = utcnow()
@@ -356,10 +371,11 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
         timeouts = Timeouts.checked(execution_timeout, run_timeout)
         now = utcnow()
         q = self.runtime.settings.decision_queue
+        traced = self.tracing.begin_start(workflow) if self.tracing is not None else None
         with self.store.begin() as tx:
             tx.payloads = payloads_on(self.store, tx.conn)
             # its input only matters if it creates the run: an existing run of the workflow is it
-            starts.start(
+            created = starts.start(
                 tx,
                 execution_id,
                 workflow,
@@ -368,8 +384,11 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
                 q,
                 id_reuse="use_existing",
                 timeouts=timeouts,
+                traceparent=traced.traceparent if traced is not None else None,
             )
             ops.signal(tx, execution_id, signal, payload, now, q)
+        if traced is not None:
+            self.tracing.started(traced, execution_id, created)
         self._after(tx)
         return execution_id
 
@@ -427,6 +446,19 @@ def _start_options(connection: Any, scheduled_for: datetime | None, timeouts: Ti
             "start without it, or with start_workflow_on_commit"
         )
     return True
+
+
+def _tracing_module() -> ModuleType:
+    """The tracer module, imported only when tracing is on (``scripts/shape.py``'s
+    ``OPTIONAL_LAZY``); without the ``otel`` extra, an error that names it."""
+    try:
+        from harvest_celery._runtime import tracing
+    except ImportError as exc:
+        raise ImportError(
+            "Harvest(tracing=True) / HARVEST_TRACING=1 needs the otel extra: "
+            f"pip install 'harvest-celery[otel]' (cannot import {exc.name or exc})"
+        ) from exc
+    return tracing
 
 
 def _store(database_url: str, payloads: Payloads, options: dict[str, Any]) -> Store:

@@ -23,7 +23,11 @@ MAX_FUNCTION_LINES = 60
 MAX_IMPORT_CYCLES = 0
 # A lazy import of a package module is allowed only where it stands for an optional dependency:
 # `harvest api` needs FastAPI (the [api] extra), the rest of the CLI does not.
-OPTIONAL_LAZY = {("harvest_celery._cli.worker", "harvest_celery._web.api")}
+OPTIONAL_LAZY = {
+    ("harvest_celery._cli.worker", "harvest_celery._web.api"),
+    # the tracer module imports opentelemetry (the otel extra): only when tracing is on
+    ("harvest_celery._client", "harvest_celery._runtime.tracing"),
+}
 # generated Alembic revisions are not read as modules of the package
 SKIPPED_PARTS = {"migrations"}
 

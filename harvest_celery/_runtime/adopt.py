@@ -23,6 +23,7 @@ from celery.exceptions import Retry
 from harvest_celery._core.names import CallConvention
 from harvest_celery._core.registry import ActivityDefinition
 from harvest_celery._runtime import claim as claims
+from harvest_celery._runtime import sentry
 from harvest_celery._runtime.messages import REF_HEADER
 from harvest_celery._runtime.outcomes import settle
 from harvest_celery._runtime.runtime import Runtime
@@ -81,6 +82,8 @@ def adopt(app: Celery, runtime: Runtime, definition: ActivityDefinition) -> None
             ran, error = claims.run_claimed(
                 runtime, claimed, partial(_as_engine_attempt, task, body, convention)
             )
+            if error is not None:
+                sentry.tag_attempt(str(ref["execution_id"]), task.name, int(ref["attempt"]))
             settle(runtime, ran, error, task.request.id)
             return None
 

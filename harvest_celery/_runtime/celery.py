@@ -20,7 +20,7 @@ from harvest_celery._core.registry import ActivityDefinition
 from harvest_celery._dag.builder import preflight_all
 from harvest_celery._errors import StartToCloseTimeout
 from harvest_celery._runtime import claim as claims
-from harvest_celery._runtime import eager
+from harvest_celery._runtime import eager, sentry
 from harvest_celery._runtime.celery_compat import is_eager
 from harvest_celery._runtime.messages import DECIDE_TASK, Message
 from harvest_celery._runtime.metrics import serve
@@ -89,6 +89,8 @@ class ActivityTask(Task):  # type: ignore[misc]
             del claim  # its input must not sit in a frame an error tracker captures
             if error is None or not stops_the_worker(runtime, error):  # no new body at shutdown
                 eager.run_chain(self.app, self.request.hostname, runtime, take, _timeout_as_failure)
+        if error is not None:  # Sentry's Celery integration reports it with the attempt's tags
+            sentry.tag_attempt(execution_id, self.name, attempt)
         settle(runtime, ran, error, self.request.id)
 
 

@@ -98,6 +98,7 @@ class Runtime(Protocol):
     sessions: SessionCache
     sticky_queue: str | None
     before_inline_decision: Callable[[str], None] | None
+    tracer: Any  # runtime.Tracer, or None (tracing off)
 
     def _decide(
         self,
@@ -111,6 +112,10 @@ class Runtime(Protocol):
     def _after_decision(self, tx: Tx, decided: Decided) -> None: ...
 
     def _eager_claim(self) -> EagerClaim | None: ...
+
+    def trace_decision(
+        self, tx: Tx, execution_id: str, workflow: str, path: str, started_ns: int
+    ) -> None: ...
 
 
 def _open_activities(session: Session) -> int:
@@ -248,6 +253,7 @@ def _one_statement(rt: Runtime, claim: Claim, output: Any, session: Session) -> 
     replays cold)."""
     assert claim.started_seq is not None and claim.started_at is not None
     seq, now = claim.started_seq, utcnow()
+    started_ns = time.time_ns() if rt.tracer is not None else 0
     started = ev.ActivityStarted(claim.activity_id, claim.attempt, claim.worker_id)
     completion = ev.ActivityCompleted(claim.activity_id, output, claim.attempt)
     try:
@@ -292,13 +298,11 @@ def _one_statement(rt: Runtime, claim: Claim, output: Any, session: Session) -> 
     if written is None:
         session.close()
         return Choice(INLINE, refusal)
-    tx.metrics.append(
-        ("decisions", {"workflow": session.replay.activation.workflow_type, "path": ONE_STATEMENT})
-    )
+    workflow = session.replay.activation.workflow_type
+    tx.metrics.append(("decisions", {"workflow": workflow, "path": ONE_STATEMENT}))
     tx.metrics.append(("decision_replays", {"replay": "warm"}))  # the one-statement path is warm only
-    tx.metrics.append(
-        ("activity_completed", {"workflow": session.replay.activation.workflow_type, "queue": claim.queue})
-    )
+    tx.metrics.append(("activity_completed", {"workflow": workflow, "queue": claim.queue}))
+    rt.trace_decision(tx, claim.execution_id, workflow, ONE_STATEMENT, started_ns)
     rt._after_decision(tx, Decided(session, written))
     return Choice(ONE_STATEMENT)
 

@@ -30,6 +30,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from harvest_celery._runtime import claim as claims
+from harvest_celery._runtime import sentry
 from harvest_celery._runtime.celery_compat import EagerAttempt
 from harvest_celery._runtime.messages import activity_task_id
 from harvest_celery._runtime.metrics import METRICS
@@ -88,7 +89,9 @@ def _run_one(
         events.send("task-started", uuid=task_id)  # the dispatcher adds this process's pid
     started = time.monotonic()
     # what Celery's tracer does around a delivered body (current_task, the signals), in order
-    with EagerAttempt(app, d, task_id, args, hostname) as attempt:
+    # the run span current (tracing on): Celery's instrumentation parents the eager task span on
+    # it, as a delivered message's headers would
+    with runtime.trace_context(d.execution_id), EagerAttempt(app, d, task_id, args, hostname) as attempt:
         claimed = claims.claim_dispatch(runtime, d)
         attempt.prerun()  # after the claim, before the body; harvest's own hook skips it
         ran, error = claims.run_claimed(runtime, claimed, wrap(fn))
@@ -97,6 +100,8 @@ def _run_one(
             raise error  # the worker is shutting down: the chain stops here
         shown = attempt.outcome(runtime, ran, error)
         del error  # what Celery may see is ``shown`` (redacted under celery_error_detail="type")
+        if shown is not None:  # no task raises it: Sentry hears of it from here
+            sentry.capture_attempt(d.execution_id, d.activity_name, d.attempt, shown)
     if events is None or not ran:
         return
     if shown is None:

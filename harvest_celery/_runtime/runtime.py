@@ -18,9 +18,10 @@ import logging
 import os
 import socket
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
@@ -30,7 +31,7 @@ from harvest_celery._core.commands import Decision, Failed
 from harvest_celery._core.engine import Activation, Session
 from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.registry import Registry
-from harvest_celery._runtime import activity_context, completion, logs, scheduler
+from harvest_celery._runtime import activity_context, completion, logs, scheduler, sentry
 from harvest_celery._runtime.completion import Decided
 from harvest_celery._runtime.leases import LeaseKeeper
 from harvest_celery._runtime.messages import Message, encode
@@ -55,6 +56,19 @@ T = TypeVar("T")
 
 class Dispatcher(Protocol):
     def send(self, message: Message) -> None: ...
+
+
+class Tracer(Protocol):
+    """What the runtime asks of tracing (``_runtime.tracing``, imported only when it is on):
+    records taken inside a transaction are plain data; spans leave only after its commit."""
+
+    def decision(self, execution_id: str, workflow: str, path: str, started_ns: int) -> Any: ...
+
+    def after_commit(self, tx: Tx) -> None: ...
+
+    def run_context(self, execution_id: str) -> AbstractContextManager[Any]: ...
+
+    def attempt(self, claim: Claim, started_ns: int, outcome: str, error: BaseException | None) -> None: ...
 
 
 _HOST = socket.gethostname()  # read once: a system call per attempt showed in a profile
@@ -101,6 +115,8 @@ class Runtime:
         self.shutting_down = threading.Event()  # set by the worker on a warm or cold shutdown
         self.sticky_queue: str | None = None  # this process's own decision queue, if routed to
         self._local = threading.local()  # .accept: take one eager dispatch; .held: the taken one
+        # tracing on (Harvest sets it): tracing off costs one ``is None`` check per site
+        self.tracer: Tracer | None = None
 
     def task_events_on(self) -> bool:
         """Does this worker send task events now? ``-E`` at start, or switched on later (Flower's
@@ -119,6 +135,10 @@ class Runtime:
     def _after_commit(self, tx: Tx) -> None:
         for name, labels in tx.metrics:
             METRICS.inc(name, labels)
+        if self.tracer is not None:
+            self.tracer.after_commit(tx)
+        if tx.reports:
+            sentry.report(tx.reports, self.settings.celery_error_detail)
         self.send(tx.dispatches)
         if tx.closed_children:
             if self.before_child_notices is not None:
@@ -158,7 +178,20 @@ class Runtime:
             return
         for dispatch in dispatches:
             if dispatch is not held:
-                self.send_message(encode(dispatch))
+                with self.trace_context(dispatch.execution_id):
+                    self.send_message(encode(dispatch))
+
+    def trace_context(self, execution_id: str) -> AbstractContextManager[Any]:
+        """The run span's context made current (tracing on): a message sent under it carries it,
+        so Celery's instrumentation hangs its spans off the run span."""
+        if self.tracer is None:
+            return nullcontext()
+        return self.tracer.run_context(execution_id)
+
+    def trace_decision(self, tx: Tx, execution_id: str, workflow: str, path: str, started_ns: int) -> None:
+        """A live decision's span, emitted once ``tx`` commits (never from a replay alone)."""
+        if self.tracer is not None:
+            tx.spans.append(self.tracer.decision(execution_id, workflow, path, started_ns))
 
     def _accepting(self) -> bool:
         """Is this thread in an eager scope with room for one more activity?"""
@@ -259,6 +292,7 @@ class Runtime:
         yet written that the decision sees and writes first, in the same statement (the
         completion a worker decides on). ``known``: the last events already written, when the
         caller knows them (the claim's ActivityStarted), so a warm replay need not read them."""
+        started_ns = time.time_ns() if self.tracer is not None else 0
         session, decision = self._replay(tx, row, list(pending), list(known))
         if (
             isinstance(decision.outcome, Failed)
@@ -295,6 +329,8 @@ class Runtime:
                 self.settings.decision_queue,
             )
         tx.metrics.append(("decisions", {"workflow": row.workflow_type, "path": path}))
+        if not session.replay.sealed:  # a post-cancel decision replays a sealed run: no span
+            self._observe(tx, row, decision, path, started_ns)
         if decision.nd is not None:
             log.warning(
                 "execution %s is nd-blocked: expected %s, got %s",
@@ -304,6 +340,17 @@ class Runtime:
                 extra=logs.run(row.id),
             )
         return Decided(session, written)
+
+    def _observe(self, tx: Tx, row: RunRow, decision: Decision, path: str, started_ns: int) -> None:
+        """A live decision's span and, if it fails the run, its error report: both acted on
+        once ``tx`` commits (a replay alone, a probe or a query never gets here)."""
+        self.trace_decision(tx, row.id, row.workflow_type, path, started_ns)
+        failed = decision.outcome
+        if isinstance(failed, Failed) and not failed.interrupt and sentry.sdk() is not None:
+            report = sentry.WorkflowFailure(
+                row.id, row.workflow_type, failed.error_type, failed.message, failed.traceback
+            )
+            tx.reports.append(report)
 
     def _replay(
         self, tx: Tx, row: RunRow, pending: list[ev.HistoryEvent], known: list[ev.HistoryEvent] | None = None
@@ -397,25 +444,32 @@ class Runtime:
         renewed = claim.start_to_close is None
         if renewed:
             self.leases.hold(claim)
+        started_ns = time.time_ns() if self.tracer is not None else 0
         try:
             try:
                 with activity_context.running(self.store, claim, self.settings.timings.default_lease):
                     output = fn(claim.input)
             except Exception as exc:  # noqa: BLE001 - recorded as the attempt's failure
-                self._fail_with(claim, exc)
+                self._traced(claim, started_ns, self._fail_with(claim, exc), exc)
                 return exc
             except BaseException as exc:
                 # SystemExit, KeyboardInterrupt, a BaseException of the body's own: the attempt
                 # failed (retried per policy, never left running under a renewed lease); the
                 # exception then goes on to stop what it was meant to stop — so no eager claim
                 self._local.accept = False
-                self._fail_with(claim, exc)
+                self._traced(claim, started_ns, self._fail_with(claim, exc), exc)
                 raise
             self.complete(claim, output)
+            self._traced(claim, started_ns, "completed", None)
             return None
         finally:
             if renewed:
                 self.leases.release(claim)
+
+    def _traced(self, claim: Claim, started_ns: int, outcome: str, error: BaseException | None) -> None:
+        """The attempt's span, once its outcome has committed (the call before it returned)."""
+        if self.tracer is not None:
+            self.tracer.attempt(claim, started_ns, outcome, error)
 
     # ── the sweeper's pass ───────────────────────────────────────────────────────────────────
     def sweep_once(self) -> None:

@@ -11,6 +11,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from prometheus_client import Gauge
@@ -75,6 +76,8 @@ def _fire_one(runtime: Any, failed: list[str]) -> rows.Fired | None:
     store = runtime.store
     with store.begin() as tx:
         tx.payloads = payloads_on(store, tx.conn)
+        if runtime.tracer is not None:  # each tick starts a trace of its own
+            tx.trace_start = partial(runtime.tracer.tick_start, tx)
         found = rows.fire_due(
             tx,
             runtime.settings.decision_queue,

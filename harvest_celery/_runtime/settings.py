@@ -56,6 +56,9 @@ class Settings:
     # harvest's own loggers: "text" (as the application configures them) or "json" (one JSON
     # object per line, _runtime/logs.py); the application's logging is never changed
     log_format: str = "text"
+    # OpenTelemetry spans (docs/observability.md, "Tracing"): the tracer module is imported only
+    # when on, and needs the ``otel`` extra
+    tracing: bool = False
 
     def __post_init__(self) -> None:
         if not self.fast_paths:
@@ -170,6 +173,14 @@ KEYWORDS: tuple[Keyword, ...] = (
         lambda v: v in ("text", "json"),
         env="HARVEST_LOG_FORMAT",
         parse=str,
+    ),
+    Keyword(
+        "tracing",
+        Settings.tracing,
+        "True or False (HARVEST_TRACING: 1 or 0)",
+        _flag,
+        env="HARVEST_TRACING",
+        parse=_yes_no,
     ),
 )
 BY_NAME = {keyword.name: keyword for keyword in KEYWORDS}

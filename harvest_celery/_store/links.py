@@ -22,7 +22,7 @@ from harvest_celery._core.lifecycle import CONTINUED_AS_NEW, TERMINAL_STATUSES
 from harvest_celery._payloads.digest import input_digest
 from harvest_celery._store.records import RunRow, aware
 from harvest_celery._store.schema import child_notices, events, executions
-from harvest_celery._store.starts import new_run_values
+from harvest_celery._store.starts import inherited_traceparent, new_run_values
 from harvest_celery._store.tx import Tx
 
 MAX_CHAIN_HOPS = 1_000_000  # a chain is walked link by link; a cycle would be a corrupt database
@@ -62,8 +62,12 @@ def _start_child(tx: Tx, parent_id: str, command: StartChildWorkflow, now: datet
         now,
         command.queue or queue,
     )
+    # a traced parent's child runs in its trace, its run span under the parent's
+    traced = inherited_traceparent(tx, parent_id)
     inserted = tx.conn.execute(
-        tx.dialect.insert_ignore(executions).values(**values, parent_id=parent_id).returning(*executions.c)
+        tx.dialect.insert_ignore(executions)
+        .values(**values, parent_id=parent_id, traceparent=traced)
+        .returning(*executions.c)
     ).first()
     if inserted is None:
         existing = tx.conn.execute(
@@ -94,7 +98,13 @@ def _continue(
     )
     inserted = tx.conn.execute(
         executions.insert()
-        .values(**values, **_carried_deadlines(tx, row.id, now), parent_id=parent_id, continued_from=row.id)
+        .values(
+            **values,
+            **_carried_deadlines(tx, row.id, now),
+            parent_id=parent_id,
+            continued_from=row.id,
+            traceparent=inherited_traceparent(tx, row.id),  # the chain keeps its trace
+        )
         .returning(*executions.c)
     ).first()
     assert inserted is not None

@@ -124,6 +124,7 @@ class TaskRow:
     dispatched_at: datetime | None
     call_convention: str | None = None
     limit_digest: str | None = None  # its harvest_limits row's key digest; None: not limited
+    compensation: bool = False  # dispatched by an unwind
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> TaskRow:
@@ -141,6 +142,7 @@ class TaskRow:
             aware(m["dispatched_at"]),
             m.get("call_convention"),
             m.get("limit_digest"),
+            bool(m.get("compensation") or False),
         )
 
 
@@ -406,6 +408,7 @@ class Claim:
     queue: str = ""  # the task row's queue (metrics' label)
     # when its ActivityScheduled was recorded (the schedule-to-start metric)
     scheduled_at: datetime | None = None
+    compensation: bool = False  # dispatched by an unwind (tracing names its span for it)
 
 
 @dataclass(frozen=True)

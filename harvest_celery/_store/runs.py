@@ -36,7 +36,7 @@ from harvest_celery._payloads.erasure import (
     references,
 )
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS, PAYLOAD_FIELDS, TASK_PAYLOAD_COLUMNS
-from harvest_celery._store import links
+from harvest_celery._store import links, starts
 from harvest_celery._store.predicates import operator_live
 from harvest_celery._store.records import RunRow, aware, outbox_execution_id
 from harvest_celery._store.schema import (
@@ -187,8 +187,8 @@ def _insert_run(
             updated_at=now,
             nd_block_count=0,
             forked_from=forked_from,
-            # a fork decides where its source did (NULL: the requesting process's queue)
-            decision_queue=sa.select(executions.c.decision_queue)
+            traceparent=starts.forked_traceparent(tx, forked_from) if forked_from is not None else None,
+            decision_queue=sa.select(executions.c.decision_queue)  # where its source decided
             .where(executions.c.id == forked_from)
             .scalar_subquery(),
         )

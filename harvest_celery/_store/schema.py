@@ -87,6 +87,8 @@ executions = Table(
     Column("timed_out_at", Ts),
     Column("timeout_grace_at", Ts),
     Column("timeout_overrun_at", Ts),
+    # the run span's W3C traceparent, pre-allocated at start (migration 0016; tracing on only)
+    Column("traceparent", String(55)),
     Index("ix_harvest_executions_status", "status"),
     Index("ix_harvest_executions_parent_id", "parent_id"),
     Index("ix_harvest_executions_workflow_type", "workflow_type"),

@@ -268,6 +268,7 @@ def _claim_eagerly(
             now,
             queue=d.queue,
             scheduled_at=now,  # scheduled in this very write
+            compensation=bool(task["compensation"]),
         )
         staged.dispatches[i] = replace(d, claimed=staged.claimed)
         return

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -94,23 +95,22 @@ def start(
     announce: bool = False,
     scheduled_for: datetime | None = None,
     timeouts: Timeouts | None = None,
+    traceparent: str | None = None,
 ) -> bool:
     """Create a run with its ``WorkflowStarted`` and request its first decision. False if the id
     exists and ``id_reuse`` accepts it (nothing written); ``ExecutionAlreadyExists`` if not.
     ``announce``: the transaction is the application's, so the request is also announced (see
     the module docstring). ``scheduled_for``: a schedule's tick, recorded in ``WorkflowStarted``.
     ``timeouts``: its deadlines, from ``now``; a repeated start compares workflow and input
-    only, so the first start's deadlines stand."""
+    only, so the first start's deadlines stand. ``traceparent``: the run span's context
+    (tracing on), written by the insert itself and never compared: the first start's stands."""
     check_policy(id_reuse)
     digest = input_digest(execution_id, input)
-    insert = (
-        tx.dialect.insert_ignore(executions)
-        .values(
-            **new_run_values(execution_id, workflow_type, digest, now, decision_queue),
-            **(timeouts or Timeouts()).deadlines(now),
-        )
-        .returning(*executions.c)
-    )
+    values = new_run_values(execution_id, workflow_type, digest, now, decision_queue)
+    values.update((timeouts or Timeouts()).deadlines(now))
+    if traceparent is not None or tx.trace_start is not None:  # tx.trace_start: a schedule's tick
+        values["traceparent"] = traceparent or tx.trace_start(execution_id, workflow_type)  # type: ignore[misc]
+    insert = tx.dialect.insert_ignore(executions).values(**values).returning(*executions.c)
     for _ in range(3):  # the existing row may vanish between the two statements (purged): again
         inserted = tx.conn.execute(insert).first()
         if inserted is not None:
@@ -191,6 +191,58 @@ def legacy_digest_of(execution_id: str, stored_input: Any, decode: Callable[[Any
 def _legacy_digest(tx: Tx, execution_id: str) -> str | None:
     stored = tx.conn.execute(sa.select(executions.c.input).where(executions.c.id == execution_id)).scalar()
     return legacy_digest_of(execution_id, stored, tx.payloads.decode_value)
+
+
+def trace_context(tx: Tx, execution_id: str) -> Any:
+    """What tracing reads of a run (its stored traceparent, workflow, status, times and
+    parent), or None for an unknown id."""
+    c = executions.c
+    return tx.conn.execute(
+        sa.select(
+            c.traceparent,
+            c.workflow_type,
+            c.status,
+            c.created_at,
+            c.closed_at,
+            c.parent_id,
+            c.continued_from,
+            c.forked_from,
+        ).where(c.id == execution_id)
+    ).first()
+
+
+def chain_root_traceparent(tx: Tx, execution_id: str) -> str | None:
+    """The stored context of the first run of a continue-as-new chain still stored (one
+    recursive query back along ``continued_from``)."""
+    c = executions.c
+    chain = sa.select(c.id, c.continued_from, c.traceparent).where(c.id == execution_id).cte(recursive=True)
+    earlier = executions.alias("earlier")
+    chain = chain.union_all(
+        sa.select(earlier.c.id, earlier.c.continued_from, earlier.c.traceparent).where(
+            earlier.c.id == chain.c.continued_from
+        )
+    )
+    rows = tx.conn.execute(sa.select(chain.c.id, chain.c.continued_from, chain.c.traceparent)).all()
+    ids = {r.id for r in rows}
+    first = next((r for r in rows if r.continued_from not in ids), None)
+    return first.traceparent if first is not None else None
+
+
+def inherited_traceparent(tx: Tx, source_id: str, *, new_trace: bool = False) -> str | None:
+    """A child's (or continued run's) stored trace context: its source's trace and flags, a span
+    id of its own (its run span's); ``new_trace``: a trace of its own too (a fork's). None when
+    the source is not traced. Plain text: the store knows no tracer."""
+    source = tx.conn.execute(sa.select(executions.c.traceparent).where(executions.c.id == source_id)).scalar()
+    parts = (source or "").split("-")
+    if len(parts) != 4:
+        return None
+    trace_id = f"{secrets.randbits(128) | 1:032x}" if new_trace else parts[1]
+    return f"{parts[0]}-{trace_id}-{secrets.randbits(64) | 1:016x}-{parts[3]}"
+
+
+def forked_traceparent(tx: Tx, source_id: str) -> str | None:
+    """A fork's stored context: a new trace, its run span linked to its source's at close."""
+    return inherited_traceparent(tx, source_id, new_trace=True)
 
 
 # ── the announcement and its claim ───────────────────────────────────────────────────────────

@@ -85,6 +85,7 @@ def _claim_in_one(
         scheduled.get("call_convention"),
         found.queue,
         aware(found.scheduled_at),
+        bool(scheduled.get("compensation")),
     )
 
 
@@ -121,6 +122,7 @@ def _claim_stepwise(
         task.call_convention,
         task.queue,
         tx.recorded_at(execution_id, task.event_seq),
+        bool(task.compensation),
     )
 
 

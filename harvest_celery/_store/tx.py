@@ -9,7 +9,7 @@ forked history impossible even if a caller forgot the lock. What the transaction
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -96,6 +96,14 @@ class Tx:
         # children whose close wrote a notice: applied to their parents once this commits
         self.closed_children: list[str] = []
         self.touched: set[tuple[str, str]] = set()  # limits to settle before commit
+        # tracing (on only): the spans of what this transaction did, and the runs it closed
+        # (their run spans), emitted once it commits (``Runtime._after_commit``)
+        self.spans: list[Any] = []
+        self.closed_runs: list[str] = []
+        self.reports: list[Any] = []  # error reports (Sentry's), sent once this commits
+        # set by a caller whose starts each begin a trace (a schedule's ticks, tracing on): the
+        # traceparent a start made in this transaction stores (``starts.start``)
+        self.trace_start: Callable[[str, str], str] | None = None
 
     # ── limits (``_store.limits``) ───────────────────────────────────────────────────────────
     def touch_limit(self, name: str, digest: str | None) -> None:
@@ -148,6 +156,7 @@ class Tx:
         if _closes(values):
             self.dialect.notify(self.conn, execution_id)
         if values.get("status") in TERMINAL_STATUSES:
+            self.closed_runs.append(execution_id)
             self.write_child_notice(execution_id, values.get("closed_at") or utcnow())
 
     def write_child_notice(self, execution_id: str, now: datetime) -> None:
@@ -411,6 +420,8 @@ class Tx:
         if not written:
             self._delete_blobs(staged.blobs)
             return None, "guard"
+        if w.values.get("status") in TERMINAL_STATUSES:
+            self.closed_runs.append(w.execution_id)
         self._take(staged)
         return staged.written(), ""
 

@@ -39,6 +39,7 @@ NOT_STATE = {
     "nd_details": "the details of an nd-block (nd_blocked_at is the state)",
     "input_digest": "the id-reuse rule's input fingerprint",
     "decision_queue": "routing only, written once at start: where the starting app decides",
+    "traceparent": "tracing's stored context, written once at start (migration 0016)",
 }
 
 # For every state column: each predicate reads it, or says why it does not.

@@ -1,0 +1,210 @@
+"""A dedicated Celery app for the tracing tests (``celery -A tests.integration.tracing_app``).
+
+Its own database, decision queue (``trace_decide``) and activity queues (``trace_a``,
+``trace_b``). Tracing is on, and every process that imports this module — the test process and
+each worker — exports its finished spans to one Redis list (``SPANS_KEY``, on the suite's Redis,
+never the broker) through ``RedisSpanExporter``, so the test reads one trace made by several
+processes. ``opentelemetry-instrumentation-celery`` is active in the workers (its task spans
+hang off the run span through the message headers); the test process instruments itself while
+its fixture runs (``instrument``), as a web application would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+import sentry_sdk
+from celery import Celery
+from opentelemetry.instrumentation.celery import CeleryInstrumentor
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from sentry_sdk.integrations.celery import CeleryIntegration
+from sentry_sdk.transport import Transport
+
+from harvest_celery import ActivityError, RetryPolicy, Saga, WorkflowContext, activity, workflow
+from harvest_celery._client import Harvest, configure_dedicated_celery_app
+from harvest_celery._store.store import Timings
+from tests.integration.brokers import apply_queue_type
+
+BROKER_URL = os.environ["HARVEST_TEST_BROKER_URL"]
+REDIS_URL = os.environ.get("HARVEST_TEST_REDIS_URL", "redis://127.0.0.1:6379/5")  # never the broker
+DATABASE_URL = os.environ["HARVEST_TEST_DATABASE_URL"] + "_trace"
+DECIDE, QUEUE_A, QUEUE_B = "trace_decide", "trace_a", "trace_b"
+SPANS_KEY = "trace:spans"
+SENTRY_KEY = "trace:sentry"  # the workers' Sentry events (``RedisTransport``)
+MARKER = "tr4ce-marker-91d2"  # in inputs and exception text: never in a span
+
+_r = redis.Redis.from_url(REDIS_URL)
+
+
+def _ctx(ctx: Any) -> dict[str, Any] | None:
+    if ctx is None:
+        return None
+    return {"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
+
+
+class RedisSpanExporter(SpanExporter):
+    """Each finished span as one JSON object on ``SPANS_KEY`` (with the exporting pid)."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        for span in spans:
+            record = {
+                "name": span.name,
+                "context": _ctx(span.context),
+                "parent": _ctx(span.parent),
+                "kind": span.kind.name,
+                "start": span.start_time,
+                "end": span.end_time,
+                "attributes": {k: v for k, v in (span.attributes or {}).items()},
+                "events": [{"name": e.name, "attributes": dict(e.attributes or {})} for e in span.events],
+                "status": span.status.description,
+                "pid": os.getpid(),
+            }
+            _r.rpush(SPANS_KEY, json.dumps(record, default=str))
+        return SpanExportResult.SUCCESS
+
+
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(RedisSpanExporter()))
+
+app = Celery("harvest_trace", broker=BROKER_URL)
+apply_queue_type(app)
+configure_dedicated_celery_app(app)
+harvest = Harvest(
+    DATABASE_URL,
+    app,
+    decision_queue=DECIDE,
+    sweep_interval=0.3,
+    timings=Timings(redispatch_after=5.0),
+    tracing=True,
+    celery_error_detail="type",
+)
+harvest.tracing.provider = provider
+ONCE = RetryPolicy(max_attempts=1)
+
+
+def instrument() -> CeleryInstrumentor:
+    instrumentor = CeleryInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    return instrumentor
+
+
+class RedisTransport(Transport):
+    """Each Sentry event as one JSON object on ``SENTRY_KEY`` (with the sending pid)."""
+
+    def capture_envelope(self, envelope: Any) -> None:
+        for item in envelope.items:
+            if item.type in ("event", "error"):
+                event = json.loads(item.payload.get_bytes())
+                _r.rpush(SENTRY_KEY, json.dumps({"pid": os.getpid(), **event}, default=str))
+
+
+if os.environ.get("HARVEST_TEST_TRACE_WORKER"):  # a worker process: Celery's instrumentation on
+    instrument()
+    # and Sentry's Celery integration, as docs/observability.md sets it up
+    sentry_sdk.init(
+        dsn="http://key@127.0.0.1:9/1",
+        transport=RedisTransport,
+        integrations=[CeleryIntegration()],
+        include_local_variables=False,
+    )
+
+
+@activity(queue=QUEUE_A)
+def trace_charge(order: dict[str, Any]) -> str:
+    return f"ch-{order['id']}"
+
+
+@activity(queue=QUEUE_B, retry=ONCE)
+def trace_ship(order: dict[str, Any]) -> str:
+    raise RuntimeError(f"cannot ship {order}")  # its input in the message
+
+
+@activity(queue=QUEUE_A)
+def trace_refund(charge_id: str) -> str:
+    return f"refunded {charge_id}"
+
+
+@activity(queue=QUEUE_A)
+def trace_step(i: int) -> int:
+    return i + 1
+
+
+@activity(queue=QUEUE_B)
+def trace_step_b(i: int) -> int:
+    return i + 1
+
+
+@activity(queue=QUEUE_A, retry=ONCE)
+def trace_fail_a(order: dict[str, Any]) -> str:
+    raise RuntimeError(f"cannot charge {order}")
+
+
+@workflow
+async def trace_eager_fail(ctx: WorkflowContext, order: dict[str, Any]) -> str:
+    """A step, then a failing step on the same queue: run eagerly on worker A."""
+    await ctx.execute_activity(trace_step, 1)
+    try:
+        await ctx.execute_activity(trace_fail_a, order)
+    except ActivityError:
+        return "failed"
+    return "ok"
+
+
+@workflow
+async def trace_saga(ctx: WorkflowContext, order: dict[str, Any]) -> str:
+    saga = Saga(ctx)
+    await saga.step(
+        lambda: ctx.execute_activity(trace_charge, order), lambda c: ctx.execute_activity(trace_refund, c)
+    )
+    try:
+        await ctx.execute_activity(trace_ship, order)
+    except ActivityError:
+        await saga.compensate_all()
+        return "refunded"
+    return "shipped"
+
+
+@workflow
+async def trace_steps(ctx: WorkflowContext, n: int) -> int:
+    i = 0
+    for k in range(n):
+        i = await ctx.execute_activity(trace_step if k % 2 == 0 else trace_step_b, i)
+    return i
+
+
+@workflow
+async def trace_wait(ctx: WorkflowContext, x: int) -> int:
+    """One activity, a signal, one activity: four live decisions whatever the paths."""
+    at = {"x": x}
+    ctx.set_query_handler("at", lambda _arg: at["x"])
+    at["x"] = await ctx.execute_activity(trace_step, x)
+    await ctx.wait_signal("go")
+    at["x"] = await ctx.execute_activity(trace_step_b, at["x"])
+    return at["x"]
+
+
+@workflow
+async def trace_timer(ctx: WorkflowContext, x: int) -> int:
+    x = await ctx.execute_activity(trace_step, x)
+    await ctx.sleep(5)
+    return await ctx.execute_activity(trace_step_b, x)
+
+
+harvest.register(
+    trace_charge,
+    trace_ship,
+    trace_refund,
+    trace_step,
+    trace_step_b,
+    trace_saga,
+    trace_steps,
+    trace_wait,
+    trace_timer,
+    trace_fail_a,
+    trace_eager_fail,
+)
