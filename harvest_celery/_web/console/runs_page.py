@@ -10,22 +10,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, get_args
 from urllib.parse import urlencode
 
 from harvest_celery._store.store import Execution
 from harvest_celery._web.console.html import badge, e, run_href, table, when
+from harvest_celery._web.models import StatusFilter
 
-STATUSES = (
-    "RUNNING",
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "TERMINATED",
-    "CONTINUED_AS_NEW",
-    "TIMED_OUT",
-    "CANCELLING",
-)
+STATUSES: tuple[str, ...] = get_args(StatusFilter)  # the API's list filter, one source
 PAGE_SIZES = (25, 50, 100, 200)
 MAX_OFFSET = 2**31 - 1
 
