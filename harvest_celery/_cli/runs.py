@@ -1,4 +1,4 @@
-"""The commands about runs: start, show, list, result, query, signal, cancel, request-cancel."""
+"""The commands about runs: start, show, list, result, query, update, signal, cancel, request-cancel."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from harvest_celery._store.store import Store
 
 
 def run_commands(command: Command, common: argparse.ArgumentParser) -> None:
-    """start, show, list, result, query, cancel, request-cancel, signal."""
+    """start, show, list, result, query, update, cancel, request-cancel, signal."""
     s = command("start", help="start a workflow run; prints its id")
     s.add_argument("workflow")
     s.add_argument("input", nargs="?", default=None, metavar="INPUT_JSON")
@@ -56,6 +56,14 @@ def run_commands(command: Command, common: argparse.ArgumentParser) -> None:
     q.add_argument("name", metavar="NAME")
     q.add_argument("arg", nargs="?", default=None, metavar="ARG_JSON")
     q.set_defaults(handler=cmd_query)
+
+    u = command("update", help="send a validated update to a live run; prints its handler's result as JSON")
+    u.add_argument("execution_id", metavar="ID")
+    u.add_argument("name", metavar="NAME")
+    u.add_argument("arg", nargs="?", default=None, metavar="ARG_JSON")
+    u.add_argument("--update-id", default=None, help="idempotency key: the same id answers the first update")
+    u.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the handler's result")
+    u.set_defaults(handler=cmd_update)
     _signal_commands(command)
 
 
@@ -190,6 +198,17 @@ def print_result(harvest: Harvest, execution_id: str, timeout: float) -> int:
 def cmd_query(args: argparse.Namespace) -> int:
     arg = parse_json(args.arg, "ARG_JSON")
     print(json.dumps(harvest_of(args).query(args.execution_id, args.name, arg)))
+    return 0
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    arg = parse_json(args.arg, "ARG_JSON")
+    harvest = harvest_of(args)
+    print(
+        json.dumps(
+            harvest.update(args.execution_id, args.name, arg, update_id=args.update_id, timeout=args.timeout)
+        )
+    )
     return 0
 
 

@@ -7,6 +7,9 @@ error and write nothing; an update id is idempotent."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import sys
 from typing import Any
 
 import pytest
@@ -27,6 +30,7 @@ from harvest_celery import (
     activity,
     workflow,
 )
+from harvest_celery._cli import main
 from harvest_celery._store.schema import executions, metadata
 from harvest_celery._web.api import create_app
 
@@ -248,3 +252,28 @@ def test_the_http_endpoint(harvest):
     operation = client.get("/openapi.json").json()["paths"]["/workflows/{execution_id}/updates/{name}"]
     assert set(operation) == {"post"}
     assert {"200", "400", "404", "409", "422", "504"} <= set(operation["post"]["responses"])
+
+
+CLI_APP = "tests.unit.cli_update_app"
+
+
+def test_the_cli(tmp_path, monkeypatch, capsys):
+    for name in list(os.environ):
+        if name.startswith("HARVEST_"):
+            monkeypatch.delenv(name)
+    db = tmp_path / "cli.db"
+    monkeypatch.setenv("HARVEST_UPDATE_TEST_DB", str(db))
+    monkeypatch.delitem(sys.modules, CLI_APP, raising=False)
+    assert main(["--database-url", f"sqlite:///{db}", "db", "upgrade"]) == 0
+    assert main(["--app", CLI_APP, "start", "ue_counter", "--id", "cli-u"]) == 0
+    capsys.readouterr()
+    assert main(["--app", CLI_APP, "update", "cli-u", "add", "3", "--update-id", "u1"]) == 0
+    assert json.loads(capsys.readouterr().out) == 6
+    assert main(["--app", CLI_APP, "update", "cli-u", "add", "3", "--update-id", "u1"]) == 0  # idempotent
+    assert json.loads(capsys.readouterr().out) == 6
+    assert main(["--app", CLI_APP, "update", "cli-u", "add", "-1"]) == 2  # the validator refuses
+    assert "not a positive int" in capsys.readouterr().err
+    assert main(["--app", CLI_APP, "update", "cli-u", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+    assert main(["--app", CLI_APP, "update", "cli-u", "add", "[1,"]) == 2
+    assert "ARG_JSON is not valid JSON" in capsys.readouterr().err
