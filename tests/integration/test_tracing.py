@@ -81,16 +81,20 @@ def _start(env: SimpleNamespace, workflow: str, arg: Any) -> tuple[str, str, str
 
 
 def _closed_trace(env: SimpleNamespace, rid: str, trace_id: str, workflow: str) -> list[dict[str, Any]]:
-    """The trace once its run span is in (emitted by the closing worker after the commit) and
+    """The trace once its run span is in (emitted by the closing worker after the commit),
     every span's parent too (a Celery task span ends at ``task_postrun``, after harvest's own
-    spans of the attempt: another process may close the run first)."""
+    spans of the attempt: another process may close the run first), and one attempt span per
+    ``ActivityStarted`` (the last attempt's span is emitted after its outcome commits, which may
+    be after the commit that closed the run)."""
+    attempts = sum(h.event.type == "ActivityStarted" for h in env.app.harvest.history(rid))
 
     def complete() -> list[dict[str, Any]] | None:
         spans = _trace(env, trace_id)
         ids = {s["context"]["span_id"] for s in spans}
         closed = any(s["name"] == f"harvest.run {workflow}" for s in spans)
         whole = all(s["parent"] is None or s["parent"]["span_id"] in ids for s in spans)
-        return spans if closed and whole else None
+        seen = sum(s["name"].startswith(("harvest.activity ", "harvest.compensation ")) for s in spans)
+        return spans if closed and whole and seen >= attempts else None
 
     return wait_for(complete, timeout=30, what="the whole trace")
 
