@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from harvest_celery._core import failures
@@ -24,6 +26,28 @@ from harvest_celery._core.engine import Activation, Session
 from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.registry import Registry, WorkflowDefinition
 from harvest_celery._errors import PayloadNotSerializable, QueryFailed, UnknownQuery
+
+
+@contextmanager
+def probe_session(
+    definition: WorkflowDefinition, activation: Activation, registry: Registry
+) -> Iterator[Session]:
+    """A ``Session`` replaying ``activation.history`` as a probe, built for one call and closed
+    after it (queries and update validators): nothing the caller's code changes outlives it."""
+    probe = activation if activation.probe else dataclasses.replace(activation, probe=True)
+    session = Session(definition, probe, registry)
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+def divergence_text(nd: Mapping[str, Any]) -> str:
+    """What a probe that diverged from the history says (a query fails, an update is rejected)."""
+    return (
+        "the replay that rebuilds the run's state diverged from its history: expected "
+        f"{nd['expected']}, got {nd['actual']} at event {nd['event_index']}"
+    )
 
 
 def query_arg(name: str, arg: Any) -> Any:
@@ -40,12 +64,8 @@ def answer(
     Raises ``UnknownQuery`` (no handler of that name at the end of the history, listing those
     registered) or ``QueryFailed`` (the replay diverged; the handler raised, issued a ``ctx``
     command, returned an awaitable or a value that is not JSON)."""
-    probe = activation if activation.probe else dataclasses.replace(activation, probe=True)
-    session = Session(definition, probe, registry)
-    try:
+    with probe_session(definition, activation, registry) as session:
         return _ask(session, name, arg)
-    finally:
-        session.close()  # the replay is dropped: nothing the handler changed outlives the call
 
 
 def _ask(session: Session, name: str, arg: Any) -> Any:
@@ -53,13 +73,7 @@ def _ask(session: Session, name: str, arg: Any) -> Any:
     execution_id = replay.activation.execution_id
     nd = session.decision.nd
     if nd is not None:
-        raise QueryFailed(
-            execution_id,
-            name,
-            "NonDeterministic",
-            "the replay that rebuilds the run's state diverged from its history: expected "
-            f"{nd['expected']}, got {nd['actual']} at event {nd['event_index']}",
-        )
+        raise QueryFailed(execution_id, name, "NonDeterministic", divergence_text(nd))
     handler = replay.query_handlers.get(name)
     if handler is None:
         raise UnknownQuery(execution_id, name, sorted(replay.query_handlers))

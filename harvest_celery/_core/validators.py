@@ -13,13 +13,13 @@ handler would run on a state the history does not support.
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from typing import Any
 
 from harvest_celery._core import failures
 from harvest_celery._core.engine import Activation, Session
 from harvest_celery._core.jsonvalues import check_json
+from harvest_celery._core.queries import divergence_text, probe_session
 from harvest_celery._core.registry import Registry, WorkflowDefinition
 from harvest_celery._errors import UnknownUpdate, UpdateRejected
 
@@ -36,12 +36,8 @@ def validate(
     """Raise ``UnknownUpdate`` (no handler ``name`` at the end of ``activation.history``) or
     ``UpdateRejected`` (the probe diverged; the validator raised, issued a ``ctx`` command or
     returned an awaitable); return None when the update may be accepted."""
-    probe = activation if activation.probe else dataclasses.replace(activation, probe=True)
-    session = Session(definition, probe, registry)
-    try:
+    with probe_session(definition, activation, registry) as session:
         _check(session, name, arg)
-    finally:
-        session.close()  # the replay is dropped: nothing the validator changed outlives the call
 
 
 def _check(session: Session, name: str, arg: Any) -> None:
@@ -49,13 +45,7 @@ def _check(session: Session, name: str, arg: Any) -> None:
     execution_id = replay.activation.execution_id
     nd = session.decision.nd
     if nd is not None:
-        raise UpdateRejected(
-            execution_id,
-            name,
-            "NonDeterministic",
-            "the replay that rebuilds the run's state diverged from its history: expected "
-            f"{nd['expected']}, got {nd['actual']} at event {nd['event_index']}",
-        )
+        raise UpdateRejected(execution_id, name, "NonDeterministic", divergence_text(nd))
     handlers = replay.updates.handlers
     handler = handlers.get(name)
     if handler is None:
