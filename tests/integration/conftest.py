@@ -25,7 +25,7 @@ import redis
 import sqlalchemy as sa
 
 from tests.integration import brokers
-from tests.processes import kill_group, stop_group
+from tests.processes import kill_group, reap, stop_group, strays
 from tests.require_services import missing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -225,6 +225,20 @@ class ConnectionPeak:
 
 
 PEAK: ConnectionPeak | None = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_stray_workers() -> None:
+    """Before anything starts: kill the workers and Flower an earlier run on this database and
+    broker left behind (killed before its teardown). Such a worker consumed a later run's decision
+    requests and acked them against its own database (the deadlines suite, 2026-12-02). The Django
+    child pytest, which runs inside a test of this session, leaves its parent's workers alone."""
+    if os.environ.get("HARVEST_DJANGO_CHILD") == "1":
+        return
+    leftovers = strays({"HARVEST_TEST_DATABASE_URL": DATABASE_URL, "HARVEST_TEST_BROKER_URL": BROKER_URL})
+    if leftovers:
+        print(f"\nkilling {len(leftovers)} leftover worker process(es) of an earlier run: {leftovers}")
+        reap(leftovers)
 
 
 @pytest.fixture(scope="session", autouse=True)
