@@ -36,6 +36,7 @@ import sqlalchemy as sa
 
 from harvest_celery import WorkflowCancelledError, WorkflowFailed
 from harvest_celery._core.engine import replay_history
+from harvest_celery._runtime import sentry
 from harvest_celery._store.schema import executions
 
 from .conftest import Worker, wait_for
@@ -255,6 +256,7 @@ def test_a_cold_replay_a_probe_and_a_query_add_no_span(env: SimpleNamespace) -> 
     assert names.count("harvest.activity trace_step") == 1
     assert names.count("harvest.activity trace_step_b") == 1
     assert names.count("harvest.run trace_wait") == 1 and names.count("harvest.start") == 1
+    assert _sentry(env, rid) == []  # nor a Sentry event
 
 
 def _sentry(env: SimpleNamespace, rid: str) -> list[dict[str, Any]]:
@@ -469,10 +471,15 @@ def test_a_workflow_failure_reaches_sentry_once_with_file_and_line(env: SimpleNa
     assert frame["filename"].endswith("tracing_app.py") and frame["function"] == "trace_wf_fail"
     source = open(frame["abs_path"]).read().splitlines()[frame["lineno"] - 1]
     assert "raise ValueError" in source
-    with env.app.init_sentry():  # this process reports too now: a replay must not
+    env.app.init_sentry()  # this process reports too now: a replay must not
+    try:
+        assert sentry.sdk() is not None
         replay_history(
             harvest.registry.workflow("trace_wf_fail"), rid, harvest.history(rid), harvest.registry
         )
         with pytest.raises(WorkflowFailed):
             harvest.result(rid, timeout=5)
+    finally:
+        env.app.close_sentry()
+    assert sentry.sdk() is None
     assert len(_sentry(env, rid)) == 1

@@ -109,9 +109,15 @@ class RedisTransport(Transport):
                 _r.rpush(SENTRY_KEY, json.dumps({"pid": os.getpid(), **event}, default=str))
 
 
-def init_sentry(*integrations: Any) -> Any:
+def close_sentry() -> None:
+    """This process's client closed and unset: harvest sees no Sentry any more."""
+    sentry_sdk.get_client().close()
+    sentry_sdk.get_global_scope().set_client(None)
+
+
+def init_sentry(*integrations: Any) -> None:
     """The real SDK with the capturing transport, as docs/observability.md sets it up."""
-    return sentry_sdk.init(
+    sentry_sdk.init(
         dsn="http://key@127.0.0.1:9/1",
         transport=RedisTransport,
         integrations=list(integrations),
