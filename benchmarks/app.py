@@ -43,7 +43,20 @@ configure_dedicated_celery_app(app)
 app.conf.broker_transport_options = {"visibility_timeout": 3600}
 app.conf.result_expires = 600
 
-harvest = Harvest(DATABASE_URL, app)
+# the tracing scenario's "on" workers (benchmarks/scenarios/tracing.py): tracing on, every span
+# kept by the SDK's in-memory exporter (counted by bench_stats)
+TRACING = os.environ.get("HARVEST_BENCH_TRACING") == "1"
+harvest = Harvest(DATABASE_URL, app, tracing=TRACING)
+SPANS: Any = None
+if TRACING:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    SPANS = InMemorySpanExporter()
+    _provider = TracerProvider()
+    _provider.add_span_processor(SimpleSpanProcessor(SPANS))
+    harvest.tracing.provider = _provider
 ONCE = RetryPolicy(max_attempts=1)
 
 
@@ -116,6 +129,7 @@ def raw_undo(outputs: Any) -> int:
 def bench_stats(state: Any) -> dict[str, Any]:
     """This worker's probe counters and memory, and how many warm runs it holds."""
     stats = probes.snapshot()
+    stats["spans"] = len(SPANS.get_finished_spans()) if SPANS is not None else None
     sessions = getattr(harvest.runtime, "sessions", None)
     try:
         stats["warm_sessions"] = len(sessions) if sessions is not None else None

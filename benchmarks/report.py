@@ -251,6 +251,26 @@ def phase_rows(res: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def tracing_rows(res: dict[str, Any]) -> list[Row]:
+    """The tracing scenario: per topology, harvest's median ms per step off and on, on÷off, and
+    each segment's harvest÷raw Celery (the median of interleaved rounds)."""
+    rows: list[Row] = []
+    for t in (_get(res, "tracing", "topologies") or {}).values():
+        r = t["ratios"]
+        rows.append(
+            [
+                t.get("label", ""),
+                fmt(_get(t, "off", "harvest", "per_step", "median_ms")),
+                fmt(_get(t, "on", "harvest", "per_step", "median_ms")),
+                x(r["on_over_off"]),
+                xs(r["rounds_off_over_raw_celery"]),
+                xs(r["rounds_on_over_raw_celery"]),
+                str(t["on"].get("worker_spans")),
+            ]
+        )
+    return rows
+
+
 def micro_rows(res: dict[str, Any]) -> list[Row]:
     m = res.get("micro")
     if not m or "error" in m:
@@ -314,6 +334,11 @@ def tables(res: dict[str, Any], md: bool) -> str:
         ("Per-step budget, worker side (B1 probe run)", ["per step", *tops], budget_rows(res)),
         ("B1 phases (median ms, from the history's stamps)", ["", *tops], phase_rows(res)),
         ("In-process micro-benchmarks", ["", "value"], micro_rows(res)),
+        (
+            "B1 with tracing on against off (ms per step, median)",
+            ["topology", "off", "on", "on÷off", "off: harvest÷raw", "on: harvest÷raw", "spans (workers)"],
+            tracing_rows(res),
+        ),
     ]
     out = []
     for title, header, rows in parts:

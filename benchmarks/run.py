@@ -4,7 +4,8 @@
     python -m benchmarks.run --quick                # every scenario, shortened, ~2 min
     python -m benchmarks.run --scenarios sequential,history --skip-dbos
 
-Scenarios: sequential (B1), throughput (B2), history (B3), fanout (B4), memory, micro. Same
+Scenarios: sequential (B1), throughput (B2), history (B3), fanout (B4), memory, micro; and
+tracing (B1 with tracing on against off, run only when named: --scenarios tracing). Same
 Postgres (127.0.0.1:5432; databases ``harvest_bench`` and ``dbos_bench`` recreated each run) and
 Redis (127.0.0.1:6379, DB 7 flushed each run) for every system. Writes
 benchmarks/results/latest.json and the two plots; see benchmarks/README.md for what each number
@@ -38,7 +39,7 @@ from benchmarks.common import (
     fresh_database,
     log,
 )
-from benchmarks.scenarios import fanout, history, memory, sequential, throughput
+from benchmarks.scenarios import fanout, history, memory, sequential, throughput, tracing
 
 SCENARIOS = {
     "sequential": sequential.run,
@@ -47,7 +48,9 @@ SCENARIOS = {
     "fanout": fanout.run,
     "memory": memory.run,
     "micro": lambda args, _d: micro.run(args),
+    "tracing": tracing.run,  # B1 with tracing on and off; not in the default set (--scenarios tracing)
 }
+DEFAULT = [s for s in SCENARIOS if s != "tracing"]
 # (full, --quick) defaults of the size knobs
 PROFILES: dict[str, tuple[Any, Any]] = {
     "steps": (20, 10),
@@ -70,8 +73,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument(
         "--scenarios",
-        default=",".join(SCENARIOS),
-        help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all)",
+        default=",".join(DEFAULT),
+        help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all but tracing)",
     )
     p.add_argument("--quick", action="store_true", help="shortened sizes (about 2 minutes)")
     p.add_argument("--steps", type=int, help="B1/B2: steps per workflow (20; quick 10)")

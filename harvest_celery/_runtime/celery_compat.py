@@ -18,7 +18,7 @@ The request's ``delivery_info`` carries ``harvest_eager``: harvest's own ``task_
 
 The one private name of Celery used here is ``celery._state._task_stack``, the stack
 ``current_task`` reads: Celery has no public way to push onto it. The version pin in
-pyproject.toml names the Celery minors this was tested on (tests/integration/test_eager_compat.py).
+pyproject.toml names the Celery minors this was tested on (tests/integration/test_observability.py).
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ class EagerAttempt:
         self.task_id = task_id
         self.args = args
         self.hostname = hostname
+        # a delivered message's reply_to is its sender's oid (``apply_async``): here, this thread's
+        self.reply_to = app.thread_oid if self.task is not None else None
 
     def __enter__(self) -> EagerAttempt:
         task, d = self.task, self.dispatch
@@ -66,6 +68,8 @@ class EagerAttempt:
             kwargs={},
             hostname=self.hostname,
             root_id=self.task_id,
+            correlation_id=self.task_id,  # as a delivered message's (Celery sets it to the id)
+            reply_to=self.reply_to,
             retries=d.attempt - 1,
             is_eager=False,
             called_directly=False,

@@ -113,8 +113,8 @@ class Runtime(Protocol):
 
     def _eager_claim(self) -> EagerClaim | None: ...
 
-    def trace_decision(
-        self, tx: Tx, execution_id: str, workflow: str, path: str, started_ns: int
+    def observe_decision(
+        self, tx: Tx, execution_id: str, workflow: str, decision: Decision, path: str, started_ns: int
     ) -> None: ...
 
 
@@ -302,7 +302,8 @@ def _one_statement(rt: Runtime, claim: Claim, output: Any, session: Session) -> 
     tx.metrics.append(("decisions", {"workflow": workflow, "path": ONE_STATEMENT}))
     tx.metrics.append(("decision_replays", {"replay": "warm"}))  # the one-statement path is warm only
     tx.metrics.append(("activity_completed", {"workflow": workflow, "queue": claim.queue}))
-    rt.trace_decision(tx, claim.execution_id, workflow, ONE_STATEMENT, started_ns)
+    if not session.replay.sealed:  # its span, and its Sentry report if it fails the run
+        rt.observe_decision(tx, claim.execution_id, workflow, decision, ONE_STATEMENT, started_ns)
     rt._after_decision(tx, Decided(session, written))
     return Choice(ONE_STATEMENT)
 

@@ -101,7 +101,7 @@ def _run_one(
         shown = attempt.outcome(runtime, ran, error)
         del error  # what Celery may see is ``shown`` (redacted under celery_error_detail="type")
         if shown is not None:  # no task raises it: Sentry hears of it from here
-            sentry.capture_attempt(d.execution_id, d.activity_name, d.attempt, shown)
+            sentry.capture_attempt(d.execution_id, d.activity_name, d.attempt, shown, task_id)
     if events is None or not ran:
         return
     if shown is None:

@@ -4,7 +4,8 @@ with those buckets, one in ``FROM_POSTGRES`` a gauge read from Postgres when scr
 ``queue`` where they apply); an execution id is never a label.
 
 Counters are incremented, and histograms observed, only after the transaction that recorded
-their cause commits. Under
+their cause commits. With tracing on, each is also handed to ``mirror`` (the OTel instruments of
+``tracing.OtelMetrics``: the same names, labels and buckets); off, ``mirror`` is None. Under
 Celery prefork set ``PROMETHEUS_MULTIPROC_DIR`` so every pool child's samples are aggregated;
 ``harvest worker --metrics-port`` serves them.
 """
@@ -177,20 +178,27 @@ class Metrics:
         }
         self.limits = LimitGauges()
         REGISTRY.register(self.limits)
+        self.mirror: Any = None  # tracing on: OTel metrics (``tracing.OtelMetrics``)
 
     def inc(self, key: str, labels: dict[str, str]) -> None:
         counter = self.counters.get(key)
         if counter is None:
             return
         names = _SPECS[key][2]
-        counter.labels(**{n: labels.get(n, "") for n in names}).inc()
+        values = {n: labels.get(n, "") for n in names}
+        counter.labels(**values).inc()
+        if self.mirror is not None:
+            self.mirror.add(key, values)
 
     def observe(self, key: str, labels: dict[str, str], value: float) -> None:
         histogram = self.histograms.get(key)
         if histogram is None:
             return
         names = _SPECS[key][2]
-        histogram.labels(**{n: labels.get(n, "") for n in names}).observe(value)
+        values = {n: labels.get(n, "") for n in names}
+        histogram.labels(**values).observe(value)
+        if self.mirror is not None:
+            self.mirror.record(key, values, value)
 
     def exported_names(self) -> set[str]:
         """Every sample name this registry's metrics export (``harvest_x_total``,
@@ -209,6 +217,25 @@ class Metrics:
 
 
 METRICS = Metrics()
+
+
+def specs() -> Iterator[tuple[str, str, str, str]]:
+    """Every metric as (key, name, help, kind): ``counter``, ``histogram`` (its buckets in
+    ``HISTOGRAMS``) or ``gauge`` (read from Postgres: ``limit_rows``)."""
+    for key, (name, doc, _labels) in _SPECS.items():
+        kind = "histogram" if key in HISTOGRAMS else "gauge" if key in FROM_POSTGRES else "counter"
+        yield key, name, doc, kind
+
+
+def limit_rows(key: str) -> list[tuple[dict[str, str], float]]:
+    """A Postgres-read gauge's samples now, as (labels, value) (``LimitGauges``' read)."""
+    name = _SPECS[key][0]
+    return [
+        (dict(sample.labels), float(sample.value))
+        for family in METRICS.limits.collect()
+        if family.name == name
+        for sample in family.samples
+    ]
 
 
 def _registry() -> Any:

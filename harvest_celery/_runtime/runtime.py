@@ -188,10 +188,20 @@ class Runtime:
             return nullcontext()
         return self.tracer.run_context(execution_id)
 
-    def trace_decision(self, tx: Tx, execution_id: str, workflow: str, path: str, started_ns: int) -> None:
-        """A live decision's span, emitted once ``tx`` commits (never from a replay alone)."""
+    def observe_decision(
+        self, tx: Tx, execution_id: str, workflow: str, decision: Decision, path: str, started_ns: int
+    ) -> None:
+        """A live decision's span and, if it fails the run, its error report: both acted on once
+        ``tx`` commits, on every completion path (a replay alone, a probe or a query never gets
+        here)."""
         if self.tracer is not None:
             tx.spans.append(self.tracer.decision(execution_id, workflow, path, started_ns))
+        failed = decision.outcome
+        if isinstance(failed, Failed) and not failed.interrupt and sentry.sdk() is not None:
+            report = sentry.WorkflowFailure(
+                execution_id, workflow, failed.error_type, failed.message, failed.traceback
+            )
+            tx.reports.append(report)
 
     def _accepting(self) -> bool:
         """Is this thread in an eager scope with room for one more activity?"""
@@ -330,7 +340,7 @@ class Runtime:
             )
         tx.metrics.append(("decisions", {"workflow": row.workflow_type, "path": path}))
         if not session.replay.sealed:  # a post-cancel decision replays a sealed run: no span
-            self._observe(tx, row, decision, path, started_ns)
+            self.observe_decision(tx, row.id, row.workflow_type, decision, path, started_ns)
         if decision.nd is not None:
             log.warning(
                 "execution %s is nd-blocked: expected %s, got %s",
@@ -340,17 +350,6 @@ class Runtime:
                 extra=logs.run(row.id),
             )
         return Decided(session, written)
-
-    def _observe(self, tx: Tx, row: RunRow, decision: Decision, path: str, started_ns: int) -> None:
-        """A live decision's span and, if it fails the run, its error report: both acted on
-        once ``tx`` commits (a replay alone, a probe or a query never gets here)."""
-        self.trace_decision(tx, row.id, row.workflow_type, path, started_ns)
-        failed = decision.outcome
-        if isinstance(failed, Failed) and not failed.interrupt and sentry.sdk() is not None:
-            report = sentry.WorkflowFailure(
-                row.id, row.workflow_type, failed.error_type, failed.message, failed.traceback
-            )
-            tx.reports.append(report)
 
     def _replay(
         self, tx: Tx, row: RunRow, pending: list[ev.HistoryEvent], known: list[ev.HistoryEvent] | None = None

@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+_FILTERED = "[Filtered]"  # what Sentry's integration shows for a task's arguments (no PII)
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)')
 
 
@@ -54,14 +55,29 @@ def tag_attempt(execution_id: str, activity: str, attempt: int) -> None:
             scope.set_tag(key, value)
 
 
-def capture_attempt(execution_id: str, activity: str, attempt: int, shown: BaseException) -> None:
-    """Eager path: report the exception Celery code was shown, with the attempt's tags."""
+def capture_attempt(
+    execution_id: str, activity: str, attempt: int, shown: BaseException, task_id: str
+) -> None:
+    """Eager path: report the exception Celery code was shown, with the attempt's tags and what
+    Sentry's Celery integration adds to a delivered task's event (the ``celery_task_id`` tag, the
+    ``celery-job`` extra without its arguments), so both paths give the same event. Set by an
+    event processor of this scope's, which runs after the integration's processor of the
+    delivered task the attempt borrows a thread from (that one would name the outer task)."""
     sentry = sdk()
     if sentry is None:
         return
+    tags = {**attempt_tags(execution_id, activity, attempt), "celery_task_id": task_id}
+    job = {"task_name": activity, "args": _FILTERED, "kwargs": _FILTERED}
+
+    def as_its_own_task(event: dict[str, Any], _hint: Any) -> dict[str, Any]:
+        event.setdefault("tags", {}).update(tags)
+        event.setdefault("extra", {})["celery-job"] = job
+        return event
+
     with sentry.new_scope() as scope:
-        for key, value in attempt_tags(execution_id, activity, attempt).items():
+        for key, value in tags.items():
             scope.set_tag(key, value)
+        scope.add_event_processor(as_its_own_task)
         sentry.capture_exception(shown)
 
 

@@ -24,6 +24,10 @@ probe or a query. No span holds an input, output, signal payload or marker detai
 text follows ``celery_error_detail`` through ``outcomes.for_celery``, as Celery's view does, and a
 database error in its chain is redacted as harvest's log filter does (``_store.redaction``).
 
+With tracing on, harvest's Prometheus metrics are also recorded as OpenTelemetry metrics
+(``OtelMetrics``: the same names, labels and histogram buckets, on the global meter provider
+or ``Tracing.metrics.provider``); Prometheus is unchanged.
+
 The SDK's id generator cannot be asked for a given id, so every harvest span is built here,
 finished (``ReadableSpan``), and handed to the SDK provider's span processors: this module is the
 only code that touches SDK types. A provider that is not the SDK's (none set) gets nothing.
@@ -43,12 +47,14 @@ from datetime import datetime
 from typing import Any
 
 from opentelemetry import context as otel_context
+from opentelemetry import metrics as otel_metrics
 from opentelemetry import trace
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from harvest_celery._runtime import metrics
 from harvest_celery._runtime.messages import activity_task_id
 from harvest_celery._runtime.outcomes import for_celery
 from harvest_celery._runtime.runtime import Runtime
@@ -138,6 +144,7 @@ class Tracing:
         self.provider = provider
         self._ids = RandomIdGenerator()
         self._known: OrderedDict[str, RunContext | None] = OrderedDict()  # None: not traced
+        self.metrics: OtelMetrics | None = None  # the process's OTel metrics (``load``)
         self._lock = threading.Lock()
 
     # ── emission ─────────────────────────────────────────────────────────────────────────────
@@ -439,8 +446,72 @@ def _task_span(run: SpanContext) -> SpanContext | None:
     return None
 
 
+class OtelMetrics:
+    """harvest's metrics as OTel instruments (``metrics.METRICS.mirror``): a counter per
+    Prometheus counter (``harvest_decisions`` and so on: an OTel exporter to Prometheus adds
+    ``_total``), the schedule-to-start histogram with its buckets (unit ``s``), and the limit
+    gauges as observable gauges read from Postgres at each collection. ``provider``: the meter
+    provider (default: the global one; the instruments are made at first use, and again if
+    ``provider`` is changed). Recording never raises."""
+
+    def __init__(self, provider: Any = None) -> None:
+        self.provider = provider
+        self._built: tuple[Any, dict[str, Any]] | None = None
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def _instruments(self) -> dict[str, Any]:
+        provider = self.provider if self.provider is not None else otel_metrics.get_meter_provider()
+        built = self._built
+        if built is not None and built[0] is provider:
+            return built[1]
+        with self._lock:
+            meter = provider.get_meter("harvest_celery")
+            out: dict[str, Any] = {}
+            for key, name, doc, kind in metrics.specs():
+                if kind == "histogram":
+                    bounds = list(metrics.HISTOGRAMS[key])
+                    out[key] = meter.create_histogram(
+                        name, unit="s", description=doc, explicit_bucket_boundaries_advisory=bounds
+                    )
+                elif kind == "gauge":
+                    out[key] = meter.create_observable_gauge(name, [_gauge_callback(key)], description=doc)
+                else:
+                    out[key] = meter.create_counter(name, description=doc)
+            self._built = (provider, out)
+            return out
+
+    def add(self, key: str, labels: dict[str, str]) -> None:
+        try:
+            self._instruments()[key].add(1, labels)
+        except Exception:  # noqa: BLE001 - Prometheus has it; only the OTel sample is lost
+            self._lost(key)
+
+    def record(self, key: str, labels: dict[str, str], value: float) -> None:
+        try:
+            self._instruments()[key].record(value, labels)
+        except Exception:  # noqa: BLE001 - as add
+            self._lost(key)
+
+    def _lost(self, key: str) -> None:
+        if not self._warned:  # once per process: a broken meter would log at every step
+            self._warned = True
+            log.warning("tracing: OTel metric %s was not recorded", key, exc_info=True)
+
+
+def _gauge_callback(key: str) -> Any:
+    def observe(_options: Any) -> Iterator[otel_metrics.Observation]:
+        for labels, value in metrics.limit_rows(key):
+            yield otel_metrics.Observation(value, labels)
+
+    return observe
+
+
 def load(runtime: Runtime, provider: TracerProvider | None = None) -> Tracing:
-    """Turn tracing on for ``runtime``."""
+    """Turn tracing on for ``runtime``, and the OTel copy of the metrics for this process."""
     tracing = Tracing(runtime, provider)
     runtime.tracer = tracing
+    if metrics.METRICS.mirror is None:
+        metrics.METRICS.mirror = OtelMetrics()
+    tracing.metrics = metrics.METRICS.mirror
     return tracing

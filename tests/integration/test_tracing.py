@@ -7,8 +7,18 @@ active, and each process's finished spans read back from Redis (``tracing_app``)
   times; every decision, activity and compensation span hangs off the run span or off Celery's
   task span under it; a 20-step run has the tree depth of a 2-step one;
 - a timer wait, then a step on the other worker process, stays in the same trace;
-- a cold replay (the worker restarted mid-run), a probe and a query add no span;
-- no marker string of the input or the exception text is in any span.
+- a cold replay (the worker restarted mid-run), a probe, a query and a post-cancel decision
+  add no span and no Sentry event;
+- a decision killed before its commit emitted nothing, and its retake emits one decision span;
+- a child's run span is a child of its parent's; continue-as-new keeps the trace (each run
+  under the start span, linked to the run it continues); a reset fork and a schedule tick (fired
+  by a worker's sweeper) start traces of their own;
+- eager and delivered attempts of the same activities give the same tree shape (names,
+  parentage, attribute keys) and the same Sentry events (count, tags);
+- a workflow failure reaches Sentry once, with file and line; a replay of it does not report;
+- no marker string of the input or the exception text is in any span or Sentry event.
+
+The queues carry a suffix of this session's own (``HARVEST_TEST_DL_SUFFIX``, ``tracing_app``).
 """
 
 from __future__ import annotations
@@ -17,13 +27,16 @@ import json
 import os
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
+from harvest_celery import WorkflowCancelledError, WorkflowFailed
 from harvest_celery._core.engine import replay_history
+from harvest_celery._runtime import sentry
 from harvest_celery._store.schema import executions
 
 from .conftest import Worker, wait_for
@@ -39,11 +52,14 @@ HARVEST_SPANS = ("harvest.decision", "harvest.activity", "harvest.compensation")
 def env(redis_client: Any) -> Iterator[SimpleNamespace]:
     """Worker A (decisions and ``trace_a``) and worker B (``trace_b``), both traced; this process
     instrumented as a web application would be."""
+    suffix = f"_s{os.environ.get('HARVEST_TEST_SLOT', '0')}_{uuid.uuid4().hex[:8]}"
+    os.environ["HARVEST_TEST_DL_SUFFIX"] = suffix  # before the import; the workers inherit it
     from tests.integration import tracing_app
 
+    assert tracing_app.DECIDE.endswith(suffix), "tracing_app was imported before the fixture"
     _fresh_database(tracing_app.DATABASE_URL.rsplit("/", 1)[1])
     tracing_app.harvest.migrate()
-    redis_client.delete(tracing_app.SPANS_KEY, tracing_app.SENTRY_KEY)
+    redis_client.delete(tracing_app.SPANS_KEY, tracing_app.SENTRY_KEY, tracing_app.CRASH_KEY)
     a = Worker(
         "trace-a",
         f"{tracing_app.DECIDE},{tracing_app.QUEUE_A}",
@@ -70,10 +86,10 @@ def _trace(env: SimpleNamespace, trace_id: str) -> list[dict[str, Any]]:
     return [s for s in _spans(env) if s["context"]["trace_id"] == trace_id]
 
 
-def _start(env: SimpleNamespace, workflow: str, arg: Any) -> tuple[str, str, str]:
+def _start(env: SimpleNamespace, workflow: str, arg: Any, rid: str | None = None) -> tuple[str, str, str]:
     """Start under a test "request" span: (run id, the request's trace id, its span id)."""
     tracer = env.app.provider.get_tracer("test")
-    rid = f"{workflow}-{uuid.uuid4().hex[:8]}"
+    rid = rid or f"{workflow}-{uuid.uuid4().hex[:8]}"
     with tracer.start_as_current_span("request") as request:
         env.app.harvest.start_workflow(workflow, arg, execution_id=rid)
     ctx = request.get_span_context()
@@ -187,7 +203,8 @@ def test_the_saga_is_one_trace_from_the_request_to_the_refund(env: SimpleNamespa
         "harvest.outcome",
     }
     assert (
-        ship["attributes"]["harvest.outcome"] == "failed" and ship["attributes"]["harvest.queue"] == "trace_b"
+        ship["attributes"]["harvest.outcome"] == "failed"
+        and ship["attributes"]["harvest.queue"] == env.app.QUEUE_B
     )
     assert ship["pid"] != [s for s in ours if s["name"] == "harvest.activity trace_charge"][0]["pid"]
     # celery_error_detail="type": neither the input nor the exception text leaves harvest
@@ -239,6 +256,7 @@ def test_a_cold_replay_a_probe_and_a_query_add_no_span(env: SimpleNamespace) -> 
     assert names.count("harvest.activity trace_step") == 1
     assert names.count("harvest.activity trace_step_b") == 1
     assert names.count("harvest.run trace_wait") == 1 and names.count("harvest.start") == 1
+    assert _sentry(env, rid) == []  # nor a Sentry event
 
 
 def _sentry(env: SimpleNamespace, rid: str) -> list[dict[str, Any]]:
@@ -264,3 +282,204 @@ def test_failed_attempts_reach_sentry_with_their_tags_on_both_paths(env: SimpleN
     history = env.app.harvest.history(eager)
     started = [e for e in history if e.event.type == "ActivityStarted"]
     assert len(started) == 2  # one claim per attempt: the eager prerun never claims again
+
+
+def _decisions(spans: list[dict[str, Any]]) -> list[str]:
+    return [s["name"] for s in spans if s["name"].startswith("harvest.decision")]
+
+
+def _of_run(env: SimpleNamespace, rid: str) -> list[dict[str, Any]]:
+    return [s for s in _spans(env) if s["attributes"].get("harvest.execution_id") == rid]
+
+
+def test_a_decision_killed_before_its_commit_emitted_nothing_and_its_retake_emits_one(
+    env: SimpleNamespace,
+) -> None:
+    """Worker A dies inside the start's decision (after its replay and write, before its commit):
+    no decision span left; the retake, after the restart, emits one, so the run has as many
+    decision spans as one that never crashed."""
+    rid, trace_id, _ = _start(env, "trace_steps", 1)
+    assert env.app.harvest.result(rid, timeout=60) == 1
+    expected = len(_decisions(_closed_trace(env, rid, trace_id, "trace_steps")))
+    crashed = f"trace_steps-{uuid.uuid4().hex[:8]}"
+    env.redis.set(env.app.CRASH_KEY, crashed)
+    rid, trace_id, _ = _start(env, "trace_steps", 1, rid=crashed)
+    wait_for(lambda: env.a.proc.poll() is not None, timeout=30, what="worker A to die in the decision")
+    assert env.a.proc.returncode == 17 and not env.redis.exists(env.app.CRASH_KEY)
+    assert _decisions(_trace(env, trace_id)) == []  # nothing left the process before the commit
+    env.a.restart()
+    assert env.app.harvest.result(rid, timeout=60) == 1
+    assert len(_decisions(_closed_trace(env, rid, trace_id, "trace_steps"))) == expected
+
+
+def test_a_post_cancel_decision_adds_no_span_and_no_sentry_event(env: SimpleNamespace) -> None:
+    harvest = env.app.harvest
+    rid, trace_id, _ = _start(env, "trace_wait", 1)
+    wait_for(lambda: len(_decisions(_trace(env, trace_id))) == 2, timeout=30, what="two decisions")
+    harvest.cancel_workflow_execution(rid, "no")
+    with pytest.raises(WorkflowCancelledError):
+        harvest.result(rid, timeout=30)
+    wait_for(lambda: (harvest.store.cancel_branch(rid) or SimpleNamespace(settled=False)).settled, timeout=30)
+
+    def decided() -> list[dict[str, Any]] | None:  # the post-cancel decision's Celery task span ended
+        spans = _trace(env, trace_id)
+        tasks = [s for s in spans if s["name"] == "run/harvest.decide"]
+        return (
+            spans if len(tasks) == 2 and any(s["name"] == "harvest.run trace_wait" for s in spans) else None
+        )
+
+    spans = wait_for(decided, timeout=30, what="the post-cancel decision's task span")
+    assert len(_decisions(spans)) == 2
+    (run,) = [s for s in spans if s["name"] == "harvest.run trace_wait"]
+    assert run["attributes"]["harvest.status"] == "CANCELLED"
+    assert _sentry(env, rid) == []
+
+
+def test_a_child_and_continue_as_new_stay_in_the_trace(env: SimpleNamespace) -> None:
+    parent_id, trace_id, _ = _start(env, "trace_parent", 2)
+    assert env.app.harvest.result(parent_id, timeout=60) == 2
+    loop_id, loop_trace, _ = _start(env, "trace_loop", 0)
+    assert env.app.harvest.result(loop_id, timeout=60) == 3  # follows the chain
+    child = wait_for(
+        lambda: [s for s in _trace(env, trace_id) if s["name"] == "harvest.run trace_steps"],
+        timeout=30,
+        what="the child's run span",
+    )
+    (parent,) = wait_for(
+        lambda: [s for s in _trace(env, trace_id) if s["name"] == "harvest.run trace_parent"],
+        timeout=30,
+        what="the parent's run span",
+    )
+    assert child[0]["parent"]["span_id"] == parent["context"]["span_id"]
+    steps = wait_for(
+        lambda: (
+            [s for s in _trace(env, trace_id) if s["name"].startswith("harvest.activity trace_step")]
+            if len([s for s in _trace(env, trace_id) if s["name"].startswith("harvest.activity trace_step")])
+            == 2
+            else None
+        ),
+        timeout=30,
+        what="the child's two attempt spans",
+    )
+    by_id = {s["context"]["span_id"]: s for s in _trace(env, trace_id)}
+    assert all(_under_run(s, child[0]["context"]["span_id"], by_id) for s in steps)
+    runs = wait_for(
+        lambda: (lambda r: r if len(r) == 3 else None)(
+            [s for s in _trace(env, loop_trace) if s["name"] == "harvest.run trace_loop"]
+        ),
+        timeout=30,
+        what="the chain's three run spans",
+    )
+    runs.sort(key=lambda s: s["start"])
+    (start,) = [s for s in _trace(env, loop_trace) if s["name"] == "harvest.start"]
+    assert all(r["parent"]["span_id"] == start["context"]["span_id"] for r in runs)  # flat
+    assert [r["links"] for r in runs] == [[], [runs[0]["context"]], [runs[1]["context"]]]
+
+
+def test_a_fork_and_a_schedule_tick_start_traces_of_their_own(env: SimpleNamespace) -> None:
+    harvest = env.app.harvest
+    rid, trace_id, _ = _start(env, "trace_steps", 2)
+    assert harvest.result(rid, timeout=60) == 2
+    (source,) = [
+        s for s in _closed_trace(env, rid, trace_id, "trace_steps") if s["name"].startswith("harvest.run")
+    ]
+    fork_id = harvest.reset(rid, 1)  # from just after WorkflowStarted
+    assert harvest.result(fork_id, timeout=60) == 2
+    fork_trace = _stored(env, fork_id).traceparent.split("-")[1]
+    assert fork_trace != trace_id
+    fork_spans = _closed_trace(env, fork_id, fork_trace, "trace_steps")
+    (fork,) = [s for s in fork_spans if s["name"] == "harvest.run trace_steps"]
+    assert fork["parent"] is None and fork["links"] == [source["context"]]
+    name = f"trace-tick-{uuid.uuid4().hex[:8]}"
+    harvest.create_schedule(name, workflow="trace_steps", every=timedelta(seconds=1), input=1, max_runs=1)
+    try:
+        ((tick_id, _),) = wait_for(lambda: harvest.schedule_runs(name), timeout=30, what="the tick")
+        assert harvest.result(tick_id, timeout=60) == 1
+    finally:
+        harvest.delete_schedule(name)
+    tick_trace = _stored(env, tick_id).traceparent.split("-")[1]
+    spans = _closed_trace(env, tick_id, tick_trace, "trace_steps")
+    (start,) = [s for s in spans if s["name"] == "harvest.start"]
+    (run,) = [s for s in spans if s["name"] == "harvest.run trace_steps"]
+    assert start["parent"] is None and run["parent"]["span_id"] == start["context"]["span_id"]
+    assert start["pid"] in (env.a.proc.pid, env.b.proc.pid)  # fired by a worker's sweeper
+
+
+def _shape(span: dict[str, Any], by_id: dict[str, dict[str, Any]], run_id: str) -> list[Any]:
+    """An attempt span's path up to the run span: each hop's kind, name (the activity's, or
+    Celery's task name, which is the same on both paths) and attribute keys, up to the task span;
+    above it, whether the task span reaches the run span (directly on the eager path, through the
+    publish span of the message on the broker path)."""
+    task = by_id[span["parent"]["span_id"]]
+    return [
+        (
+            span["kind"],
+            span["name"],
+            sorted(span["attributes"]),
+            span["events"] and span["events"][0]["name"],
+        ),
+        (task["kind"], task["name"], sorted(task["attributes"])),
+        _reaches(task, run_id, by_id),
+    ]
+
+
+def test_eager_and_broker_attempts_give_the_same_tree_and_sentry_events(env: SimpleNamespace) -> None:
+    """``trace_both``: ``trace_step`` and ``trace_fail_a`` once eager (on A) and once delivered
+    (to B), each path one success and one failure."""
+    order = {"id": 11, "note": env.app.MARKER}
+    rid, trace_id, _ = _start(env, "trace_both", order)
+    assert env.app.harvest.result(rid, timeout=60) == 5
+    spans = _closed_trace(env, rid, trace_id, "trace_both")
+    by_id = {s["context"]["span_id"]: s for s in spans}
+    (run,) = [s for s in spans if s["name"] == "harvest.run trace_both"]
+    attempts = [s for s in spans if s["name"].startswith("harvest.activity")]
+    by_queue = {
+        (s["name"], s["attributes"]["harvest.queue"]): _shape(s, by_id, run["context"]["span_id"])
+        for s in attempts
+    }
+    assert len(attempts) == len(by_queue) == 4
+    for name in ("harvest.activity trace_step", "harvest.activity trace_fail_a"):
+        eager, broker = by_queue[(name, env.app.QUEUE_A)], by_queue[(name, env.app.QUEUE_B)]
+        assert eager == broker, name
+        assert eager[-1] is True
+    for s in attempts:  # eager on A, delivered to B
+        assert s["pid"] == (
+            env.a.proc.pid if s["attributes"]["harvest.queue"] == env.app.QUEUE_A else env.b.proc.pid
+        )
+    events = wait_for(
+        lambda: (lambda e: e if len(e) == 2 else None)(_sentry(env, rid)), timeout=30, what="2 events"
+    )
+    assert {e["pid"] for e in events} == {env.a.proc.pid, env.b.proc.pid}
+    tags = [sorted(e["tags"]) for e in events]
+    assert tags[0] == tags[1], tags
+    assert all(e["tags"]["harvest.activity"] == "trace_fail_a" for e in events)
+    assert env.app.MARKER not in json.dumps(spans) + json.dumps(events)
+
+
+def test_a_workflow_failure_reaches_sentry_once_with_file_and_line(env: SimpleNamespace) -> None:
+    """Reported by the worker that committed ``WorkflowFailed``; a replay and a query of the
+    failed run, in a process whose Sentry is initialised too, report nothing."""
+    harvest = env.app.harvest
+    order = {"id": 12, "note": env.app.MARKER}
+    rid = harvest.start_workflow("trace_wf_fail", order)
+    with pytest.raises(WorkflowFailed):
+        harvest.result(rid, timeout=60)
+    (event,) = wait_for(lambda: _sentry(env, rid), timeout=30, what="the workflow's Sentry event")
+    (exc,) = event["exception"]["values"]
+    assert exc["type"] == "ValueError" and env.app.MARKER not in json.dumps(event)
+    frame = exc["stacktrace"]["frames"][-1]
+    assert frame["filename"].endswith("tracing_app.py") and frame["function"] == "trace_wf_fail"
+    source = open(frame["abs_path"]).read().splitlines()[frame["lineno"] - 1]
+    assert "raise ValueError" in source
+    env.app.init_sentry()  # this process reports too now: a replay must not
+    try:
+        assert sentry.sdk() is not None
+        replay_history(
+            harvest.registry.workflow("trace_wf_fail"), rid, harvest.history(rid), harvest.registry
+        )
+        with pytest.raises(WorkflowFailed):
+            harvest.result(rid, timeout=5)
+    finally:
+        env.app.close_sentry()
+    assert sentry.sdk() is None
+    assert len(_sentry(env, rid)) == 1

@@ -137,7 +137,7 @@ def test_attempt_tags_and_an_explicit_capture(captured):
     try:
         raise RuntimeError("eager failure")
     except RuntimeError as exc:
-        sentry.capture_attempt("run-1", "charge", 3, exc)
+        sentry.capture_attempt("run-1", "charge", 3, exc, "run-1:4:3")
     sentry_sdk.capture_message("after: no attempt tags leak")
     sentry_sdk.flush()
     tagged, eager, after = captured.events
@@ -149,4 +149,10 @@ def test_attempt_tags_and_an_explicit_capture(captured):
     assert (
         eager["tags"]["harvest.attempt"] == "3" and eager["exception"]["values"][0]["type"] == "RuntimeError"
     )
+    assert eager["tags"]["celery_task_id"] == "run-1:4:3"  # as Sentry's integration tags a task
+    assert eager["extra"]["celery-job"] == {
+        "task_name": "charge",
+        "args": "[Filtered]",
+        "kwargs": "[Filtered]",
+    }
     assert "harvest.attempt" not in after.get("tags", {})

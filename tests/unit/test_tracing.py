@@ -188,13 +188,14 @@ def test_tracing_off_loads_no_opentelemetry_module(tmp_path):
             del sys.modules[name]
         import harvest_celery
         h = harvest_celery.Harvest("sqlite:///{tmp_path / "off.db"}")
+        from harvest_celery._runtime.metrics import METRICS
         loaded = [m for m in sys.modules if m.startswith(("opentelemetry", "sentry_sdk"))]
-        print(json.dumps([h.tracing is None, h.runtime.tracer is None, loaded]))
+        print(json.dumps([h.tracing is None, h.runtime.tracer is None, METRICS.mirror is None, loaded]))
         """,
         HARVEST_TRACING="",
     )
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, True, []]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, True, True, []]
 
 
 def test_tracing_without_the_extra_names_it_and_writes_nothing(tmp_path):
@@ -231,6 +232,51 @@ def test_harvest_tracing_env_switches_it_on(tmp_path, monkeypatch):
     monkeypatch.setenv("HARVEST_TRACING", "maybe")
     with pytest.raises(ValueError, match="HARVEST_TRACING"):
         Harvest.from_env()
+
+
+def test_with_tracing_on_the_metrics_are_also_otel_metrics(tmp_path, spans):
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from harvest_celery._runtime import metrics
+
+    h = _app(tmp_path, spans)
+    reader = InMemoryMetricReader()
+    h.tracing.metrics.provider = MeterProvider(metric_readers=[reader])
+    labels = {"workflow": "steps", "queue": "default"}
+    before = metrics.METRICS.value("activity_completed", labels)
+    try:
+        run_id = h.start_workflow("steps", 3)
+        assert h.result(run_id, timeout=WAIT) == 3
+        found = {
+            m.name: m
+            for rm in reader.get_metrics_data().resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+        }
+    finally:
+        h.tracing.metrics.provider = None
+    steps_ = [p for p in found["harvest_activity_completed"].data.data_points if dict(p.attributes) == labels]
+    assert [p.value for p in steps_] == [3] == [metrics.METRICS.value("activity_completed", labels) - before]
+    assert {p.attributes["path"] for p in found["harvest_decisions"].data.data_points} <= {
+        "one_statement",
+        "inline",
+        "task",
+    }
+    lag = found["harvest_activity_schedule_to_start_seconds"]
+    (point,) = lag.data.data_points
+    assert lag.unit == "s" and dict(point.attributes) == {"queue": "default"} and point.count == 3
+    assert tuple(point.explicit_bounds) == metrics.HISTOGRAMS["activity_schedule_to_start"]
+    # the Prometheus names (without the suffixes the exposition adds), the limit gauges included
+    assert (
+        {name for _k, name, _d, _kind in metrics.specs()}
+        >= set(found)
+        >= {
+            "harvest_activity_completed",
+            "harvest_decisions",
+            "harvest_activity_schedule_to_start_seconds",
+        }
+    )
 
 
 # ── the span model ───────────────────────────────────────────────────────────────────────────
