@@ -285,3 +285,22 @@ def test_openapi_names_every_endpoint(client):
         "/workflows/{execution_id}/queries/{name}",
         "/workflows/{execution_id}/updates/{name}",
     }
+
+
+def test_a_runs_links_to_its_parent_children_and_chain(client, harvest, tag):
+    parent = f"api-links-{tag}"
+    harvest.start_workflow("ch_checkout", {"tag": tag}, execution_id=parent)
+    assert harvest.result(parent, timeout=60) == "shipped"
+    child = f"{parent}-c1"
+    body = client.get(f"/workflows/{parent}").json()
+    assert body["children"] == [{"id": child, "workflow": "ch_book_trip", "status": "COMPLETED"}]
+    assert body["parent_id"] is None
+    assert client.get(f"/workflows/{child}").json()["parent_id"] == parent
+    first = f"api-chain-{tag}"
+    harvest.start_workflow("ch_counter", {"n": 0, "to": 2, "every": 1}, execution_id=first)
+    assert harvest.result(first, timeout=60) == {"n": 2, "got": []}
+    links = [client.get(f"/workflows/{first}").json()]
+    while links[-1]["continued_to"] is not None:
+        links.append(client.get(f"/workflows/{links[-1]['continued_to']}").json())
+    assert [x["status"] for x in links] == ["CONTINUED_AS_NEW", "CONTINUED_AS_NEW", "COMPLETED"]
+    assert [x["continued_from"] for x in links] == [None, first, links[1]["execution_id"]]
