@@ -3,7 +3,8 @@
 undone by a compensating child, a cooperative cancel passed down, the parent-close policies, a
 refused child id, parents cancelled while their children close (no Postgres deadlock), a long
 continue-as-new chain followed by result() with a signal routed to its current run, and the
-erasure and purge of a chain and of a parent with its children as families."""
+erasure and purge of a chain and of a parent with its children as families, and the legal ids
+derived from 200-character sources."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 
 from harvest_celery import ForksHoldCopies, WorkflowCancelledError, WorkflowFailed
+from harvest_celery._core.ids import MAX_ID_LENGTH, check_execution_id
 from harvest_celery._store.schema import child_notices, executions
 
 from .conftest import effects, scrape_all, wait_for, worker_env
@@ -295,3 +297,39 @@ def _chain(harvest: Any, first: str) -> list[str]:
     while (following := harvest.describe(ids[-1]).continued_to) is not None:
         ids.append(following)
     return ids
+
+
+def _longest(prefix: str, tag: str) -> str:
+    head = f"{prefix}-{tag}-"
+    return head + "x" * (MAX_ID_LENGTH - len(head))
+
+
+def _legal(derived: str, source: str) -> bool:
+    return check_execution_id(derived) == derived and len(derived) <= MAX_ID_LENGTH and derived != source
+
+
+def test_200_character_sources_derive_legal_ids_for_children_chains_resets_and_retries(harvest, workers, tag):
+    parent = _longest("lp", tag)
+    harvest.start_workflow("ch_checkout", {"tag": tag}, execution_id=parent)
+    assert harvest.result(parent, timeout=60) == "shipped"
+    (kid,) = harvest.describe(parent).children  # the child's default id, hashed to fit
+    assert _legal(kid["id"], parent) and harvest.describe(kid["id"]).parent_id == parent
+    first = _longest("lc", tag)
+    harvest.start_workflow("ch_counter", {"n": 0, "to": 2, "every": 1}, execution_id=first)
+    assert harvest.result(first, timeout=60) == {"n": 2, "got": []}
+    links = _chain(harvest, first)
+    assert len(links) == 3 and all(_legal(b, a) for a, b in zip(links, links[1:], strict=False))
+    gated = _longest("lr", tag)
+    harvest.start_workflow("ch_waits", {"tag": tag}, execution_id=gated)
+    harvest.signal(gated, "go", "yes")
+    assert harvest.result(gated, timeout=60) == "yes"
+    fork = harvest.reset(gated, 1)
+    assert _legal(fork, gated) and "-reset-" in fork and harvest.describe(fork).status == "RUNNING"
+    harvest.terminate(fork)
+    source = _longest("ld", tag)
+    harvest.start_workflow("retryable", {"tag": tag}, execution_id=source)
+    with pytest.raises(WorkflowFailed):
+        harvest.result(source, timeout=60)
+    retried = harvest.retry_dag_run("retryable", source)["run_id"]
+    assert _legal(retried, source) and "-retry-" in retried
+    assert set(harvest.result(retried, timeout=60)) == {"rt_a", "rt_b", "rt_c"}

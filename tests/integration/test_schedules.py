@@ -460,6 +460,46 @@ def test_trigger_now_and_backfill_ids(sched, sched_worker, tag):
     )
 
 
+def test_a_backfill_killed_mid_way_resumes_from_its_cursor(sched, tag):
+    """``harvest schedules backfill`` over 1,000 past ticks, killed -9 once some have started;
+    asked again for the same range, it starts the rest and never looks at the ticks before its
+    cursor. Its runs belong to another app's decision queue, so no worker ever takes them."""
+    name, other = f"bf-{tag}", f"{QUEUE}-other"
+    sched.runtime.settings.decision_queue = other
+    try:
+        sched.create_schedule(name, workflow="sched.tick", every=timedelta(seconds=1), overlap="allow_all")
+    finally:
+        sched.runtime.settings.decision_queue = QUEUE
+    end = _row(name)["row"]["last_tick"].replace(microsecond=0)
+    start = end - timedelta(seconds=999)
+    expected = _ticks(name, 1, start - timedelta(microseconds=1), end)
+    assert len(expected) == 1000
+    argv = ["schedules", "backfill", name, "--start", start.isoformat(), "--end", end.isoformat()]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harvest_celery", "-A", "tests.integration.sched_app:harvest", *argv],
+        cwd=ROOT,
+        env=_env(HARVEST_TEST_SCHED_QUEUE=other),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        _wait(lambda: len(_row(name)["runs"]) >= 20 or proc.poll() is not None, "twenty backfilled runs")
+    finally:
+        if proc.poll() is None:
+            kill_group(proc)
+    before = {r["id"] for r in _row(name)["runs"]}
+    assert 20 <= len(before) < len(expected)  # killed mid-way
+    sched.runtime.settings.decision_queue = other
+    try:
+        resumed = sched.backfill_schedule(name, start, end)
+    finally:
+        sched.runtime.settings.decision_queue = QUEUE
+    assert resumed["already_ran"] == []  # it resumed after its cursor, not from the start
+    assert sorted(resumed["started"]) == sorted(set(expected) - before)
+    assert sorted(r["id"] for r in _row(name)["runs"]) == expected
+
+
 def _scrape(port: int) -> dict[str, float]:
     try:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
