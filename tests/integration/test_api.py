@@ -313,6 +313,8 @@ def test_a_runs_links_to_its_parent_children_and_chain(client, harvest, tag):
     links = _chain(client, first)
     assert [x["status"] for x in links] == ["CONTINUED_AS_NEW", "CONTINUED_AS_NEW", "COMPLETED"]
     assert [x["continued_from"] for x in links] == [None, first, links[1]["execution_id"]]
+    listed = client.get("/workflows", params={"status": "CONTINUED_AS_NEW", "limit": 1000}).json()
+    assert {first, links[1]["execution_id"]} <= {x["execution_id"] for x in listed["workflows"]}
     other = f"api-chain-t-{tag}"
     harvest.start_workflow("ch_counter", waits, execution_id=other)
     wait_for(lambda: len(_chain(client, other)) == 2, what="the second link")

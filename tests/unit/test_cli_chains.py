@@ -47,3 +47,14 @@ def test_a_command_to_the_first_id_reaches_the_chains_current_run(h, capsys, arg
     assert [h.describe(i).status for i in ids[:-1]] == ["CONTINUED_AS_NEW"] * 3
     if status == "COMPLETED":
         assert h.result("c") == 13
+
+
+def test_list_filters_on_continued_as_new(h, capsys):
+    assert main(["--app", APP, "start", "cs.chain", "0", "--id", "c"]) == 0
+    h.drain()
+    ids = chain(h, "c")
+    capsys.readouterr()
+    assert main(["--app", APP, "list", "--status", "continued_as_new"]) == 0
+    out = capsys.readouterr().out
+    assert all(i in out for i in ids[:-1]) and ids[-1] not in out
+    assert {x.id for x in h.list(status="CONTINUED_AS_NEW")} == set(ids[:-1])
