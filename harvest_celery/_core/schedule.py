@@ -167,9 +167,14 @@ def fire_at(name: str, tick: datetime, jitter: float) -> datetime:
     return tick + jitter_of(tick_id(name, tick), jitter)
 
 
-def in_window(fire_time: datetime, now: datetime, catchup_window: float) -> bool:
-    """Is a tick whose fire time was ``fire_time`` still to fire at ``now``?"""
-    return now - fire_time <= max(timedelta(seconds=catchup_window), ON_TIME)
+def in_window(
+    fire_time: datetime, now: datetime, catchup_window: float, seen: datetime | None = None
+) -> bool:
+    """Is a tick whose fire time was ``fire_time`` still to fire at ``now``, by a pass that
+    began at ``seen`` (default ``now``)? Judged by how long it was due when the pass began: a
+    tick that fell due during the pass is on time however many rows the pass fired first."""
+    judged = now if seen is None else min(now, max(seen, fire_time))
+    return judged - fire_time <= max(timedelta(seconds=catchup_window), ON_TIME)
 
 
 @dataclass
@@ -207,16 +212,8 @@ def plan(
     ``last_tick`` (those whose jittered fire time is not after ``now``) oldest first, each
     missed (older than the window), fired or skipped (or buffered) by the overlap policy;
     ``runs`` counts the nominal ticks fired so far (``max_runs``), ``end_at`` bounds the ticks.
-
-    ``seen``: when the firing pass began looking (default ``now``). A tick is judged by how long
-    it was due before then, not by how long the pass took to reach its row: a tick due before
-    the pass began waited for no live scheduler (an outage, a catch-up); one that fell due
-    during the pass is on time, however many rows the pass fired first."""
+    ``seen``: when the firing pass began (``in_window``)."""
     out = Plan(buffered=buffered, last_tick=last_tick)
-
-    def judged(fire_time: datetime) -> datetime:
-        return now if seen is None else min(now, max(seen, fire_time))
-
     busy = open_run
 
     def room() -> bool:
@@ -237,8 +234,7 @@ def plan(
         if (end_at is not None and tick > end_at) or not room():
             break
         out.last_tick = tick
-        fire_time = fire_at(name, tick, spec.jitter)
-        if not in_window(fire_time, judged(fire_time), catchup_window):
+        if not in_window(fire_at(name, tick, spec.jitter), now, catchup_window, seen):
             out.missed += 1
         elif overlap == "allow_all" or not busy:
             fire(tick)
