@@ -5,7 +5,9 @@ One app carries every side of the comparison:
 * harvest-celery, on the ``harvest_bench`` database:
 
   - ``bench_step`` (a no-op activity on queue ``bench``) and ``bench_seq(n)`` (a workflow of
-    ``n`` sequential ``bench_step`` activities) — scenarios B1, B2, B3;
+    ``n`` sequential ``bench_step`` activities) — scenarios B1, B2, B3, and ``bench_loop`` (the
+    same steps, continuing as new every ``per_link``) — B3's chain row; ``bench_seq`` is also
+    the target of the schedule-lateness scenario's schedules;
   - ``bench_fanout`` (a DAG: ``fan_items`` → ``fan_cell`` mapped over its output, compensated by
     ``fan_undo`` → ``fan_fail``, which always fails, so the mapped node is unwound) — B4;
   - ``bench_wait`` (waits for the signal ``go``) — the memory scenario;
@@ -74,6 +76,18 @@ async def bench_seq(ctx: WorkflowContext, n: int) -> int:
 
 
 @workflow
+async def bench_loop(ctx: WorkflowContext, data: dict[str, int]) -> int:
+    """``bench_seq`` as a loop that continues as new every ``per_link`` steps (B3's chain row):
+    counts to ``to`` with one ``bench_step`` per iteration."""
+    x = data["x"]
+    for _ in range(data["per_link"]):
+        if x >= data["to"]:
+            return x
+        x = await ctx.execute_activity(bench_step, x)
+    ctx.continue_as_new({**data, "x": x})
+
+
+@workflow
 async def bench_wait(ctx: WorkflowContext, _input: Any = None) -> Any:
     return await ctx.wait_signal("go")
 
@@ -110,7 +124,9 @@ def bench_fanout(g: DagBuilder) -> None:
     g.activity(fan_fail).upstream(cells)
 
 
-harvest.register(bench_step, bench_seq, bench_wait, fan_items, fan_cell, fan_undo, fan_fail, bench_fanout)
+harvest.register(
+    bench_step, bench_seq, bench_loop, bench_wait, fan_items, fan_cell, fan_undo, fan_fail, bench_fanout
+)
 
 
 @app.task(name="raw_step", queue="bench", ignore_result=False)

@@ -152,7 +152,8 @@ def history_rows(res: dict[str, Any]) -> list[Row]:
     if not hist or "error" in hist:
         return []
     rows = []
-    for t in list(hist["topologies"].values()) + [dict(hist["dbos"], label="DBOS (in process)")]:
+    chain = [hist["chain"]] if "chain" in hist else []
+    for t in list(hist["topologies"].values()) + chain + [dict(hist["dbos"], label="DBOS (in process)")]:
         if "error" in t:
             rows.append([t.get("label", "?"), "error: " + t["error"][:80], "", "", ""])
             continue
@@ -164,6 +165,29 @@ def history_rows(res: dict[str, Any]) -> list[Row]:
                 f"{fmt(t['early_mean_ms'])} (1–{w})",
                 f"{fmt(t['late_mean_ms'])} ({t['steps'] - w + 1}–{t['steps']})",
                 x(t["late_over_early"]),
+            ]
+        )
+    return rows
+
+
+def schedule_rows(res: dict[str, Any]) -> list[Row]:
+    """System | ticks fired | median ms | p99 ms | max ms | median, p99 ÷ Beat."""
+    sched = res.get("schedules")
+    if not sched or "error" in sched:
+        return []
+    rows = []
+    for t in sched["systems"].values():
+        if "median_ms" not in t:
+            rows.append([t["label"], f"{t['fired']}/{t['ticks']}", "", "", "", ""])
+            continue
+        rows.append(
+            [
+                t["label"],
+                f"{t['fired']}/{t['ticks']}",
+                fmt(t["median_ms"]),
+                fmt(t["p99_ms"]),
+                fmt(t["max_ms"]),
+                f"{x(t['median_over_beat'])} / {x(t['p99_over_beat'])}" if "median_over_beat" in t else "",
             ]
         )
     return rows
@@ -325,6 +349,13 @@ def tables(res: dict[str, Any], md: bool) -> str:
             "B3 step cost against history length (mean ms per step)",
             ["topology", "steps", "early", "late", "late÷early"],
             history_rows(res),
+        ),
+        (
+            f"Schedule lateness: {_get(res, 'schedules', 'schedules')} schedules every "
+            f"{_get(res, 'schedules', 'every_s')} s, {_get(res, 'schedules', 'rounds')} ticks (run creation "
+            "minus nominal tick, ms)",
+            ["", "fired", "median", "p99", "max", "median / p99 ÷ Beat"],
+            schedule_rows(res),
         ),
         (
             "Memory: decision worker holding warm runs",

@@ -4,8 +4,9 @@
     python -m benchmarks.run --quick                # every scenario, shortened, ~2 min
     python -m benchmarks.run --scenarios sequential,history --skip-dbos
 
-Scenarios: sequential (B1), throughput (B2), history (B3), fanout (B4), memory, micro; and
-tracing (B1 with tracing on against off, run only when named: --scenarios tracing). Same
+Scenarios: sequential (B1), throughput (B2), history (B3), fanout (B4), memory, micro,
+schedules (tick lateness, harvest scheduler against Celery Beat); and tracing (B1 with tracing
+on against off, run only when named: --scenarios tracing). Same
 Postgres (127.0.0.1:5432; databases ``harvest_bench`` and ``dbos_bench`` recreated each run) and
 Redis (127.0.0.1:6379, DB 7 flushed each run) for every system. Writes
 benchmarks/results/latest.json and the two plots; see benchmarks/README.md for what each number
@@ -39,7 +40,7 @@ from benchmarks.common import (
     fresh_database,
     log,
 )
-from benchmarks.scenarios import fanout, history, memory, sequential, throughput, tracing
+from benchmarks.scenarios import fanout, history, memory, schedules, sequential, throughput, tracing
 
 SCENARIOS = {
     "sequential": sequential.run,
@@ -49,6 +50,7 @@ SCENARIOS = {
     "memory": memory.run,
     "micro": lambda args, _d: micro.run(args),
     "tracing": tracing.run,  # B1 with tracing on and off; not in the default set (--scenarios tracing)
+    "schedules": schedules.run,  # last: it leaves open runs no worker has taken
 }
 DEFAULT = [s for s in SCENARIOS if s != "tracing"]
 # (full, --quick) defaults of the size knobs
@@ -62,6 +64,10 @@ PROFILES: dict[str, tuple[Any, Any]] = {
     "memory_runs": (1000, 200),
     "budget_steps": (100, 40),
     "repeats": (5, 3),
+    "chain_iterations": (20000, 5000),
+    "sched_count": (1000, 1000),
+    "sched_every": (20, 10),
+    "sched_rounds": (5, 3),
 }
 
 
@@ -113,6 +119,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--min-jobs", type=int, help="B2: workflows per level at least (32; quick 8)")
     p.add_argument("--history-steps", type=int, help="B3: steps in the one long run (1000; quick 300)")
+    p.add_argument(
+        "--chain-iterations", type=int, help="B3: steps of the continue-as-new loop (20000; quick 5000)"
+    )
+    p.add_argument("--sched-count", type=int, help="schedules: schedules and Beat entries (1000)")
+    p.add_argument("--sched-every", type=int, help="schedules: their interval, seconds (20; quick 10)")
+    p.add_argument("--sched-rounds", type=int, help="schedules: ticks measured per system (5; quick 3)")
     p.add_argument("--fanout-cells", type=int, help="B4: mapped cells (1000; quick 200)")
     p.add_argument("--memory-runs", type=int, help="memory: warm runs (1000; quick 200)")
     p.add_argument("--budget-steps", type=int, help="B1: steps of the counted probe run (100; quick 40)")
@@ -145,6 +157,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             args.memory_runs,
             args.budget_steps,
             args.repeats,
+            args.chain_iterations,
+            args.sched_count,
+            args.sched_every,
+            args.sched_rounds,
             *args.inflight,
         )
         < 1

@@ -28,7 +28,9 @@ MAX_NAME_LENGTH = 180  # + "@20261201T020000Z" fits the 200-character id cap
 OVERLAP = ("skip", "buffer_one", "allow_all")
 JITTER_SAMPLE = 1000  # a cron's shortest gap is taken over its next 1,000 ticks
 # A tick fired this late is still on time whatever the catch-up window: the latency of a live
-# scheduler's own loop. Later than max(window, this) and it is counted missed.
+# scheduler's own loop. Later than max(window, this) and it is counted missed. How late is judged
+# from when the pass that fires it began (``plan``'s ``seen``): a burst of due schedules takes a
+# live pass longer than this to work through, and none of its ticks is missed for that.
 ON_TIME = timedelta(seconds=5)
 
 
@@ -165,9 +167,14 @@ def fire_at(name: str, tick: datetime, jitter: float) -> datetime:
     return tick + jitter_of(tick_id(name, tick), jitter)
 
 
-def in_window(fire_time: datetime, now: datetime, catchup_window: float) -> bool:
-    """Is a tick whose fire time was ``fire_time`` still to fire at ``now``?"""
-    return now - fire_time <= max(timedelta(seconds=catchup_window), ON_TIME)
+def in_window(
+    fire_time: datetime, now: datetime, catchup_window: float, seen: datetime | None = None
+) -> bool:
+    """Is a tick whose fire time was ``fire_time`` still to fire at ``now``, by a pass that
+    began at ``seen`` (default ``now``)? Judged by how long it was due when the pass began: a
+    tick that fell due during the pass is on time however many rows the pass fired first."""
+    judged = now if seen is None else min(now, max(seen, fire_time))
+    return judged - fire_time <= max(timedelta(seconds=catchup_window), ON_TIME)
 
 
 @dataclass
@@ -199,11 +206,13 @@ def plan(
     runs: int,
     max_runs: int | None,
     end_at: datetime | None,
+    seen: datetime | None = None,
 ) -> Plan:
     """The semantics table of docs/schedules.md, as one pure function: the due ticks after
     ``last_tick`` (those whose jittered fire time is not after ``now``) oldest first, each
     missed (older than the window), fired or skipped (or buffered) by the overlap policy;
-    ``runs`` counts the nominal ticks fired so far (``max_runs``), ``end_at`` bounds the ticks."""
+    ``runs`` counts the nominal ticks fired so far (``max_runs``), ``end_at`` bounds the ticks.
+    ``seen``: when the firing pass began (``in_window``)."""
     out = Plan(buffered=buffered, last_tick=last_tick)
     busy = open_run
 
@@ -225,7 +234,7 @@ def plan(
         if (end_at is not None and tick > end_at) or not room():
             break
         out.last_tick = tick
-        if not in_window(fire_at(name, tick, spec.jitter), now, catchup_window):
+        if not in_window(fire_at(name, tick, spec.jitter), now, catchup_window, seen):
             out.missed += 1
         elif overlap == "allow_all" or not busy:
             fire(tick)

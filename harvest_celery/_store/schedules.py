@@ -287,13 +287,15 @@ def fire_due(
     limit: int = 1,
     exclude: Sequence[str] = (),
     tasks: Sequence[str] = (),
+    seen: datetime | None = None,
 ) -> list[Fired]:
     """Fire up to ``limit`` due rows (not in ``exclude``), in this one transaction. A row that
-    fails raises ``FiringFailed`` naming it (the transaction is then rolled back)."""
+    fails raises ``FiringFailed`` naming it (the transaction is then rolled back). ``seen``:
+    when the firing pass began (``plan``: lateness is judged from it)."""
     out = []
     for row in due(tx, decision_queue, kinds, limit, exclude, tasks):
         try:
-            out.append(_fire_row(tx, row, decision_queue))
+            out.append(_fire_row(tx, row, decision_queue, seen))
         except Exception as exc:  # noqa: BLE001 - named, so the pass can go on without it
             raise FiringFailed(row.name) from exc
     return out
@@ -307,7 +309,7 @@ class FiringFailed(Exception):
         self.name = name
 
 
-def _fire_row(tx: Tx, row: Any, decision_queue: str) -> Fired:
+def _fire_row(tx: Tx, row: Any, decision_queue: str, seen: datetime | None = None) -> Fired:
     now = db_now(tx)
     spec = spec_of(row)
     p = plan(
@@ -322,6 +324,7 @@ def _fire_row(tx: Tx, row: Any, decision_queue: str) -> Fired:
         runs=row.runs,
         max_runs=row.max_runs,
         end_at=aware(row.end_at),
+        seen=seen,
     )
     done = Fired(row.workflow, row.name, skipped=p.skipped, missed=p.missed, lateness=p.lateness)
     if p.fire:

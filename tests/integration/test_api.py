@@ -285,3 +285,38 @@ def test_openapi_names_every_endpoint(client):
         "/workflows/{execution_id}/queries/{name}",
         "/workflows/{execution_id}/updates/{name}",
     }
+
+
+def _chain(client: TestClient, first: str) -> list[dict[str, Any]]:
+    links = [client.get(f"/workflows/{first}").json()]
+    while links[-1]["continued_to"] is not None:
+        links.append(client.get(f"/workflows/{links[-1]['continued_to']}").json())
+    return links
+
+
+def test_a_runs_links_to_its_parent_children_and_chain(client, harvest, tag):
+    parent = f"api-links-{tag}"
+    harvest.start_workflow("ch_checkout", {"tag": tag}, execution_id=parent)
+    assert harvest.result(parent, timeout=60) == "shipped"
+    child = f"{parent}-c1"
+    body = client.get(f"/workflows/{parent}").json()
+    assert body["children"] == [{"id": child, "workflow": "ch_book_trip", "status": "COMPLETED"}]
+    assert body["parent_id"] is None
+    assert client.get(f"/workflows/{child}").json()["parent_id"] == parent
+    first = f"api-chain-{tag}"
+    waits = {"n": 0, "to": 2, "every": 1, "signal_at": 2}  # its second link waits for "mid"
+    harvest.start_workflow("ch_counter", waits, execution_id=first)
+    wait_for(lambda: len(_chain(client, first)) == 2, what="the second link")
+    resp = client.post(f"/workflows/{first}/signals/mid", json={"payload": "hi"})  # to the first id
+    assert resp.status_code == 200, resp.text
+    assert harvest.result(first, timeout=60) == {"n": 2, "got": ["hi"]}  # the current run got it
+    links = _chain(client, first)
+    assert [x["status"] for x in links] == ["CONTINUED_AS_NEW", "CONTINUED_AS_NEW", "COMPLETED"]
+    assert [x["continued_from"] for x in links] == [None, first, links[1]["execution_id"]]
+    listed = client.get("/workflows", params={"status": "CONTINUED_AS_NEW", "limit": 1000}).json()
+    assert {first, links[1]["execution_id"]} <= {x["execution_id"] for x in listed["workflows"]}
+    other = f"api-chain-t-{tag}"
+    harvest.start_workflow("ch_counter", waits, execution_id=other)
+    wait_for(lambda: len(_chain(client, other)) == 2, what="the second link")
+    assert client.post(f"/workflows/{other}/terminate", json={"reason": "ops"}).status_code == 200
+    assert [x["status"] for x in _chain(client, other)] == ["CONTINUED_AS_NEW", "TERMINATED"]

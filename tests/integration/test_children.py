@@ -1,8 +1,10 @@
 """Child workflows and continue-as-new end to end on real Postgres, Redis and Celery workers
 (docs/concepts.md, "Child workflows"): a child's saga and its parent's, a child as a saga step
 undone by a compensating child, a cooperative cancel passed down, the parent-close policies, a
-refused child id, parents cancelled while their children close, and a long continue-as-new
-chain followed by result() with a signal routed to its current run."""
+refused child id, parents cancelled while their children close (no Postgres deadlock), a long
+continue-as-new chain followed by result() with a signal routed to its current run, and the
+erasure and purge of a chain and of a parent with its children as families, and the legal ids
+derived from 200-character sources."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from harvest_celery import WorkflowCancelledError, WorkflowFailed
-from harvest_celery._store.schema import child_notices
+from harvest_celery import ForksHoldCopies, WorkflowCancelledError, WorkflowFailed
+from harvest_celery._core.ids import MAX_ID_LENGTH, check_execution_id
+from harvest_celery._store.schema import child_notices, executions
 
 from .conftest import effects, scrape_all, wait_for, worker_env
 
@@ -110,7 +113,19 @@ def test_a_user_given_child_id_that_exists_is_refused_once(harvest, workers, tag
     harvest.terminate(f"taken-{tag}")
 
 
+def _deadlocks(harvest: Any) -> int:
+    """Deadlocks Postgres counted in this run's database (each slot has its own)."""
+    with harvest.store.engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+            ).scalar_one()
+        )
+
+
 def test_parents_cancelled_while_their_children_close_never_deadlock(harvest, workers, tag):
+    logs = {w.log: w.log.stat().st_size for w in workers.values()}  # only this test's lines count
+    before = _deadlocks(harvest)
     for round_ in range(3):
         parents = [
             harvest.start_workflow(
@@ -135,6 +150,11 @@ def test_parents_cancelled_while_their_children_close_never_deadlock(harvest, wo
             lambda: conn.execute(sa.select(sa.func.count()).select_from(child_notices)).scalar() == 0,
             what="every notice applied",
         )
+    for log, offset in logs.items():
+        with open(log, "rb") as f:
+            f.seek(offset)
+            assert b"deadlock detected" not in f.read(), f"a deadlock in {log}"
+    assert _deadlocks(harvest) == before  # none anywhere in the database either
 
 
 def test_a_long_chain_keeps_histories_short_and_result_follows_it(harvest, workers, tag):
@@ -212,3 +232,104 @@ def test_a_compensating_child_is_not_asked_to_cancel_and_a_seal_then_ends_failed
     assert harvest.cancel_workflow_execution(parent, reason="mid-unwind") == "FAILED"
     # the seal applies the parent-close policy (terminate) to it
     wait_for(lambda: harvest.describe(f"{parent}-c1").status == "TERMINATED", what="the policy")
+
+
+def _age(harvest: Any, ids: list[str]) -> None:
+    """Closed 40 days ago: past a 30-day purge (the suite's other runs are not)."""
+    with harvest.store.engine.begin() as conn:
+        conn.execute(
+            executions.update()
+            .where(executions.c.id.in_(ids) & executions.c.closed_at.is_not(None))
+            .values(closed_at=sa.func.now() - sa.text("interval '40 days'"))
+        )
+
+
+def _left(harvest: Any, ids: list[str]) -> list[str]:
+    with harvest.store.engine.connect() as conn:
+        found = conn.execute(sa.select(executions.c.id).where(executions.c.id.in_(ids))).scalars()
+        return sorted(found)
+
+
+def test_a_chain_is_erased_and_purged_only_as_a_whole(harvest, workers, tag):
+    first = f"fam-{tag}"
+    harvest.start_workflow("ch_counter", {"n": 0, "to": 2, "every": 1, "signal_at": 2}, execution_id=first)
+    wait_for(lambda: _links(harvest, first) == 2, what="the second link, waiting for its signal")
+    ids = _chain(harvest, first)
+    _age(harvest, ids)
+    harvest.purge(older_than_days=30)
+    assert _left(harvest, ids) == sorted(ids)  # the first link is terminal, the chain is not
+    harvest.signal(first, "mid", "pii")
+    assert harvest.result(first, timeout=60) == {"n": 2, "got": ["pii"]}
+    ids = _chain(harvest, first)
+    assert len(ids) == 3
+    with pytest.raises(ForksHoldCopies) as refused:
+        harvest.erase_payloads(first)  # its links hold copies of its input
+    assert refused.value.forks == sorted(ids[1:])
+    assert harvest.describe(first).erased_at is None  # nothing written
+    assert harvest.erase_payloads(ids[1], with_forks=True)["forks"] == sorted({*ids} - {ids[1]})
+    assert all(harvest.describe(i).erased_at is not None for i in ids)
+    _age(harvest, ids)
+    assert harvest.purge(older_than_days=30)["runs"] >= 3
+    assert _left(harvest, ids) == []
+
+
+def test_a_parent_with_children_is_erased_and_purged_only_as_a_whole(harvest, workers, tag):
+    parent = f"famp-{tag}"
+    harvest.start_workflow("ch_leaves_open", {"tag": tag, "policy": "abandon"}, execution_id=parent)
+    child = harvest.result(parent, timeout=60)  # the parent completed; its child waits on
+    with pytest.raises(ForksHoldCopies) as refused:
+        harvest.erase_payloads(parent)  # the child holds a copy of the parent's input
+    assert refused.value.forks == [child]
+    _age(harvest, [parent])
+    harvest.purge(older_than_days=30)
+    assert _left(harvest, [parent, child]) == sorted([parent, child])  # the child is open
+    harvest.signal(child, "go", "done")
+    assert harvest.result(child, timeout=60) == "done"
+    assert harvest.erase_payloads(child, with_forks=True)["forks"] == [parent]
+    assert harvest.describe(parent).erased_at is not None
+    _age(harvest, [parent, child])
+    harvest.purge(older_than_days=30)
+    assert _left(harvest, [parent, child]) == []
+
+
+def _chain(harvest: Any, first: str) -> list[str]:
+    ids = [first]
+    while (following := harvest.describe(ids[-1]).continued_to) is not None:
+        ids.append(following)
+    return ids
+
+
+def _longest(prefix: str, tag: str) -> str:
+    head = f"{prefix}-{tag}-"
+    return head + "x" * (MAX_ID_LENGTH - len(head))
+
+
+def _legal(derived: str, source: str) -> bool:
+    return check_execution_id(derived) == derived and len(derived) <= MAX_ID_LENGTH and derived != source
+
+
+def test_200_character_sources_derive_legal_ids_for_children_chains_resets_and_retries(harvest, workers, tag):
+    parent = _longest("lp", tag)
+    harvest.start_workflow("ch_checkout", {"tag": tag}, execution_id=parent)
+    assert harvest.result(parent, timeout=60) == "shipped"
+    (kid,) = harvest.describe(parent).children  # the child's default id, hashed to fit
+    assert _legal(kid["id"], parent) and harvest.describe(kid["id"]).parent_id == parent
+    first = _longest("lc", tag)
+    harvest.start_workflow("ch_counter", {"n": 0, "to": 2, "every": 1}, execution_id=first)
+    assert harvest.result(first, timeout=60) == {"n": 2, "got": []}
+    links = _chain(harvest, first)
+    assert len(links) == 3 and all(_legal(b, a) for a, b in zip(links, links[1:], strict=False))
+    gated = _longest("lr", tag)
+    harvest.start_workflow("ch_waits", {"tag": tag}, execution_id=gated)
+    harvest.signal(gated, "go", "yes")
+    assert harvest.result(gated, timeout=60) == "yes"
+    fork = harvest.reset(gated, 1)
+    assert _legal(fork, gated) and "-reset-" in fork and harvest.describe(fork).status == "RUNNING"
+    harvest.terminate(fork)
+    source = _longest("ld", tag)
+    harvest.start_workflow("retryable", {"tag": tag}, execution_id=source)
+    with pytest.raises(WorkflowFailed):
+        harvest.result(source, timeout=60)
+    retried = harvest.retry_dag_run("retryable", source)["run_id"]
+    assert _legal(retried, source) and "-retry-" in retried
+    assert set(harvest.result(retried, timeout=60)) == {"rt_a", "rt_b", "rt_c"}

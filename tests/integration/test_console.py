@@ -348,6 +348,33 @@ def test_erase_needs_the_run_id_typed_and_reset_forks(harvest, workers, tag, sig
     page.close()
 
 
+def test_a_run_page_links_its_parent_children_and_chain(harvest, workers, tag, signed_in, browser, tmp_path):
+    parent = f"links-{tag}"
+    harvest.start_workflow("ch_checkout", {"tag": tag}, execution_id=parent)
+    harvest.result(parent, timeout=60)
+    page = _open(browser, f"{signed_in}/console/runs/{parent}")
+    assert page.locator("#children a.child").all_text_contents() == [f"{parent}-c1"]
+    assert "COMPLETED" in (page.locator("#children").text_content() or "")
+    with page.expect_navigation():
+        page.click("#children a.child")
+    assert page.locator("#run-id").text_content() == f"{parent}-c1"
+    assert page.locator("#parent").text_content() == parent  # and back up
+    _shot(page, tmp_path / "run-child.png")
+    first = f"links-chain-{tag}"
+    harvest.start_workflow("ch_counter", {"n": 0, "to": 1, "every": 1}, execution_id=first)
+    harvest.result(first, timeout=60)
+    second = harvest.describe(first).continued_to
+    page.goto(f"{signed_in}/console/runs/{first}", wait_until="load")
+    assert page.locator("#continued-from").count() == 0
+    with page.expect_navigation():
+        page.click("#continued-to")
+    assert page.locator("#run-id").text_content() == second
+    assert page.locator("#continued-from").text_content() == first
+    assert page.locator("#continued-to").count() == 0  # the chain's last link
+    _shot(page, tmp_path / "run-chain.png")
+    page.close()
+
+
 def test_an_open_run_page_refreshes_itself(harvest, workers, tag, signed_in, browser):
     run_id = harvest.start_workflow("approval", {"tag": tag})
     _settled(harvest, run_id)

@@ -33,7 +33,7 @@ UTC = timezone.utc
 
 
 def _env(**extra: str) -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(ROOT), HARVEST_TEST_SCHED_QUEUE=QUEUE, **extra)
+    return {**os.environ, "PYTHONPATH": str(ROOT), "HARVEST_TEST_SCHED_QUEUE": QUEUE, **extra}
 
 
 class Scheduler:
@@ -275,22 +275,38 @@ def test_bad_input_writes_nothing(sched, tag):
     assert sched.describe_schedule(name)["every_seconds"] == 5
 
 
-def test_two_apps_never_fire_each_others_schedules(sched, tag):
+def test_two_apps_never_fire_each_others_schedules(sched, sched_worker, tag):
+    """Two apps (decision queues) on one database, each firing in its own processes: app A's
+    scheduler and worker (whose sweeper fires too), app B's scheduler. Each schedule is fired by
+    its own app only, once per tick."""
     mine, theirs = f"mine-{tag}", f"theirs-{tag}"
+    other = f"{QUEUE}-other"
     sched.create_schedule(mine, workflow="sched.tick", every=timedelta(seconds=2), overlap="allow_all")
-    sched.runtime.settings.decision_queue = f"{QUEUE}-other"  # another app's Harvest
+    sched.runtime.settings.decision_queue = other  # app B's Harvest
     try:
         sched.create_schedule(theirs, workflow="sched.tick", every=timedelta(seconds=2), overlap="allow_all")
     finally:
         sched.runtime.settings.decision_queue = QUEUE
-    s = Scheduler(f"o-{tag}")
-    s.start()
+    created = {n: _row(n)["row"]["created_at"] for n in (mine, theirs)}
+    a, b = Scheduler(f"oa-{tag}"), Scheduler(f"ob-{tag}", HARVEST_TEST_SCHED_QUEUE=other)
+    sched_worker.start()
+    a.start()
+    b.start()
     try:
-        _wait(lambda: _row(mine)["row"]["fired"] >= 2, "two ticks of its own")
+        _wait(lambda: min(_row(n)["row"]["fired"] for n in (mine, theirs)) >= 4, "four ticks of each")
     finally:
-        s.stop()
-    assert _row(theirs)["row"]["fired"] == 0 and _row(theirs)["runs"] == []
-    sched.delete_schedule(theirs)
+        a.stop()
+        b.stop()
+        sched_worker.stop()
+    for name in (mine, theirs):
+        state = _row(name)
+        ids = [r["id"] for r in state["runs"]]
+        assert ids == _ticks(name, 2, created[name], state["row"]["last_tick"])  # once per tick
+        assert state["row"]["fired"] == len(ids)
+    assert b.fired() and all(i.startswith(f"{theirs}@") for i in b.fired())  # B fired only its own
+    assert not any(i.startswith(f"{theirs}@") for i in a.fired())  # A never fired B's
+    theirs_runs = {r["id"] for r in _row(theirs)["runs"]}
+    assert sorted(b.fired()) == sorted(theirs_runs)  # nor did A's worker: every one of B's is B's
 
 
 def test_the_input_is_encrypted_offloaded_and_deleted_with_the_schedule(sched, tag):
@@ -357,7 +373,9 @@ def test_a_scheduler_killed_mid_run_loses_and_doubles_no_tick(sched, tag):
     assert len(printed) == len(set(printed)) and set(printed) <= set(ids)
 
 
-def test_an_edit_while_two_schedulers_run_fires_no_old_tick_after_it(sched, tag):
+def test_a_cron_edit_while_two_schedulers_run_fires_no_old_tick_after_it(sched, tag):
+    """every 2 s, edited to the cron ``* * * * *`` (one tick a minute), then back to every 3 s:
+    after each edit commits, only ticks of the new spec fire, and none fires twice."""
     name = f"edit-{tag}"
     sched.create_schedule(name, workflow="sched.tick", every=timedelta(seconds=2), overlap="allow_all")
     a, b = Scheduler(f"ea-{tag}"), Scheduler(f"eb-{tag}")
@@ -365,21 +383,29 @@ def test_an_edit_while_two_schedulers_run_fires_no_old_tick_after_it(sched, tag)
     b.start()
     try:
         _wait(lambda: _row(name)["row"]["fired"] >= 3, "three ticks of the old spec")
-        version = sched.update_schedule(name, every=timedelta(seconds=3))
-        edited = _db_now()  # after the edit committed
+        assert sched.update_schedule(name, cron="* * * * *", timezone="UTC") == 2
+        to_cron = _db_now()  # after the edit committed
         fired_then = _row(name)["row"]["fired"]
-        _wait(lambda: _row(name)["row"]["fired"] >= fired_then + 4, "four ticks of the new spec")
+        _wait(lambda: _row(name)["row"]["fired"] > fired_then, "the cron's first tick", limit=150)
+        assert sched.update_schedule(name, every=timedelta(seconds=3)) == 3
+        to_every = _db_now()
+        fired_then = _row(name)["row"]["fired"]
+        _wait(lambda: _row(name)["row"]["fired"] >= fired_then + 3, "three ticks of every 3 s")
     finally:
         a.stop()
         b.stop()
     state = _row(name)
-    assert version == 2 and state["row"]["spec_version"] == 2
-    later = [r for r in state["runs"] if r["created_at"] > edited]
-    assert later and all(_tick_of(r["id"]).timestamp() % 3 == 0 for r in later)  # new spec only
+    assert state["row"]["spec_version"] == 3
+    cron = [_tick_of(r["id"]) for r in state["runs"] if to_cron < r["created_at"] <= to_every]
+    assert cron and all(t.second == 0 for t in cron)  # minute ticks only: no 2 s tick after the edit
+    assert all(b - a == timedelta(minutes=1) for a, b in zip(cron, cron[1:], strict=False))
+    later = sorted(_tick_of(r["id"]) for r in state["runs"] if r["created_at"] > to_every)
+    assert len(later) >= 3 and all(t.timestamp() % 3 == 0 for t in later)  # the new spec only
+    assert all(b - a == timedelta(seconds=3) for a, b in zip(later, later[1:], strict=False))
     ids = [r["id"] for r in state["runs"]]
     assert len(ids) == len(set(ids)) == state["row"]["fired"]  # none fired twice
-    new_ticks = sorted(_tick_of(r["id"]) for r in later)
-    assert all(b - a == timedelta(seconds=3) for a, b in zip(new_ticks, new_ticks[1:], strict=False))
+    printed = a.fired() + b.fired()
+    assert sorted(printed) == sorted(ids)
 
 
 def test_buffer_one_starts_the_buffered_tick_once_the_open_run_closes(sched, sched_worker, tag):
@@ -432,6 +458,46 @@ def test_trigger_now_and_backfill_ids(sched, sched_worker, tag):
     assert again["started"] == [] and sorted(again["already_ran"]) == sorted(
         first["already_ran"] + first["started"]
     )
+
+
+def test_a_backfill_killed_mid_way_resumes_from_its_cursor(sched, tag):
+    """``harvest schedules backfill`` over 1,000 past ticks, killed -9 once some have started;
+    asked again for the same range, it starts the rest and never looks at the ticks before its
+    cursor. Its runs belong to another app's decision queue, so no worker ever takes them."""
+    name, other = f"bf-{tag}", f"{QUEUE}-other"
+    sched.runtime.settings.decision_queue = other
+    try:
+        sched.create_schedule(name, workflow="sched.tick", every=timedelta(seconds=1), overlap="allow_all")
+    finally:
+        sched.runtime.settings.decision_queue = QUEUE
+    end = _row(name)["row"]["last_tick"].replace(microsecond=0)
+    start = end - timedelta(seconds=999)
+    expected = _ticks(name, 1, start - timedelta(microseconds=1), end)
+    assert len(expected) == 1000
+    argv = ["schedules", "backfill", name, "--start", start.isoformat(), "--end", end.isoformat()]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harvest_celery", "-A", "tests.integration.sched_app:harvest", *argv],
+        cwd=ROOT,
+        env=_env(HARVEST_TEST_SCHED_QUEUE=other),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        _wait(lambda: len(_row(name)["runs"]) >= 20 or proc.poll() is not None, "twenty backfilled runs")
+    finally:
+        if proc.poll() is None:
+            kill_group(proc)
+    before = {r["id"] for r in _row(name)["runs"]}
+    assert 20 <= len(before) < len(expected)  # killed mid-way
+    sched.runtime.settings.decision_queue = other
+    try:
+        resumed = sched.backfill_schedule(name, start, end)
+    finally:
+        sched.runtime.settings.decision_queue = QUEUE
+    assert resumed["already_ran"] == []  # it resumed after its cursor, not from the start
+    assert sorted(resumed["started"]) == sorted(set(expected) - before)
+    assert sorted(r["id"] for r in _row(name)["runs"]) == expected
 
 
 def _scrape(port: int) -> dict[str, float]:

@@ -159,6 +159,27 @@ def test_a_zero_window_counts_a_long_outage_missed():
     assert p.missed == 1800 - 3
 
 
+def test_a_tick_due_during_a_long_pass_is_on_time_however_late_its_row_comes():
+    # the pass began at :20 and reaches this row at :40 (a burst of rows ahead of it): the ticks
+    # from :20 on waited for the pass only, not for a scheduler to come back
+    p = _plan(
+        last_tick=u(2026, 1, 1, 0, 0, 18),
+        catchup_window=0,
+        now=u(2026, 1, 1, 0, 0, 40),
+        seen=u(2026, 1, 1, 0, 0, 20),
+    )
+    assert p.fire == [u(2026, 1, 1, 0, 0, s) for s in range(20, 41, 2)] and p.missed == 0
+    assert p.lateness[0] == 20.0  # how late it really fired is still reported
+
+
+def test_a_tick_due_before_the_pass_began_is_judged_from_the_pass_start():
+    p = _plan(
+        last_tick=u(2026, 1, 1), catchup_window=0, now=u(2026, 1, 1, 0, 0, 40), seen=u(2026, 1, 1, 0, 0, 20)
+    )
+    assert p.missed == 7  # 2 … 14: more than 5 s due when the pass began (an outage)
+    assert p.fire[0] == u(2026, 1, 1, 0, 0, 16) and len(p.fire) == 13
+
+
 def test_max_runs_and_end_at_end_the_schedule():
     p = _plan(max_runs=2)
     assert len(p.fire) == 2 and p.next_tick is None

@@ -153,6 +153,28 @@ def test_a_schedule_that_cannot_fire_holds_up_no_other(h):
     assert h.describe_schedule("a-broken")["fired"] == 0
 
 
+def test_a_pass_slower_than_the_on_time_margin_misses_no_tick(h, monkeypatch):
+    """A burst: each schedule's turn in the pass comes 6 s after the last one's (more than the
+    5 s margin), as with a thousand schedules due at once. None of their ticks fell due before
+    the pass began, so none is missed."""
+    from harvest_celery._store import schedules as rows
+
+    for name in ("a", "b", "c"):
+        h.create_schedule(name, workflow="se.tick", every=timedelta(seconds=1), overlap="allow_all")
+    time.sleep(1.1)  # a tick of each is due
+    real, calls = rows.db_now, []
+
+    def slow_clock(tx):
+        calls.append(1)
+        return real(tx) + timedelta(seconds=6 * (len(calls) - 1))  # the pass's start, then +6 s a row
+
+    monkeypatch.setattr(rows, "db_now", slow_clock)
+    done = {f.name: f for f in h.fire_schedules()}
+    assert set(done) == {"a", "b", "c"}
+    assert [done[n].missed for n in ("a", "b", "c")] == [0, 0, 0]
+    assert all(f.fired for f in done.values())
+
+
 @workflow(name="se.chain")
 async def se_chain(ctx: WorkflowContext, n: int) -> int:
     if n < 1:
