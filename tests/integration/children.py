@@ -152,7 +152,29 @@ async def ch_compensating_parent(ctx: WorkflowContext, data: dict) -> str:
     return "never"
 
 
+@workflow(name="ch_bad_starts")
+async def ch_bad_starts(ctx: WorkflowContext, data: dict) -> list[str]:
+    """Each bad child start and a bad continue-as-new, caught: what each raised. The activity
+    after them makes the next decision replay every attempt."""
+    attempts = [
+        lambda: ctx.start_child_workflow("ch_no_such_workflow", data),
+        lambda: ctx.start_child_workflow(ch_waits, data, id="has:colon"),
+        lambda: ctx.start_child_workflow(ch_waits, data, parent_close_policy="bogus"),
+        lambda: ctx.start_child_workflow(ch_waits, {"not json": {1, 2}}),
+        lambda: ctx.continue_as_new({"not json": {1, 2}}),
+    ]
+    seen = []
+    for attempt in attempts:
+        try:
+            attempt()
+        except Exception as exc:  # noqa: BLE001 - what each raised (a test probe)
+            seen.append(type(exc).__name__)
+    await act(ctx, data["tag"], "after_bad")
+    return seen
+
+
 ALL = (
+    ch_bad_starts,
     ch_sealed_parent,
     ch_compensating_parent,
     ch_act,

@@ -51,7 +51,15 @@ async def slow(ctx: WorkflowContext, data: object) -> str:
     return "slept"
 
 
-harvest.register(tick, slow)
+@workflow(name="sched.chain")
+async def chain(ctx: WorkflowContext, data: object) -> str:
+    """Continues as new once, then its second link waits for the signal ``go``."""
+    if data != "second":
+        ctx.continue_as_new("second")
+    return await ctx.wait_signal("go")  # type: ignore[no-any-return]
+
+
+harvest.register(tick, slow, chain)
 
 
 @app.task(name="sched.beat_add")

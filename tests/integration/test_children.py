@@ -333,3 +333,21 @@ def test_200_character_sources_derive_legal_ids_for_children_chains_resets_and_r
     retried = harvest.retry_dag_run("retryable", source)["run_id"]
     assert _legal(retried, source) and "-retry-" in retried
     assert set(harvest.result(retried, timeout=60)) == {"rt_a", "rt_b", "rt_c"}
+
+
+def test_bad_child_starts_and_continue_as_new_raise_before_anything_is_recorded(harvest, workers, tag):
+    run_id = harvest.start_workflow("ch_bad_starts", {"tag": tag}, execution_id=f"bad-{tag}")
+    assert harvest.result(run_id, timeout=60) == [  # the same when the next decision replays them
+        "UnknownWorkflow",
+        "InvalidExecutionId",
+        "ValueError",
+        "PayloadNotSerializable",
+        "PayloadNotSerializable",
+    ]
+    assert scheduled(harvest, run_id) == [] and harvest.describe(run_id).children == ()
+    assert harvest.describe(run_id).nd_blocked_at is None
+    with harvest.store.engine.connect() as conn:
+        started = conn.execute(
+            sa.select(sa.func.count()).select_from(executions).where(executions.c.parent_id == run_id)
+        ).scalar()
+    assert started == 0  # no child row written

@@ -219,6 +219,30 @@ def test_overlap_skip_never_overlaps_runs(sched, sched_worker, tag):
     assert state["row"]["skipped"] == len(ticks) - len(runs)
 
 
+def test_overlap_skip_treats_a_continue_as_new_chain_as_open_until_its_last_link_closes(
+    sched, sched_worker, tag
+):
+    name = f"chain-{tag}"
+    sched.create_schedule(name, workflow="sched.chain", every=timedelta(seconds=2))
+    sched_worker.start()
+    s = Scheduler(f"ch-{tag}")
+    s.start()
+    try:
+        _wait(lambda: _row(name)["row"]["fired"] >= 1, "the first tick")
+        first = _row(name)["row"]["last_run_id"]
+        _wait(lambda: sched.describe(first).continued_to is not None, "the chain's second link")
+        skipped = _row(name)["row"]["skipped"]
+        _wait(lambda: _row(name)["row"]["skipped"] >= skipped + 2, "two ticks skipped")
+        assert _row(name)["row"]["fired"] == 1  # its first link closed, the chain is open
+        sched.signal(first, "go", "done")  # routed to the chain's current run
+        assert sched.result(first, timeout=60) == "done"
+        _wait(lambda: _row(name)["row"]["fired"] >= 2, "a tick once the chain closed")
+    finally:
+        s.stop()
+    runs = [r["id"] for r in _row(name)["runs"]]
+    assert runs[0] == first and len(runs) >= 2
+
+
 def test_scheduled_for_is_the_nominal_tick_of_a_catch_up(sched, sched_worker, tag):
     name = f"when-{tag}"
     sched.create_schedule(
