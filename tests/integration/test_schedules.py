@@ -231,6 +231,7 @@ def test_overlap_skip_treats_a_continue_as_new_chain_as_open_until_its_last_link
         _wait(lambda: _row(name)["row"]["fired"] >= 1, "the first tick")
         first = _row(name)["row"]["last_run_id"]
         _wait(lambda: sched.describe(first).continued_to is not None, "the chain's second link")
+        link = sched.describe(first).continued_to
         skipped = _row(name)["row"]["skipped"]
         _wait(lambda: _row(name)["row"]["skipped"] >= skipped + 2, "two ticks skipped")
         assert _row(name)["row"]["fired"] == 1  # its first link closed, the chain is open
@@ -239,8 +240,11 @@ def test_overlap_skip_treats_a_continue_as_new_chain_as_open_until_its_last_link
         _wait(lambda: _row(name)["row"]["fired"] >= 2, "a tick once the chain closed")
     finally:
         s.stop()
-    runs = [r["id"] for r in _row(name)["runs"]]
-    assert runs[0] == first and len(runs) >= 2
+    runs = {r["id"]: r for r in _row(name)["runs"]}  # the links' ids share the ticks' prefix
+    assert runs[first]["status"] == "CONTINUED_AS_NEW" and runs[link]["status"] == "COMPLETED"
+    later = [r for i, r in runs.items() if i not in (first, link)]
+    assert later  # the tick that fired once the chain closed (and its own link, if it has one)
+    assert all(r["created_at"] >= runs[link]["closed_at"] for r in later)  # none while it was open
 
 
 def test_scheduled_for_is_the_nominal_tick_of_a_catch_up(sched, sched_worker, tag):
