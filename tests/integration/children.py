@@ -154,8 +154,9 @@ async def ch_compensating_parent(ctx: WorkflowContext, data: dict) -> str:
 
 @workflow(name="ch_bad_starts")
 async def ch_bad_starts(ctx: WorkflowContext, data: dict) -> list[str]:
-    """Each bad child start and a bad continue-as-new, caught: what each raised. The activity
-    after them makes the next decision replay every attempt."""
+    """Each bad child start and a bad continue-as-new, caught: what each raised (its type and
+    message). The activity records what the first decision saw; its result makes the next
+    decision replay every attempt, and that replay's view is the run's result."""
     attempts = [
         lambda: ctx.start_child_workflow("ch_no_such_workflow", data),
         lambda: ctx.start_child_workflow(ch_waits, data, id="has:colon"),
@@ -168,8 +169,8 @@ async def ch_bad_starts(ctx: WorkflowContext, data: dict) -> list[str]:
         try:
             attempt()
         except Exception as exc:  # noqa: BLE001 - what each raised (a test probe)
-            seen.append(type(exc).__name__)
-    await act(ctx, data["tag"], "after_bad")
+            seen.append([type(exc).__name__, str(exc)])
+    await act(ctx, data["tag"], "after_bad", value=seen)
     return seen
 
 

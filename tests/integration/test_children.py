@@ -335,17 +335,36 @@ def test_200_character_sources_derive_legal_ids_for_children_chains_resets_and_r
     assert set(harvest.result(retried, timeout=60)) == {"rt_a", "rt_b", "rt_c"}
 
 
-def test_bad_child_starts_and_continue_as_new_raise_before_anything_is_recorded(harvest, workers, tag):
+def test_bad_child_starts_and_continue_as_new_raise_before_anything_is_recorded(
+    harvest, workers, redis_client, tag
+):
     run_id = harvest.start_workflow("ch_bad_starts", {"tag": tag}, execution_id=f"bad-{tag}")
-    assert harvest.result(run_id, timeout=60) == [  # the same when the next decision replays them
+    seen = harvest.result(run_id, timeout=60)  # what the second decision's replay saw
+    assert [error for error, _ in seen] == [
         "UnknownWorkflow",
         "InvalidExecutionId",
         "ValueError",
         "PayloadNotSerializable",
         "PayloadNotSerializable",
     ]
-    assert scheduled(harvest, run_id) == [] and harvest.describe(run_id).children == ()
-    assert harvest.describe(run_id).nd_blocked_at is None
+    for (_, message), names in zip(
+        seen, ["ch_no_such_workflow", "has:colon", "bogus", "child workflow 'ch_waits'", "continue_as_new"],
+        strict=True,
+    ):
+        assert names in message  # a clear error: it names what was wrong
+    first = next(e for e in effects(redis_client, tag) if e["name"] == "after_bad")
+    assert first["value"] == seen  # the first decision saw the same
+    assert ran(redis_client, tag) == ["after_bad"]
+    assert types(harvest, run_id) == [  # nothing recorded but the activity and the close
+        "WorkflowStarted",
+        "ActivityScheduled",
+        "ActivityStarted",
+        "ActivityCompleted",
+        "WorkflowCompleted",
+    ]
+    described = harvest.describe(run_id)
+    assert described.status == "COMPLETED" and described.continued_to is None
+    assert described.children == () and described.nd_blocked_at is None
     with harvest.store.engine.connect() as conn:
         started = conn.execute(
             sa.select(sa.func.count()).select_from(executions).where(executions.c.parent_id == run_id)
