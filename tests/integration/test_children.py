@@ -348,7 +348,8 @@ def test_bad_child_starts_and_continue_as_new_raise_before_anything_is_recorded(
         "PayloadNotSerializable",
     ]
     for (_, message), names in zip(
-        seen, ["ch_no_such_workflow", "has:colon", "bogus", "child workflow 'ch_waits'", "continue_as_new"],
+        seen,
+        ["ch_no_such_workflow", "has:colon", "bogus", "child workflow 'ch_waits'", "continue_as_new"],
         strict=True,
     ):
         assert names in message  # a clear error: it names what was wrong

@@ -306,6 +306,7 @@ def _cold_and_warm(workflow_type, data, appended):
             [ev.ChildWorkflowStarted("w-c1"), ev.ChildWorkflowClosed("w-c1", "FAILED", None, "E", "m")],
         ),
         ("with_handle", 1, [ev.ChildWorkflowStartRefused("my-trip", "other")]),
+        ("looper", 0, [ev.SignalReceived("tick", "a")]),  # the decision ends WorkflowContinuedAsNew
     ],
 )
 def test_a_cold_replay_and_a_warm_one_give_the_same_decision(workflow_type, data, appended):
@@ -320,3 +321,72 @@ def test_a_continued_history_replays_cold_to_the_same_outcome():
     assert isinstance(first.outcome, ContinuedAsNew)
     again = run.replay()
     assert again.nd is None and again.outcome == first.outcome
+
+
+NEW_TYPES = {
+    "ChildWorkflowScheduled",
+    "ChildWorkflowStarted",
+    "ChildWorkflowStartRefused",
+    "ChildWorkflowClosed",
+    "WorkflowContinuedAsNew",
+}
+
+
+def _warm_checked_against_cold(monkeypatch) -> list[tuple[set[str], set[str]]]:
+    """Every warm decision (a ``Session.advance`` that did not decline) is compared with a cold
+    replay of the same history. Returns, per warm decision, the event types of the history it
+    read and of the events it decided."""
+    compared: list[tuple[set[str], set[str]]] = []
+    real = Session.advance
+
+    def advance(self, new, config):
+        warm = real(self, new, config)
+        if warm is not None:
+            replay = self.replay
+            history = [
+                ev.HistoryEvent(i, e, t)
+                for i, (e, t) in enumerate(zip(replay.events, replay.times, strict=True))
+            ]
+            activation = Activation(
+                replay.activation.execution_id, replay.activation.workflow_type, history, config
+            )
+            cold = Session(replay.definition, activation, replay.registry)
+            assert warm == cold.decision, (warm, cold.decision)
+            cold.close()
+            decided = {e.type for e in decision_events(warm, list(replay.events))}
+            compared.append(({e.type for e in replay.events}, decided))
+        return warm
+
+    monkeypatch.setattr(Session, "advance", advance)
+    return compared
+
+
+def test_a_warm_replay_decides_as_a_cold_one_over_every_new_event_type(monkeypatch):
+    compared = _warm_checked_against_cold(monkeypatch)
+    run = sim(sticky=True).start("trip_saga", "o1")  # a child step, then its compensating child
+    run.run_to_end()
+    (forward,) = scheduled(run)
+    run.append(ev.ChildWorkflowStarted(forward.child_id))
+    close(run, forward.child_id, result={"ref": "trip-o1"})
+    run.run_to_end()
+    undo = scheduled(run)[1]
+    assert undo.compensation
+    run.append(ev.ChildWorkflowStarted(undo.child_id))
+    close(run, undo.child_id, "FAILED", None, "RuntimeError", "undo failed")
+    run.run_to_end()
+    assert run.status == "FAILED"
+    refused = sim(sticky=True).start("with_handle", 1)
+    refused.decide()
+    refused.append(ev.ChildWorkflowStartRefused("my-trip", "other_wf"))
+    refused.decide()
+    assert refused.status == "FAILED"
+    looped = sim(sticky=True).start("looper", 0)
+    looped.decide()
+    looped.signal("tick", "a")
+    looped.decide()
+    assert looped.status == CONTINUED_AS_NEW
+    read = set().union(*(r for r, _ in compared))
+    decided = set().union(*(d for _, d in compared))
+    # every new type was read by a warm decision, or (a terminal one) decided by one
+    assert NEW_TYPES - {"WorkflowContinuedAsNew"} <= read
+    assert {"ChildWorkflowScheduled", "WorkflowContinuedAsNew"} <= decided
