@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from harvest_celery import ForksHoldCopies, WorkflowCancelledError, WorkflowFailed
 from harvest_celery._core.ids import MAX_ID_LENGTH, check_execution_id
 from harvest_celery._store.schema import child_notices, executions
+from harvest_celery.replay import WorkflowReplayer
 
 from .conftest import effects, scrape_all, wait_for, worker_env
 
@@ -107,8 +108,11 @@ def test_each_parent_close_policy_on_a_parent_that_completes(harvest, workers, t
 def test_a_user_given_child_id_that_exists_is_refused_once(harvest, workers, tag):
     harvest.start_workflow("ch_waits", {"tag": tag}, execution_id=f"taken-{tag}")
     run_id = harvest.start_workflow("ch_takes_id", {"tag": tag, "child_id": f"taken-{tag}"})
-    assert harvest.result(run_id, timeout=60) == "refused"
+    assert harvest.result(run_id, timeout=60) == "refused"  # the decision that replayed the start
     assert types(harvest, run_id).count("ChildWorkflowStartRefused") == 1
+    assert len(scheduled(harvest, run_id)) == 1  # asked once
+    (verdict,) = WorkflowReplayer(harvest).replay_database(ids=[run_id]).runs
+    assert verdict.result == "ok", verdict.line()  # a replay reads the answer back, asks nothing
     assert harvest.describe(f"taken-{tag}").parent_id is None
     harvest.terminate(f"taken-{tag}")
 
