@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -49,6 +51,21 @@ TOPOLOGY_LABELS = {
     "split_2dec": "2 decision (-Q harvest) + 1 activity (-Q default,bench)",
     "pair": "2 processes, each every queue",
 }
+
+
+def split_topology(decision: int, activity: int) -> str:
+    """The split deployment with ``decision`` decision and ``activity`` activity worker
+    processes (``--decision-procs``/``--activity-procs``): its name, registered on first use."""
+    if (decision, activity) == (1, 1):
+        return "split"
+    name = f"split_{decision}d{activity}a"
+    TOPOLOGIES.setdefault(
+        name, [("decision", DECISION_QUEUES)] * decision + [("activity", ACTIVITY_QUEUES)] * activity
+    )
+    TOPOLOGY_LABELS.setdefault(
+        name, f"{decision} decision (-Q harvest) + {activity} activity (-Q default,bench)"
+    )
+    return name
 
 
 # ── statistics ───────────────────────────────────────────────────────────────────────────────
@@ -203,14 +220,17 @@ class Worker:
     prefork``). ``-P threads``: the worker is this one process (no pool children), so
     ``proc.pid`` is the process to measure (the memory scenario assumes it)."""
 
-    def __init__(self, queues: str, concurrency: int, log: Path) -> None:
+    def __init__(self, queues: str, concurrency: int, log: Path, metrics_dir: str | None = None) -> None:
         self.queues, self.concurrency, self.log = queues, concurrency, log
+        self.metrics_dir = metrics_dir
         self.node = f"bench-{uuid.uuid4().hex[:6]}@{os.uname().nodename}"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def launch(self) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, PYTHONPATH=str(ROOT))
+        if self.metrics_dir:  # every process (prefork children too) writes its counters there
+            env["PROMETHEUS_MULTIPROC_DIR"] = self.metrics_dir
         cmd = [
             sys.executable,
             "-m",
@@ -266,13 +286,16 @@ class Worker:
 
 class Cluster:
     """The worker processes of one topology, started together and stopped together (use it as
-    a context manager). Logs: ``benchmarks/results/worker-<tag>-<role><i>.log``."""
+    a context manager). Logs: ``benchmarks/results/worker-<tag>-<role><i>.log``. Every worker
+    process, prefork children included, writes its Prometheus samples to one fresh
+    ``PROMETHEUS_MULTIPROC_DIR`` of the cluster's, which ``replays`` reads."""
 
     def __init__(self, topology: str, concurrency: int, tag: str) -> None:
         self.topology = topology
         self.roles = [role for role, _ in TOPOLOGIES[topology]]
+        self.metrics_dir = tempfile.mkdtemp(prefix=f"harvest-bench-metrics-{tag}-")
         self.workers = [
-            Worker(queues, concurrency, RESULTS / f"worker-{tag}-{role}{i}.log")
+            Worker(queues, concurrency, RESULTS / f"worker-{tag}-{role}{i}.log", self.metrics_dir)
             for i, (role, queues) in enumerate(TOPOLOGIES[topology])
         ]
 
@@ -293,6 +316,12 @@ class Cluster:
     def stop(self) -> None:
         for w in self.workers:
             w.stop()
+        shutil.rmtree(self.metrics_dir, ignore_errors=True)
+
+    def replays(self) -> dict[str, float]:
+        """``harvest_decision_replays_total`` by ``replay`` (warm, cold), summed over every
+        worker process of the cluster and every prefork child, alive or exited."""
+        return read_replays(self.metrics_dir)
 
     def by_role(self, role: str) -> list[Worker]:
         return [w for w, r in zip(self.workers, self.roles, strict=True) if r == role]
@@ -323,6 +352,29 @@ class Cluster:
             for key, value in stats["counters"].items():
                 total[key] = total.get(key, 0) + value
         return total
+
+
+def read_replays(metrics_dir: str) -> dict[str, float]:
+    """The replay counter's samples in one ``PROMETHEUS_MULTIPROC_DIR`` (read from its files,
+    as the workers' own exposition aggregates them)."""
+    from prometheus_client import CollectorRegistry, multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=metrics_dir)
+    out = {"warm": 0.0, "cold": 0.0}
+    for family in registry.collect():
+        for sample in family.samples:
+            if sample.name == "harvest_decision_replays_total":
+                replay = sample.labels.get("replay", "")
+                out[replay] = out.get(replay, 0.0) + sample.value
+    return out
+
+
+def hit_rate(before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """Warm and cold replays between two readings, and ``warm / (warm + cold)``."""
+    warm = after.get("warm", 0.0) - before.get("warm", 0.0)
+    cold = after.get("cold", 0.0) - before.get("cold", 0.0)
+    return {"warm": warm, "cold": cold, "hit_rate": warm / (warm + cold) if warm + cold else float("nan")}
 
 
 # ── closed-loop load: C client threads, each running jobs back to back ───────────────────────

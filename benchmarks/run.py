@@ -39,6 +39,7 @@ from benchmarks.common import (
     error_text,
     fresh_database,
     log,
+    split_topology,
 )
 from benchmarks.scenarios import fanout, history, memory, schedules, sequential, throughput, tracing
 
@@ -117,6 +118,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="redis (redis://127.0.0.1:6379/7) or amqp (HARVEST_BENCH_AMQP_URL, default "
         "amqp://guest:guest@127.0.0.1:5672//), for harvest and raw Celery alike",
     )
+    p.add_argument(
+        "--decision-procs",
+        type=int,
+        default=1,
+        help="--topology split: decision worker processes (1); the scale-out table uses 1 and 2",
+    )
+    p.add_argument(
+        "--activity-procs",
+        type=int,
+        default=1,
+        help="--topology split: activity worker processes (1); the scale-out table uses 1, 2, 4, 8",
+    )
     p.add_argument("--min-jobs", type=int, help="B2: workflows per level at least (32; quick 8)")
     p.add_argument("--history-steps", type=int, help="B3: steps in the one long run (1000; quick 300)")
     p.add_argument(
@@ -143,6 +156,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             setattr(args, key, quick if args.quick else full)
     if args.topology is not None:
         args.b2_topology = {"split": "split", "shared": "pair"}[args.topology]
+    if (args.decision_procs, args.activity_procs) != (1, 1):
+        if args.topology != "split":
+            p.error("--decision-procs/--activity-procs need --topology split")
+        args.b2_topology = split_topology(args.decision_procs, args.activity_procs)
     deployment_env(args.pool, args.broker)
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     unknown = [s for s in args.scenarios if s not in SCENARIOS]
@@ -161,6 +178,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             args.sched_count,
             args.sched_every,
             args.sched_rounds,
+            args.decision_procs,
+            args.activity_procs,
             *args.inflight,
         )
         < 1

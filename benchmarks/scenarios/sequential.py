@@ -12,6 +12,7 @@ from benchmarks.common import (
     TOPOLOGY_LABELS,
     Cluster,
     harvest_client,
+    hit_rate,
     log,
     pg_database_stats,
     pg_statement_calls,
@@ -20,7 +21,7 @@ from benchmarks.common import (
     summary,
 )
 
-TOPOLOGIES = ("single", "split")
+TOPOLOGIES = ("single", "split")  # without --topology; with it, B1 runs that one (as B2 does)
 
 
 def harvest_run(steps: int) -> tuple[float, list[float], float, dict[str, list[float]]]:
@@ -174,6 +175,7 @@ def topology(name: str, args: Any) -> dict[str, Any]:
     local0 = probes.snapshot()["counters"]
     with Cluster(name, args.worker_concurrency, f"b1-{name}") as cluster:
         out = measure(args.steps, args.runs)
+        out["replays"] = hit_rate({}, cluster.replays())  # warm-up and timed runs
         out["budget"] = budget(cluster, args.budget_steps)
         workers_total = cluster.counters()
     harvest.store.dispose()
@@ -220,7 +222,8 @@ def topology(name: str, args: Any) -> dict[str, Any]:
 
 def run(args: Any, dbos: dict[str, Any]) -> dict[str, Any]:
     res: dict[str, Any] = {"steps": args.steps, "runs": args.runs, "topologies": {}}
-    for name in TOPOLOGIES:
+    res["pool"], res["broker"] = args.pool, args.broker
+    for name in (args.b2_topology,) if args.topology is not None else TOPOLOGIES:
         log(f"B1 sequential, topology {name} ({TOPOLOGY_LABELS[name]})…")
         res["topologies"][name] = topology(name, args)
     res["dbos"] = dbos_summary(dbos, args.steps)

@@ -13,7 +13,16 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from benchmarks.common import TOPOLOGY_LABELS, Cluster, closed_loop, harvest_client, log, ratio, spread
+from benchmarks.common import (
+    TOPOLOGY_LABELS,
+    Cluster,
+    closed_loop,
+    harvest_client,
+    hit_rate,
+    log,
+    ratio,
+    spread,
+)
 from benchmarks.scenarios.sequential import raw_client_chain
 
 TOPOLOGY = "pair"  # the default; --b2-topology split runs the documented deployment instead
@@ -39,13 +48,15 @@ def run(args: Any, dbos: dict[str, Any]) -> dict[str, Any]:
     levels = []
     topology = args.b2_topology
     log(f"B2 throughput on {TOPOLOGY_LABELS[topology]}, in flight {args.inflight}…")
-    with Cluster(topology, args.worker_concurrency, "b2"):
+    with Cluster(topology, args.worker_concurrency, "b2") as cluster:
         harvest_job(steps)  # warm-up
         raw_client_chain(steps)
         for c in args.inflight:
             total = max(args.min_jobs, 2 * c)
             log(f"   {c} in flight: {total} workflows of {steps} steps per system, {args.repeats} repeats…")
+            before = cluster.replays()
             h, r = _interleaved(c, total, steps, args.repeats)
+            h["replays"] = hit_rate(before, cluster.replays())
             d = dbos_rows.get(c, {"error": dbos.get("error", "not run at this level")})
             levels.append(
                 {
@@ -66,6 +77,7 @@ def run(args: Any, dbos: dict[str, Any]) -> dict[str, Any]:
     return {
         "steps": steps,
         "topology": TOPOLOGY_LABELS[topology],
+        "topology_name": topology,
         "pool": args.pool,
         "broker": args.broker,
         "worker_concurrency": args.worker_concurrency,
