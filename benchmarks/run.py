@@ -4,13 +4,9 @@
     python -m benchmarks.run --quick                # every scenario, shortened, ~2 min
     python -m benchmarks.run --scenarios sequential,history --skip-dbos
 
-<<<<<<< ours
-Scenarios: sequential (B1), throughput (B2), history (B3), fanout (B4), memory, micro,
+Scenarios: sequential (B1), throughput (B2), history (B3), fanout (B4), memory, limits, micro,
 schedules (tick lateness, harvest scheduler against Celery Beat); and tracing (B1 with tracing
 on against off, run only when named: --scenarios tracing). Same
-=======
-Scenarios: sequential (B1), throughput (B2), history (B3), fanout (B4), memory, limits, micro. Same
->>>>>>> theirs
 Postgres (127.0.0.1:5432; databases ``harvest_bench`` and ``dbos_bench`` recreated each run) and
 Redis (127.0.0.1:6379, DB 7 flushed each run) for every system. Writes
 benchmarks/results/latest.json and the two plots; see benchmarks/README.md for what each number
@@ -44,11 +40,16 @@ from benchmarks.common import (
     fresh_database,
     log,
 )
-<<<<<<< ours
-from benchmarks.scenarios import fanout, history, memory, schedules, sequential, throughput, tracing
-=======
-from benchmarks.scenarios import fanout, history, limits, memory, sequential, throughput
->>>>>>> theirs
+from benchmarks.scenarios import (
+    fanout,
+    history,
+    limits,
+    memory,
+    schedules,
+    sequential,
+    throughput,
+    tracing,
+)
 
 SCENARIOS = {
     "sequential": sequential.run,

@@ -190,14 +190,10 @@ class Metrics:
         if counter is None:
             return
         names = _SPECS[key][2]
-<<<<<<< ours
         values = {n: labels.get(n, "") for n in names}
-        counter.labels(**values).inc()
+        counter.labels(**values).inc(amount)
         if self.mirror is not None:
-            self.mirror.add(key, values)
-=======
-        counter.labels(**{n: labels.get(n, "") for n in names}).inc(amount)
->>>>>>> theirs
+            self.mirror.add(key, values, amount)
 
     def observe(self, key: str, labels: dict[str, str], value: float) -> None:
         histogram = self.histograms.get(key)
