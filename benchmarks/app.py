@@ -152,22 +152,19 @@ def bench_fanout(g: DagBuilder) -> None:
 
 
 harvest.register(
-<<<<<<< ours
-    bench_step, bench_seq, bench_loop, bench_wait, fan_items, fan_cell, fan_undo, fan_fail, bench_fanout
-=======
     bench_step,
     bench_seq,
     bench_step16,
     bench_seq16,
     bench_rated,
     bench_rate_call,
+    bench_loop,
     bench_wait,
     fan_items,
     fan_cell,
     fan_undo,
     fan_fail,
     bench_fanout,
->>>>>>> theirs
 )
 
 

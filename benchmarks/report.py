@@ -394,15 +394,12 @@ def tables(res: dict[str, Any], md: bool) -> str:
         ("Per-step budget, worker side (B1 probe run)", ["per step", *tops], budget_rows(res)),
         ("B1 phases (median ms, from the history's stamps)", ["", *tops], phase_rows(res)),
         ("In-process micro-benchmarks", ["", "value"], micro_rows(res)),
-<<<<<<< ours
         (
             "B1 with tracing on against off (ms per step, median)",
             ["topology", "off", "on", "on÷off", "off: harvest÷raw", "on: harvest÷raw", "spans (workers)"],
             tracing_rows(res),
         ),
-=======
         ("Activity limits (2 processes, each every queue)", ["", "value"], limits_rows(res)),
->>>>>>> theirs
     ]
     out = []
     for title, header, rows in parts:
