@@ -5,7 +5,9 @@ wakers racing on the one limit row).
 * concurrency: ``bench_seq16`` (every step under ``concurrency=16``) against ``bench_seq`` (the
   same no-op, unlimited) at 64 in flight, interleaved, ``--repeats`` rounds: steps/s of each and
   limited ÷ unlimited. A limited step completes through the ordinary transaction (no
-  one-statement completion), and its slot is settled in the lock order.
+  one-statement completion), and its slot is settled in the lock order. A third arm runs
+  ``bench_seq16`` with an override of 1000 (no row ever waits): the limited path's cost
+  without the wait.
 * rate: 300 workflows of one ``bench_rated`` call (``rate_limit="20/s"``, one key: the hot limit
   row) started back to back. From the task rows: the release span (first to last
   ``dispatched_at``), the achieved rate (299 ÷ span) over the configured 20/s, each release's
@@ -36,16 +38,30 @@ def seq_job(workflow: str, steps: int) -> None:
     assert harvest.result(run_id, timeout=max(120.0, steps * 5.0)) == steps
 
 
+OPEN = "bench_seq16 open"  # the same limited workflow with an override no run reaches: no row waits
+
+
+def _round(name: str, steps: int, inflight: int, total: int) -> dict[str, Any]:
+    if name != OPEN:
+        return closed_loop(lambda: seq_job(name, steps), inflight, total)
+    harvest_client().set_limit("bench_step16", 1000)
+    try:
+        return closed_loop(lambda: seq_job("bench_seq16", steps), inflight, total)
+    finally:
+        harvest_client().set_limit("bench_step16", clear=True)
+
+
 def concurrency(steps: int, inflight: int, total: int, repeats: int) -> dict[str, Any]:
-    rates: dict[str, list[float]] = {"bench_seq": [], "bench_seq16": []}
+    arms = ("bench_seq", "bench_seq16", OPEN)
+    rates: dict[str, list[float]] = {name: [] for name in arms}
     for i in range(repeats):
-        order = ("bench_seq", "bench_seq16") if i % 2 == 0 else ("bench_seq16", "bench_seq")
-        for name in order:
-            row = closed_loop(lambda n=name: seq_job(n, steps), inflight, total)
+        for name in arms[i % 3 :] + arms[: i % 3]:  # rotated each round
+            row = _round(name, steps, inflight, total)
             if "error" in row:
                 return {"error": f"{name}: {row['error']}"}
             rates[name].append(total * steps / row["wall_s"])
     per_round = [ratio(a, b) for a, b in zip(rates["bench_seq16"], rates["bench_seq"], strict=True)]
+    per_round_open = [ratio(a, b) for a, b in zip(rates[OPEN], rates["bench_seq"], strict=True)]
     return {
         "inflight": inflight,
         "jobs": total,
@@ -53,6 +69,10 @@ def concurrency(steps: int, inflight: int, total: int, repeats: int) -> dict[str
         "limited_steps_per_s": statistics.median(rates["bench_seq16"]),
         "limited_over_unlimited": statistics.median(per_round),
         "repeats_limited_over_unlimited": spread(per_round),
+        # the path without the wait: limited rows that never wait (override 1000)
+        "open_steps_per_s": statistics.median(rates[OPEN]),
+        "open_over_unlimited": statistics.median(per_round_open),
+        "repeats_open_over_unlimited": spread(per_round_open),
     }
 
 
@@ -112,7 +132,8 @@ def run(args: Any, _dbos: dict[str, Any]) -> dict[str, Any]:
     if "error" not in c:
         log(
             f"   concurrency=16: {c['limited_steps_per_s']:.0f} steps/s vs unlimited "
-            f"{c['unlimited_steps_per_s']:.0f} ({c['limited_over_unlimited']:.2f}×)"
+            f"{c['unlimited_steps_per_s']:.0f} ({c['limited_over_unlimited']:.2f}×); never waiting "
+            f"{c['open_steps_per_s']:.0f} ({c['open_over_unlimited']:.2f}×)"
         )
     log(
         f"   rate 20/s: achieved {r['achieved_per_s']:.2f}/s ({r['achieved_over_configured']:.3f}×), "
