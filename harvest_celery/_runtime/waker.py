@@ -11,6 +11,9 @@ what is due, which would release a rate limit's starts in bursts at tick boundar
 
 At a due time it settles each due limit in a transaction of its own, the limit row locked with
 SKIP LOCKED (``_store.limits.wake``): one token gives one release, whichever waker comes first.
+When a timed sleep ends, it first settles the limit it slept for, before reading anything: a
+read first would make every release of a busy rate later by one transaction (the lateness
+accumulates, since the next token is spaced from the release).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Waker:
         self._stop = threading.Event()
         self._feed = DueFeed()
         self._thread: threading.Thread | None = None
+        self._target: tuple[str, str] | None = None  # the limit due first, as last read
 
     def start(self) -> None:
         if self._thread is None:
@@ -71,8 +75,8 @@ class Waker:
                     log.exception("waker: releasing rate-limited rows failed")
                     due = (FAILED, None)
                 wait, feed.target = due
-                if wait > 0:
-                    feed.ready.wait(wait)
+                if wait > 0 and not feed.ready.wait(wait) and self._target is not None:
+                    self._wake_target()
         finally:
             if listener is not None:
                 listener.unsubscribe(feed)
@@ -82,10 +86,12 @@ class Waker:
         (seconds since the epoch, the database's clock) it sleeps until (None: nothing due)."""
         while not self._stop.is_set():
             with self.store.begin() as tx:
-                due = rates.earliest_due(tx)
-                ready = rates.due_limits(tx) if due is not None and due[0] <= 0 else []
-            if due is None:
+                found = rates.next_due(tx)
+                ready = rates.due_limits(tx) if found is not None and found[0] <= 0 else []
+            if found is None:
+                self._target = None
                 return IDLE, None
+            due, self._target = (found[0], found[1]), (found[2], found[3])
             if not ready:
                 return max(due[0], RETRY), due[1]
             released = 0
@@ -94,6 +100,16 @@ class Waker:
             if not released:
                 return RETRY, due[1]  # held by another transaction (it settles), or locked rows
         return 0.0, None
+
+    def _wake_target(self) -> None:
+        """The limit it slept for, settled at once (``_loop``); a failure is left to the read."""
+        target, self._target = self._target, None
+        if target is None:
+            return
+        try:
+            self._wake(*target)
+        except Exception:  # noqa: BLE001 - release_due reads and retries next
+            log.exception("waker: releasing a rate-limited row failed")
 
     def _wake(self, name: str, digest: str) -> int:
         with self.store.begin() as tx:

@@ -129,16 +129,24 @@ def earliest_due(tx: Any) -> tuple[float, float] | None:
     """The earliest due time of a waiting row: seconds from the database's clock to it
     (negative: past due), and the time itself in seconds since the epoch (what a NOTIFY on
     ``harvest_limits_due`` carries); None when no row waits for a token."""
+    found = next_due(tx)
+    return None if found is None else (found[0], found[1])
+
+
+def next_due(tx: Any) -> tuple[float, float, str, str] | None:
+    """``earliest_due`` with the limit (name, key digest) of the row that is due first: what a
+    waker settles directly when its sleep ends, with no read before the release."""
     found = tx.conn.execute(
-        sa.select(sa.func.min(_T.due_at), tx.dialect.clock()).where(
-            (_T.status == WAITING) & _T.due_at.is_not(None)
-        )
+        sa.select(_T.due_at, _T.activity_name, _T.limit_digest, tx.dialect.clock().label("clock"))
+        .where((_T.status == WAITING) & _T.due_at.is_not(None))
+        .order_by(_T.due_at)
+        .limit(1)
     ).first()
-    if found is None or found[0] is None:
+    if found is None:
         return None
-    due, clock = aware(found[0]), aware(found[1])
+    due, clock = aware(found.due_at), aware(found.clock)
     assert due is not None and clock is not None
-    return (due - clock).total_seconds(), due.timestamp()
+    return (due - clock).total_seconds(), due.timestamp(), found.activity_name, found.limit_digest
 
 
 def due_limits(tx: Any, limit: int = 100) -> list[tuple[str, str]]:

@@ -119,6 +119,22 @@ def test_the_waker_sleeps_until_the_earliest_due_time_and_idles_when_none(h):
     assert 0 < wait <= 0.5 and due == tat(h, "tick").replace(tzinfo=utcnow().tzinfo).timestamp()
 
 
+def test_a_waker_whose_sleep_ends_settles_the_limit_it_slept_for_before_reading(h, monkeypatch):
+    waker = h.runtime.sweeper.waker
+    first, second = start(h, "ticks", "a"), start(h, "ticks", "b")
+    messages(h)
+    assert waker.release_due()[0] > 0  # read: it sleeps for "tick"'s token
+    time_passes(h, 0.5)
+
+    def no_read(_tx):
+        raise AssertionError("read before the release")
+
+    monkeypatch.setattr(rates, "next_due", no_read)
+    waker._wake_target()  # what its loop does when the timed sleep ends (no NOTIFY came)
+    (sent,) = messages(h)
+    assert sent.args[0] == second and status(h, second) == "scheduled" and first != second
+
+
 def test_one_token_gives_one_release_however_many_settle(h):
     runs = [start(h, "ticks", f"t{i}") for i in range(4)]
     messages(h)
