@@ -11,6 +11,9 @@ One app carries every side of the comparison:
   - ``bench_fanout`` (a DAG: ``fan_items`` → ``fan_cell`` mapped over its output, compensated by
     ``fan_undo`` → ``fan_fail``, which always fails, so the mapped node is unwound) — B4;
   - ``bench_wait`` (waits for the signal ``go``) — the memory scenario;
+  - ``bench_seq16`` (``bench_seq`` over ``bench_step16``, ``concurrency=16``) and
+    ``bench_rate_call`` (one call of ``bench_rated``, ``rate_limit="20/s"``) — the limits
+    scenario (docs/flow-control.md);
 
 * raw Celery: ``raw_step`` and ``raw_undo`` (the same no-op, queue ``bench``) — the only tasks
   that store a result, in the Redis result backend (DB 7), so the client can wait on them.
@@ -75,6 +78,30 @@ async def bench_seq(ctx: WorkflowContext, n: int) -> int:
     return x
 
 
+@activity(queue="bench", concurrency=16)
+def bench_step16(x: int) -> int:
+    return x + 1
+
+
+@workflow
+async def bench_seq16(ctx: WorkflowContext, n: int) -> int:
+    x = 0
+    for _ in range(n):
+        x = await ctx.execute_activity(bench_step16, x)
+    return x
+
+
+@activity(queue="bench", rate_limit="20/s")
+def bench_rated(x: int) -> int:
+    return x
+
+
+@workflow
+async def bench_rate_call(ctx: WorkflowContext, x: int) -> int:
+    result: int = await ctx.execute_activity(bench_rated, x)
+    return result
+
+
 @workflow
 async def bench_loop(ctx: WorkflowContext, data: dict[str, int]) -> int:
     """``bench_seq`` as a loop that continues as new every ``per_link`` steps (B3's chain row):
@@ -125,7 +152,19 @@ def bench_fanout(g: DagBuilder) -> None:
 
 
 harvest.register(
-    bench_step, bench_seq, bench_loop, bench_wait, fan_items, fan_cell, fan_undo, fan_fail, bench_fanout
+    bench_step,
+    bench_seq,
+    bench_step16,
+    bench_seq16,
+    bench_rated,
+    bench_rate_call,
+    bench_loop,
+    bench_wait,
+    fan_items,
+    fan_cell,
+    fan_undo,
+    fan_fail,
+    bench_fanout,
 )
 
 

@@ -334,6 +334,42 @@ def text(header: Row, rows: list[Row]) -> str:
     return "\n".join(out)
 
 
+def limits_rows(res: dict[str, Any]) -> list[list[str]]:
+    """The limits scenario: a concurrency limit's cost, a rate limit's accuracy."""
+    c = _get(res, "limits", "concurrency") or {}
+    r = _get(res, "limits", "rate") or {}
+    rows = []
+    if "limited_over_unlimited" in c:
+        rows.append(
+            [
+                f"concurrency=16 ÷ unlimited, {c['inflight']} in flight (steps/s)",
+                f"{c['limited_steps_per_s']:.0f} ÷ {c['unlimited_steps_per_s']:.0f} = "
+                f"{c['limited_over_unlimited']:.2f}",
+            ]
+        )
+    if "open_over_unlimited" in c:
+        rows.append(
+            [
+                "same, override 1000: no row waits (steps/s)",
+                f"{c['open_steps_per_s']:.0f} ÷ {c['unlimited_steps_per_s']:.0f} = {c['open_over_unlimited']:.2f}",
+            ]
+        )
+    if "achieved_per_s" in r:
+        late = r["release_lateness_ms"]
+        rows += [
+            ["rate 20/s, one key: achieved ÷ configured", f"{r['achieved_over_configured']:.3f}"],
+            [
+                "release lateness (ms): median / p95 / max",
+                f"{late['median']:.1f} / {late['p95']:.1f} / {late['max']:.1f}",
+            ],
+            [
+                f"{r['calls']} calls at 20/s: wall ÷ nominal {r['nominal_s']:.2f} s",
+                f"{r['wall_s']:.2f} s = {r['wall_over_nominal']:.3f}",
+            ],
+        ]
+    return rows
+
+
 def tables(res: dict[str, Any], md: bool) -> str:
     render = markdown if md else text
     tops = [
@@ -370,6 +406,7 @@ def tables(res: dict[str, Any], md: bool) -> str:
             ["topology", "off", "on", "on÷off", "off: harvest÷raw", "on: harvest÷raw", "spans (workers)"],
             tracing_rows(res),
         ),
+        ("Activity limits (2 processes, each every queue)", ["", "value"], limits_rows(res)),
     ]
     out = []
     for title, header, rows in parts:

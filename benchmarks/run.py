@@ -4,7 +4,7 @@
     python -m benchmarks.run --quick                # every scenario, shortened, ~2 min
     python -m benchmarks.run --scenarios sequential,history --skip-dbos
 
-Scenarios: sequential (B1), throughput (B2), history (B3), fanout (B4), memory, micro,
+Scenarios: sequential (B1), throughput (B2), history (B3), fanout (B4), memory, limits, micro,
 schedules (tick lateness, harvest scheduler against Celery Beat); and tracing (B1 with tracing
 on against off, run only when named: --scenarios tracing). Same
 Postgres (127.0.0.1:5432; databases ``harvest_bench`` and ``dbos_bench`` recreated each run) and
@@ -41,7 +41,16 @@ from benchmarks.common import (
     log,
     split_topology,
 )
-from benchmarks.scenarios import fanout, history, memory, schedules, sequential, throughput, tracing
+from benchmarks.scenarios import (
+    fanout,
+    history,
+    limits,
+    memory,
+    schedules,
+    sequential,
+    throughput,
+    tracing,
+)
 
 SCENARIOS = {
     "sequential": sequential.run,
@@ -49,6 +58,7 @@ SCENARIOS = {
     "history": history.run,
     "fanout": fanout.run,
     "memory": memory.run,
+    "limits": limits.run,
     "micro": lambda args, _d: micro.run(args),
     "tracing": tracing.run,  # B1 with tracing on and off; not in the default set (--scenarios tracing)
     "schedules": schedules.run,  # last: it leaves open runs no worker has taken

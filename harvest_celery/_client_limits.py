@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from harvest_celery._client_base import ClientBase
-from harvest_celery._core.limits import check_concurrency
+from harvest_celery._core.limits import check_concurrency, parse_rate_limit
 from harvest_celery._errors import UnknownActivity
 from harvest_celery._store import limits as store_limits
 from harvest_celery._store.records import utcnow
@@ -24,31 +24,34 @@ class FlowControl(ClientBase):
         rate_limit: str | None = None,
         clear: bool = False,
     ) -> None:
-        """Override the concurrency of a limited activity at run time (``0`` holds every new
-        slot), or ``clear=True`` to return to the declared value. Raises ``UnknownActivity``
-        for a name with no limit, ``ValueError`` for a bad value; either writes nothing. A
-        lowered limit stops no running body: only new slots follow it."""
+        """Override the concurrency (``0`` holds every new slot) and/or the rate limit
+        (Celery's format, ``"20/s"``) of a limited activity at run time, or ``clear=True`` to
+        return to the declared values. Raises ``UnknownActivity`` for a name with no limit,
+        ``ValueError`` for a bad value; either writes nothing. A lowered limit stops no running
+        body: only new slots and tokens follow it."""
         set_limit(self.store, name, concurrency, rate_limit=rate_limit, clear=clear)
 
     def limits(self) -> list[dict[str, Any]]:
         """Every limited activity: ``name``, ``declared_concurrency``, ``override_concurrency``,
-        ``override_set_at``, ``in_use``, ``waiting`` and ``keys`` (how many keys hold a row)."""
+        ``declared_rate_limit``, ``override_rate_limit``, ``override_set_at``, ``in_use``,
+        ``waiting`` and ``keys`` (how many keys hold a row)."""
         return list_limits(self.store)
 
 
 def set_limit(
     store: Store, name: str, concurrency: int | None, *, rate_limit: str | None = None, clear: bool = False
 ) -> None:
-    """``Harvest.set_limit`` on a store (the CLI's ``harvest limits set|clear``)."""
-    if rate_limit is not None:
-        raise NotImplementedError("rate_limit is not enforced by this build of harvest-celery")
-    if clear == (concurrency is not None):
-        raise ValueError("give concurrency=N, or clear=True (not both)")
-    value = None if clear else check_concurrency(concurrency, allow_zero=True)
+    """``Harvest.set_limit`` on a store (the CLI's ``harvest limits set|clear``): every value
+    is checked before anything is written."""
+    given = concurrency is not None or rate_limit is not None
+    if clear == given:
+        raise ValueError("give concurrency=N and/or rate_limit='20/s', or clear=True (not both)")
+    value = None if concurrency is None else check_concurrency(concurrency, allow_zero=True)
+    rate = None if rate_limit is None else parse_rate_limit(rate_limit).text
     with store.begin() as tx:
         if not store_limits.known(tx, name):
             raise UnknownActivity(name)
-        store_limits.set_override(tx, name, value, utcnow())
+        store_limits.set_override(tx, name, utcnow(), concurrency=value, rate_limit=rate, clear=clear)
         for digest in store_limits.keys_of(tx, name):
             tx.touch_limit(name, digest)  # settled before commit: a raised limit releases now
 

@@ -78,19 +78,11 @@ def declare(concurrency: object = None, rate_limit: object = None, limit_key: ob
         raise TypeError(f"limit_key must be callable (input → str), not {limit_key!r}")
     if limit_key is not None and concurrency is None and rate_limit is None:
         raise ValueError("limit_key without a limit: give concurrency= or rate_limit= too")
-    limits = Limits(
+    return Limits(
         concurrency=None if concurrency is None else check_concurrency(concurrency),
         rate_limit=None if rate_limit is None else parse_rate_limit(rate_limit),
         limit_key=limit_key,  # type: ignore[arg-type]
     )
-    if limits.rate_limit is not None:
-        # Checked above, so a bad value gets its own error; refused here because this build does
-        # not enforce it (GCRA is not built yet): a limit accepted and not kept would be worse.
-        raise NotImplementedError(
-            f"rate_limit={limits.rate_limit.text!r} is not enforced by this build of harvest-celery; "
-            "use concurrency= (docs/flow-control.md)"
-        )
-    return limits
 
 
 def check_priority(value: object) -> int:

@@ -108,6 +108,11 @@ _SPECS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Activity task rows held back (status waiting) for a slot of the limit, summed over its keys (read from Postgres when scraped).",
         ("limit",),
     ),
+    "limit_throttled": (
+        "harvest_limit_throttled_seconds",
+        "Seconds that activity task rows released under a rate limit spent waiting, counted for each row the rate held back at least once (denied a token), summed over its keys; counted when the release commits (docs/flow-control.md).",
+        ("limit",),
+    ),
     "activity_schedule_to_start": (
         "harvest_activity_schedule_to_start_seconds",
         "Seconds from an activity's ActivityScheduled to its first attempt's ActivityStarted (recorded times): queueing, broker hop and any wait for a concurrency slot. Observed when the claim has committed; later attempts are not observed (their start waits on the retry backoff).",
@@ -180,15 +185,15 @@ class Metrics:
         REGISTRY.register(self.limits)
         self.mirror: Any = None  # tracing on: OTel metrics (``tracing.OtelMetrics``)
 
-    def inc(self, key: str, labels: dict[str, str]) -> None:
+    def inc(self, key: str, labels: dict[str, str], amount: float = 1.0) -> None:
         counter = self.counters.get(key)
         if counter is None:
             return
         names = _SPECS[key][2]
         values = {n: labels.get(n, "") for n in names}
-        counter.labels(**values).inc()
+        counter.labels(**values).inc(amount)
         if self.mirror is not None:
-            self.mirror.add(key, values)
+            self.mirror.add(key, values, amount)
 
     def observe(self, key: str, labels: dict[str, str], value: float) -> None:
         histogram = self.histograms.get(key)

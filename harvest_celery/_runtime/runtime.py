@@ -135,6 +135,8 @@ class Runtime:
     def _after_commit(self, tx: Tx) -> None:
         for name, labels in tx.metrics:
             METRICS.inc(name, labels)
+        for name, labels, amount in tx.amounts:
+            METRICS.inc(name, labels, amount)
         if self.tracer is not None:
             self.tracer.after_commit(tx)
         if tx.reports:

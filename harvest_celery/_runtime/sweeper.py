@@ -1,8 +1,10 @@
 """The sweeper: time lives in Postgres, not in Celery ETAs. Every ``sweep_interval`` seconds it
 fires what is due — retry backoffs, expired leases (a vanished worker, an overrun
 start_to_close), durable timers, deadlines and the end of a timeout's grace period, lost messages (a task row still scheduled, a decision request
-never taken), nd-block retries — and relays outbox rows an older build left unsent. It runs on
-the decision worker (a daemon thread), or in-process in embedded mode.
+never taken), nd-block retries, limits with waiting rows (the release backstop) — and relays
+outbox rows an older build left unsent. It runs on the decision worker (a daemon thread), or
+in-process in embedded mode. Beside it runs its waker (``_runtime.waker``), which releases
+rate-limited rows at their token's due time, never at the sweep tick.
 
 Between passes it listens for starts written inside applications' transactions (Postgres: the
 process's listener, ``harvest_runs_started``) and claims each one addressed to its decision queue
@@ -20,6 +22,7 @@ from typing import Any, Protocol
 
 from harvest_celery._runtime import logs
 from harvest_celery._runtime.messages import Message, relayed
+from harvest_celery._runtime.waker import Waker
 from harvest_celery._store import links, starts, sweeps, tasks
 from harvest_celery._store.records import Timings, utcnow
 from harvest_celery._store.store import Store
@@ -57,16 +60,20 @@ class Sweeper:
         # fires this process's due schedules on every pass (``_runtime.scheduler``), set by the
         # runtime: every worker fires them too, beside any ``harvest scheduler`` process
         self.fire_schedules: Callable[[], Any] | None = None
+        # releases rate-limited rows at their token's due time, between passes (_runtime.waker)
+        self.waker = Waker(store, after_commit)
 
     def start(self) -> None:
         if self._thread is None:
             self._stop.clear()
             self._thread = threading.Thread(target=self._loop, name="harvest-sweeper", daemon=True)
             self._thread.start()
+            self.waker.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self.waker.stop()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
@@ -158,6 +165,7 @@ class Sweeper:
         self._row("lost messages", "*", partial(sweeps.stale_scheduled, timings=s.timings, kinds=kinds))
         self._child_notices(now)
         self._row("waiting rows", "*", sweeps.settle_waiting)  # the release backstop
+        self.waker.poke()  # a due time this process could not hear of is read now
         self._row(
             "lost decisions",
             "*",

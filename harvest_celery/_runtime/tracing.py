@@ -481,9 +481,9 @@ class OtelMetrics:
             self._built = (provider, out)
             return out
 
-    def add(self, key: str, labels: dict[str, str]) -> None:
+    def add(self, key: str, labels: dict[str, str], amount: float = 1.0) -> None:
         try:
-            self._instruments()[key].add(1, labels)
+            self._instruments()[key].add(amount, labels)
         except Exception:  # noqa: BLE001 - Prometheus has it; only the OTel sample is lost
             self._lost(key)
 

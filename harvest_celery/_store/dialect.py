@@ -146,6 +146,11 @@ class Dialect:
         (and only if) that transaction commits (``_store.starts``)."""
         conn.execute(sql.ANNOUNCE, {"notice": notice})
 
+    def notify_due(self, conn: Any, due: float) -> None:
+        """A rate limit's next token time, written: every sweeper's waker sleeping past it wakes
+        once this transaction commits (``_runtime.waker``)."""
+        conn.execute(sql.NOTIFY_DUE, {"due": repr(due)})
+
 
 class SqliteDialect(Dialect):
     """Embedded mode: one process, one writer at a time; no row locks (SQLite locks the file)."""
@@ -206,6 +211,9 @@ class SqliteDialect(Dialect):
 
     def announce_start(self, conn: Any, notice: str) -> None:
         """No listener: the application's after-commit hook, or the sweeper, requests it."""
+
+    def notify_due(self, conn: Any, due: float) -> None:
+        """One process: its waker re-reads the earliest due time after every sweep."""
 
 
 def pooler_options(url: str, pools: Pools) -> dict[str, Any]:

@@ -1,11 +1,12 @@
-"""Concurrency slots, enforced in Postgres for every worker (docs/flow-control.md).
+"""Concurrency slots and rate tokens, enforced in Postgres for every worker (docs/flow-control.md).
 
 A limited dispatch is written ``waiting`` with no message (``staging.task_row``); the
 transaction that wrote it, and every transaction that frees a slot of its limit, *touches* the
 limit (``Tx.touch_limit``); just before it commits, ``settle`` runs for each limit it touched,
 in (name, key digest) order:
 
-1. lock the limit row (created on first use): after the transaction's own run row, always;
+1. lock the limit row (created on first use): after the transaction's own run row, always,
+   reading its GCRA ``tat`` and the database's clock with the lock;
 2. count the limit's ``scheduled`` and ``running`` rows: that is ``in_use`` (a slot is held from
    the moment a row leaves ``waiting`` until it completes, fails, waits for a retry, is
    abandoned or its lease expires), stored back on the row, so the invariant holds by
@@ -13,7 +14,9 @@ in (name, key digest) order:
 3. move the next waiting rows on, compensations first, then priority descending, then
    ``wait_seq`` (FIFO within a priority), locked ``FOR UPDATE SKIP LOCKED``: a release never
    waits for another run's lock, and changes only those rows' status and ``dispatched_at``;
-   their messages are staged and sent after commit.
+   their messages are staged and sent after commit. Under a rate limit at most one row moves,
+   and only with a token; the next row whose turn has come gets the token's due time, which a
+   sweeper's waker keeps (``_store.rates``).
 
 Freeing a slot without the lock (a completion marks its row completed first) only lowers the
 count the next settle sees: the limit errs toward fewer starts, never more. The sweeper settles
@@ -23,15 +26,16 @@ send.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from harvest_celery._core.limits import Limits
+from harvest_celery._core.limits import Limits, RateLimit
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
+from harvest_celery._store import rates
 from harvest_celery._store.dialect import Dialect
 from harvest_celery._store.schema import activity_tasks, limits
 
@@ -42,6 +46,7 @@ class Tx(Protocol):
 
     conn: Connection
     dialect: Dialect
+    amounts: list[tuple[str, dict[str, str], float]]
 
     def dispatch_activity(
         self,
@@ -68,40 +73,84 @@ def ensure(tx: Tx, name: str, digest: str) -> None:
     tx.conn.execute(tx.dialect.insert_ignore(limits).values(name=name, key_digest=digest, in_use=0))
 
 
-def concurrency_in_force(tx: Tx, name: str) -> int | None:
-    """The override, else the declared value; None: no concurrency limit (rate only)."""
+def in_force(tx: Tx, name: str) -> tuple[int | None, RateLimit | None]:
+    """The concurrency and rate in force: each the override, else the declared value (None:
+    no such limit)."""
     found = tx.conn.execute(
-        sa.select(limits.c.declared_concurrency, limits.c.override_concurrency).where(
-            (limits.c.name == name) & (limits.c.key_digest == NAME_ROW)
-        )
+        sa.select(
+            limits.c.declared_concurrency,
+            limits.c.override_concurrency,
+            limits.c.declared_rate_limit,
+            limits.c.override_rate_limit,
+        ).where((limits.c.name == name) & (limits.c.key_digest == NAME_ROW))
     ).first()
     if found is None:
-        return None
-    return (
+        return None, None
+    concurrency = (
         found.override_concurrency if found.override_concurrency is not None else found.declared_concurrency
     )
+    return concurrency, rates.in_force(found.declared_rate_limit, found.override_rate_limit)
+
+
+def _locked(tx: Tx, name: str, digest: str, *, skip_locked: bool = False) -> sa.Row[Any] | None:
+    """Lock the limit row; with it, its ``tat`` and the database's clock (GCRA's time)."""
+    return tx.conn.execute(
+        tx.dialect.lock(
+            sa.select(limits.c.tat, tx.dialect.clock().label("clock")).where(
+                (limits.c.name == name) & (limits.c.key_digest == digest)
+            ),
+            skip_locked=skip_locked,
+        )
+    ).first()
 
 
 def settle(tx: Tx, name: str, digest: str, now: datetime) -> int:
     """Recount the limit's slots and release what fits (see the module); the rows released."""
     ensure(tx, name, digest)
-    tx.conn.execute(
-        tx.dialect.lock(
-            sa.select(limits.c.in_use).where((limits.c.name == name) & (limits.c.key_digest == digest))
-        )
-    ).first()
+    held = _locked(tx, name, digest)
+    assert held is not None
+    return _settle_locked(tx, name, digest, held, now)
+
+
+def wake(tx: Tx, name: str, digest: str, now: datetime) -> int | None:
+    """A waker's settle at a due time (``_runtime.waker``): the limit row locked with SKIP
+    LOCKED, so two wakers never spend one token twice; None when another transaction holds it
+    (that one settles it)."""
+    held = _locked(tx, name, digest, skip_locked=True)
+    if held is None:
+        return None
+    return _settle_locked(tx, name, digest, held, now)
+
+
+def _settle_locked(tx: Tx, name: str, digest: str, held: sa.Row[Any], now: datetime) -> int:
     in_use = tx.conn.execute(
         sa.select(sa.func.count())
         .select_from(activity_tasks)
         .where(_of(name, digest) & activity_tasks.c.status.in_(HOLDING))
     ).scalar_one()
-    limit = concurrency_in_force(tx, name)
+    limit, rate = in_force(tx, name)
     free = None if limit is None else max(0, limit - in_use)
-    released = _release(tx, name, digest, free, now) if free is None or free > 0 else []
+    values: dict[str, Any] = {}
+    if rate is not None:
+        token = rates.release(tx, name, digest, free, rate, held.tat, held.clock, WAIT_ORDER)
+        released, values["tat"] = token.released, token.tat
+        if token.released:
+            tx.amounts.append(("limit_throttled", {"limit": name}, token.throttled))
+    else:
+        released = _release(tx, name, digest, free) if free is None or free > 0 else []
+    for row in released:
+        tx.conn.execute(
+            activity_tasks.update()
+            .where(
+                (activity_tasks.c.execution_id == row.execution_id)
+                & (activity_tasks.c.activity_id == row.activity_id)
+            )
+            .values(status=TaskStatus.SCHEDULED.value, dispatched_at=now, due_at=None)
+        )
     tx.conn.execute(
         limits.update()
         .where((limits.c.name == name) & (limits.c.key_digest == digest))
-        .values(in_use=in_use + len(released), updated_at=now)
+        .values(in_use=in_use + len(released), updated_at=now, **values)
     )
     for row in released:
         tx.dispatch_activity(
@@ -116,29 +165,23 @@ def settle(tx: Tx, name: str, digest: str, now: datetime) -> int:
     return len(released)
 
 
-def _release(tx: Tx, name: str, digest: str, free: int | None, now: datetime) -> list[sa.Row]:
+# the wait order: compensations first, then priority descending, then arrival (FIFO)
+WAIT_ORDER = (
+    activity_tasks.c.compensation.desc(),
+    activity_tasks.c.priority.desc(),
+    activity_tasks.c.wait_seq,
+)
+
+
+def _release(tx: Tx, name: str, digest: str, free: int | None) -> list[sa.Row[Any]]:
     q = (
         sa.select(activity_tasks)
         .where(_of(name, digest) & (activity_tasks.c.status == TaskStatus.WAITING.value))
-        .order_by(
-            activity_tasks.c.compensation.desc(),
-            activity_tasks.c.priority.desc(),
-            activity_tasks.c.wait_seq,
-        )
+        .order_by(*WAIT_ORDER)
     )
     if free is not None:
         q = q.limit(free)
-    rows = tx.conn.execute(tx.dialect.lock(q, skip_locked=True)).all()
-    for row in rows:
-        tx.conn.execute(
-            activity_tasks.update()
-            .where(
-                (activity_tasks.c.execution_id == row.execution_id)
-                & (activity_tasks.c.activity_id == row.activity_id)
-            )
-            .values(status=TaskStatus.SCHEDULED.value, dispatched_at=now)
-        )
-    return list(rows)
+    return list(tx.conn.execute(tx.dialect.lock(q, skip_locked=True)).all())
 
 
 def open_limits(tx: Tx, execution_id: str) -> list[tuple[str, str]]:
@@ -207,23 +250,48 @@ def known(tx: Tx, name: str) -> bool:
     return found is not None
 
 
-def set_override(tx: Tx, name: str, concurrency: int | None, now: datetime) -> None:
-    """Write (or, with None, clear) the name's override, then settle every key of it: a raised
-    limit releases what now fits; a lowered one stops no running body, only new slots."""
-    tx.conn.execute(
+def set_override(
+    tx: Tx, name: str, now: datetime, *, concurrency: int | None, rate_limit: str | None, clear: bool
+) -> None:
+    """Write the name's override (each value given replaces its own; ``clear`` drops both),
+    then its keys are settled by the caller: a raised limit releases what now fits; a lowered
+    one stops no running body, only new slots and tokens."""
+    where = (limits.c.name == name) & (limits.c.key_digest == NAME_ROW)
+    tx.conn.execute(tx.dialect.lock(sa.select(limits.c.name).where(where))).first()
+    before = in_force(tx, name)[1]
+    values: dict[str, Any] = {"updated_at": now}
+    if clear:
+        values.update(override_concurrency=None, override_rate_limit=None, override_set_at=None)
+    else:
+        values["override_set_at"] = now
+        if concurrency is not None:
+            values["override_concurrency"] = concurrency
+        if rate_limit is not None:
+            values["override_rate_limit"] = rate_limit
+    tx.conn.execute(limits.update().where(where).values(**values))
+    _respace(tx, name, before, in_force(tx, name)[1])
+
+
+def _respace(tx: Tx, name: str, before: RateLimit | None, after: RateLimit | None) -> None:
+    """A changed rate re-spaces each key's next token from its last start (``tat`` minus the
+    old interval): a raised rate does not wait out the old spacing, a lowered one follows the
+    new spacing from the last start on."""
+    if before is None or after is None or before.interval == after.interval:
+        return
+    shift = timedelta(seconds=after.interval - before.interval)
+    rows = tx.conn.execute(
         tx.dialect.lock(
-            sa.select(limits.c.name).where((limits.c.name == name) & (limits.c.key_digest == NAME_ROW))
+            sa.select(limits.c.key_digest, limits.c.tat)
+            .where((limits.c.name == name) & limits.c.tat.is_not(None))
+            .order_by(limits.c.key_digest)
         )
-    ).first()
-    tx.conn.execute(
-        limits.update()
-        .where((limits.c.name == name) & (limits.c.key_digest == NAME_ROW))
-        .values(
-            override_concurrency=concurrency,
-            override_set_at=None if concurrency is None else now,
-            updated_at=now,
+    ).all()
+    for row in rows:
+        tx.conn.execute(
+            limits.update()
+            .where((limits.c.name == name) & (limits.c.key_digest == row.key_digest))
+            .values(tat=row.tat + shift)
         )
-    )
 
 
 def keys_of(tx: Tx, name: str) -> list[str]:
@@ -232,9 +300,19 @@ def keys_of(tx: Tx, name: str) -> list[str]:
     return [r.key_digest for r in rows]
 
 
+_OWN_COLUMNS = (
+    "declared_concurrency",
+    "override_concurrency",
+    "declared_rate_limit",
+    "override_rate_limit",
+    "override_set_at",
+)
+
+
 def usage(tx: Tx) -> list[dict[str, Any]]:
-    """One entry per limited name: declared and override values, when the override was set,
-    slots in use and rows waiting, summed over its keys (no key is named: a key is payload)."""
+    """One entry per limited name: declared and override values (concurrency, rate), when the
+    override was set, slots in use and rows waiting, summed over its keys (no key is named: a
+    key is payload)."""
     rows = tx.conn.execute(sa.select(limits).order_by(limits.c.name, limits.c.key_digest)).all()
     waiting: dict[str, int] = {
         name: int(n)
@@ -251,6 +329,8 @@ def usage(tx: Tx) -> list[dict[str, Any]]:
             entry.update(
                 declared_concurrency=r.declared_concurrency,
                 override_concurrency=r.override_concurrency,
+                declared_rate_limit=r.declared_rate_limit,
+                override_rate_limit=r.override_rate_limit,
                 override_set_at=r.override_set_at,
             )
         else:
@@ -258,7 +338,6 @@ def usage(tx: Tx) -> list[dict[str, Any]]:
         entry["in_use"] += int(r.in_use)
     for entry in found.values():
         entry["waiting"] = int(waiting.get(entry["name"], 0))
-        entry.setdefault("declared_concurrency", None)
-        entry.setdefault("override_concurrency", None)
-        entry.setdefault("override_set_at", None)
+        for column in _OWN_COLUMNS:
+            entry.setdefault(column, None)
     return list(found.values())

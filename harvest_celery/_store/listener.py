@@ -12,6 +12,12 @@ subscribes (``starts()``): a start written inside an application's transaction a
 there, and the sweeper claims and dispatches it at once (``_store.starts``). A lost announcement
 costs ``Timings.redispatch_after``: the run's decision request is durable.
 
+And on ``harvest_limits_due`` once a sweeper's waker subscribes (``dues()``): a transaction that
+writes a rate limit's next token time earlier than the row had announces it there (payload: the
+time, in seconds since the epoch), and a waker sleeping past it re-aims (``_runtime.waker``). A
+lost one costs at most a sweep interval: the waker re-reads the earliest due time after every
+sweep.
+
 ``LISTEN`` needs a session of its own, which a transaction pooler (PgBouncer in transaction
 mode) does not give: its notifications are lost. ``listen_url`` points the listening connection
 at Postgres directly; without one, a URL marked ``pooled`` gets a ``PollingListener``: nothing
@@ -40,6 +46,7 @@ log = logging.getLogger("harvest_celery")
 
 CHANNEL = sql.RUNS_CHANNEL
 STARTS_CHANNEL = sql.STARTS_CHANNEL
+DUES_CHANNEL = sql.DUES_CHANNEL
 
 
 class StartFeed:
@@ -63,16 +70,36 @@ class StartFeed:
         return out
 
 
+class DueFeed:
+    """Rate-limit due times, for one subscriber (a waker) aiming at ``target`` (a wall-clock
+    time; None: nothing due): ``ready`` is set when an earlier one is announced, or when the
+    subscriber is told to look again (``poke``)."""
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self.target: float | None = None
+
+    def offer(self, due: float) -> None:
+        target = self.target
+        if target is None or due < target:
+            self.ready.set()
+
+    def poke(self) -> None:
+        self.ready.set()
+
+
 class Listener:
     def __init__(self, database_url: str) -> None:
         self.database_url = database_url
         self._lock = threading.Lock()
         self._waiters: dict[str, list[threading.Event]] = {}
         self._feeds: list[StartFeed] = []
+        self._dues: list[DueFeed] = []
         self._poke: tuple[int, int] | None = None  # a pipe that wakes the listening thread
         self._pid = -1
         self.connected = threading.Event()
         self.listening_starts = threading.Event()
+        self.listening_dues = threading.Event()
 
     def starts(self) -> StartFeed:
         """Subscribe to start announcements (the listening connection adds the channel)."""
@@ -85,9 +112,23 @@ class Listener:
             os.write(poke[1], b"s")
         return feed
 
-    def unsubscribe(self, feed: StartFeed) -> None:
+    def dues(self) -> DueFeed:
+        """Subscribe to rate-limit due times (the listening connection adds the channel)."""
+        feed = DueFeed()
         with self._lock:
-            if feed in self._feeds:
+            self._ensure_thread()
+            self._dues.append(feed)
+            poke = self._poke
+        if poke is not None:
+            os.write(poke[1], b"d")
+        return feed
+
+    def unsubscribe(self, feed: StartFeed | DueFeed) -> None:
+        with self._lock:
+            if isinstance(feed, DueFeed):
+                if feed in self._dues:
+                    self._dues.remove(feed)
+            elif feed in self._feeds:
                 self._feeds.remove(feed)
 
     @contextmanager
@@ -113,7 +154,9 @@ class Listener:
             self._pid = os.getpid()
             self.connected.clear()
             self.listening_starts.clear()
+            self.listening_dues.clear()
             self._feeds = []  # a forked child's subscribers are its own, not its parent's
+            self._dues = []
             self._poke = os.pipe()
             os.set_blocking(self._poke[0], False)
             threading.Thread(target=self._run, name="harvest-listen", daemon=True).start()
@@ -134,6 +177,21 @@ class Listener:
             for feed in self._feeds:
                 feed.push(payload)
 
+    def _due(self, payload: str) -> None:
+        try:
+            due = float(payload)
+        except ValueError:
+            log.warning("ignoring a malformed %s notification: %r", DUES_CHANNEL, payload[:200])
+            return
+        with self._lock:
+            for feed in self._dues:
+                feed.offer(due)
+
+    def _wake_dues(self) -> None:
+        with self._lock:
+            for feed in self._dues:
+                feed.poke()
+
     def _run(self) -> None:
         backoff = 0.5
         while True:
@@ -143,7 +201,9 @@ class Listener:
                 log.warning("harvest listener lost its connection (%s); reconnecting", exc)
             self.connected.clear()
             self.listening_starts.clear()
+            self.listening_dues.clear()
             self._wake_all()  # whatever was notified while we were away: look again
+            self._wake_dues()
             threading.Event().wait(backoff)
             backoff = min(backoff * 2, 10.0)
 
@@ -164,6 +224,11 @@ class Listener:
                     with dbapi.cursor() as cursor:
                         cursor.execute(sql.LISTEN_STARTS)
                     self.listening_starts.set()
+                if self._dues and not self.listening_dues.is_set():
+                    with dbapi.cursor() as cursor:
+                        cursor.execute(sql.LISTEN_DUES)
+                    self.listening_dues.set()
+                    self._wake_dues()  # a due time written before the LISTEN: look again
                 ready, _, _ = select.select([dbapi, poke[0]], [], [], 5.0)
                 if poke[0] in ready:
                     _drain_pipe(poke[0])
@@ -172,6 +237,8 @@ class Listener:
                     notice = dbapi.notifies.pop(0)
                     if notice.channel == STARTS_CHANNEL:
                         self._started(notice.payload)
+                    elif notice.channel == DUES_CHANNEL:
+                        self._due(notice.payload)
                     else:
                         self._wake(notice.payload)
         finally:
@@ -214,7 +281,11 @@ class PollingListener:
         self._tell()
         return StartFeed()
 
-    def unsubscribe(self, feed: StartFeed) -> None:
+    def dues(self) -> DueFeed:
+        """Never notified: the waker sleeps until the earliest due time it read (a timed wait)."""
+        return DueFeed()
+
+    def unsubscribe(self, feed: StartFeed | DueFeed) -> None:
         pass
 
     @contextmanager

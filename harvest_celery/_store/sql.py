@@ -29,6 +29,7 @@ DIALECT = postgresql.psycopg2.dialect()  # type: ignore[attr-defined]
 
 RUNS_CHANNEL = "harvest_runs"  # a run's waiters: notified when it closes or settles
 STARTS_CHANNEL = "harvest_runs_started"  # a start made in an application's transaction
+DUES_CHANNEL = "harvest_limits_due"  # a rate limit's next token time, written (``_store.rates``)
 
 RUNS, TASKS, EVENTS, TIMERS, BLOBS = (
     executions.name,
@@ -61,8 +62,11 @@ PING = "SELECT 1"  # the database answers (a pooled connection idle too long, ``
 READ_ONLY_SNAPSHOT = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 LISTEN_RUNS = f"LISTEN {RUNS_CHANNEL}"
 LISTEN_STARTS = f"LISTEN {STARTS_CHANNEL}"
+LISTEN_DUES = f"LISTEN {DUES_CHANNEL}"
 NOTIFY = sa.text(f"SELECT pg_notify({literal(RUNS_CHANNEL)}, :execution_id)")
 ANNOUNCE = sa.text(f"SELECT pg_notify({literal(STARTS_CHANNEL)}, :notice)")
+# the payload: the due time as seconds since the epoch (the wakers compare it with their own)
+NOTIFY_DUE = sa.text(f"SELECT pg_notify({literal(DUES_CHANNEL)}, :due)")
 
 
 # ── the claim and the finish (``tasks``), one statement each ─────────────────────────────────

@@ -345,7 +345,15 @@ def redispatch_next_attempt(tx: Tx, execution_id: str, activity_id: str, now: da
     if task.limit_digest is not None:
         # a limited retry waits in line again, with its priority and first wait order: its
         # settle (before this commits) moves it on at once when a slot is free
-        _update(tx, execution_id, activity_id, status=TaskStatus.WAITING.value, attempt=attempt, due_at=None)
+        _update(
+            tx,
+            execution_id,
+            activity_id,
+            status=TaskStatus.WAITING.value,
+            attempt=attempt,
+            due_at=None,
+            dispatched_at=now,  # back in line now (what a rate limit's throttled seconds count from)
+        )
         tx.touch_limit(task.activity_name, task.limit_digest)
         return
     _update(

@@ -93,6 +93,8 @@ class Tx:
         self.payloads = payloads or Payloads()
         self.dispatches: list[Dispatch] = []
         self.metrics: list[tuple[str, dict[str, str]]] = []
+        # counters incremented by an amount once this commits (seconds throttled by a rate limit)
+        self.amounts: list[tuple[str, dict[str, str], float]] = []
         # children whose close wrote a notice: applied to their parents once this commits
         self.closed_children: list[str] = []
         self.touched: set[tuple[str, str]] = set()  # limits to settle before commit

@@ -59,6 +59,11 @@ def limited_one(data: dict[str, Any]) -> str:
     return body(data)
 
 
+@activity(queue=QUEUE, rate_limit="20/s")
+def limited_rate(data: dict[str, Any]) -> str:
+    return body(data)
+
+
 @workflow
 async def limited_call(ctx: WorkflowContext, data: dict[str, Any]) -> str:
     result: str = await ctx.execute_activity(data["activity"], data, priority=data.get("priority", 0))
@@ -88,4 +93,12 @@ async def limited_saga(ctx: WorkflowContext, data: dict[str, Any]) -> str:
     return result
 
 
-ALL = (limited_three, limited_per_key, limited_one, limited_call, fails_when_released, limited_saga)
+ALL = (
+    limited_three,
+    limited_per_key,
+    limited_one,
+    limited_rate,
+    limited_call,
+    fails_when_released,
+    limited_saga,
+)

@@ -7,6 +7,8 @@ rows."""
 from __future__ import annotations
 
 import json
+import time
+from bisect import bisect_left
 from collections.abc import Iterator
 from typing import Any
 
@@ -108,6 +110,24 @@ def test_200_runs_of_a_concurrency_3_activity_overlap_exactly_3_across_two_proce
     assert max_overlap(marks) == 3
     assert len({m["pid"] for m in marks}) >= 2  # bodies ran in both processes
     assert in_use(harvest, "limited_three") == 0
+
+
+def most_starts_in_a_second(marks: list[dict[str, Any]]) -> int:
+    """The most body starts that any 1 s window [t, t + 1) holds (windows begin at a start)."""
+    starts = sorted(m["at"] for m in marks if m["what"] == "start")
+    return max((bisect_left(starts, at + 1.0) - i for i, at in enumerate(starts)), default=0)
+
+
+def test_a_20_per_second_rate_limit_holds_across_two_processes(harvest, limited_workers, redis_client, tag):
+    runs = start_calls(harvest, tag, "limited_rate", 300, sleep=0.0)
+    deadline = time.monotonic() + 60  # one generous bound on waiting for all: 300 at 20/s is 15 s
+    for run_id in runs:
+        harvest.result(run_id, timeout=max(0.1, deadline - time.monotonic()))
+    marks = stamps(redis_client, tag)
+    assert len([m for m in marks if m["what"] == "start"]) == 300
+    assert most_starts_in_a_second(marks) <= 21  # burst one: starts spaced 1/20 s apart
+    assert len({m["pid"] for m in marks}) >= 2  # bodies ran in both processes
+    assert in_use(harvest, "limited_rate") == 0
 
 
 def test_a_keyed_limit_gives_each_key_its_own_slots(harvest, limited_workers, redis_client, tag):

@@ -65,3 +65,23 @@ def test_bad_input_is_refused_and_writes_nothing(tmp_path):
     ):
         assert client.put("/limits/al.charge", json=body, headers=AUTH).status_code == 422, body
     assert h.limits()[0]["override_concurrency"] is None and h.limits()[0]["override_set_at"] is None
+
+
+def test_a_rate_override_over_http_is_checked_set_and_cleared(tmp_path):
+    h, client = _client(tmp_path)
+    for bad in ("ten per second", "0/s", "20/d"):
+        refused = client.put("/limits/al.charge", json={"rate_limit": bad}, headers=AUTH)
+        assert refused.status_code == 400 and "rate_limit must be" in refused.json()["detail"], bad
+    assert client.put("/limits/al.charge", json={"rate_limit": 20}, headers=AUTH).status_code == 422
+    assert h.limits()[0]["override_rate_limit"] is None and h.limits()[0]["override_set_at"] is None
+    set_ = client.put("/limits/al.charge", json={"rate_limit": "5/s"}, headers=AUTH)
+    assert set_.status_code == 200, set_.text
+    entry = set_.json()
+    assert (entry["override_rate_limit"], entry["override_concurrency"], entry["declared_rate_limit"]) == (
+        "5/s",
+        None,
+        None,
+    )
+    assert entry["override_set_at"] is not None
+    cleared = client.delete("/limits/al.charge", headers=AUTH).json()
+    assert (cleared["override_rate_limit"], cleared["override_set_at"]) == (None, None)

@@ -83,10 +83,22 @@ def test_rate_limits_take_celerys_format(text, count, period):
     assert (rate.count, rate.period, rate.text) == (count, period, text)
 
 
-def test_a_valid_rate_limit_is_refused_while_this_build_cannot_enforce_it():
-    with pytest.raises(NotImplementedError, match="not enforced by this build"):
-        activity(name="x", rate_limit="20/s")
+def test_a_valid_rate_limit_is_declared_with_its_emission_interval():
+    limits = activity(name="x", rate_limit="20/s")(lambda i: i).__harvest_activity__.limits
+    assert limits.limited and limits.concurrency is None and limits.rate_limit.text == "20/s"
+    assert limits.rate_limit.interval == 0.05  # burst one: starts spaced 1/rate apart
     assert parse_rate_limit("5/s").interval == 0.2
+    assert parse_rate_limit("2/m").interval == 30.0
+
+
+def test_a_rate_limit_may_be_keyed_and_combined_with_concurrency():
+    limits = activity(name="x", concurrency=2, rate_limit="5/s", limit_key=lambda i: i["m"])(
+        lambda i: i
+    ).__harvest_activity__.limits
+    assert (limits.concurrency, limits.rate_limit.text) == (2, "5/s") and limits.limit_key is not None
+    assert activity(name="y", rate_limit="5/m", limit_key=str)(
+        lambda i: i
+    ).__harvest_activity__.limits.limited
 
 
 @pytest.mark.parametrize("bad", ["ten per second", "0/s", "20/d", "-1/s", "20", " 20/s", "1.5/s", 20, ""])
@@ -124,11 +136,9 @@ def test_adopt_task_checks_the_same_options_and_registers_nothing_when_bad():
     with pytest.raises(ValueError, match="limit_key without a limit"):
         harvest.adopt_task("legacy.send", limit_key=str)
     assert "legacy.send" not in harvest.registry.activities
-    with pytest.raises(NotImplementedError):
-        harvest.adopt_task("legacy.send", rate_limit="2/s")
-    assert "legacy.send" not in harvest.registry.activities
-    harvest.adopt_task("legacy.send", concurrency=3)
+    harvest.adopt_task("legacy.send", concurrency=3, rate_limit="2/s")
     assert harvest.registry.activity("legacy.send").limits.concurrency == 3
+    assert harvest.registry.activity("legacy.send").limits.rate_limit.text == "2/s"
 
 
 # ── priority ─────────────────────────────────────────────────────────────────────────────────

@@ -119,7 +119,7 @@ def _nav(page: Page) -> str:
         )
     return (
         '<nav class="top"><a class="brand" href="/console">harvest</a>'
-        '<a href="/console">Runs</a><a href="/console/schedules">Schedules</a><a href="/docs">API docs</a>'
+        '<a href="/console">Runs</a><a href="/console/schedules">Schedules</a><a href="/console/limits">Limits</a><a href="/docs">API docs</a>'
         f'<span class="spacer"></span>{sign_out}</nav>'
     )
 

@@ -29,6 +29,7 @@ from harvest_celery._web.auth import Auth, LoginRequired, login_redirect, safe_n
 from harvest_celery._web.console.actions import ConsoleActions, form_fields, render_retry_preview
 from harvest_celery._web.console.docs import DOCS_CSP, plain_docs, static_files, swagger_page
 from harvest_celery._web.console.html import SECURITY_HEADERS, Page, document, e, error_body, run_href
+from harvest_celery._web.console.limits_page import LimitsConsole
 from harvest_celery._web.console.run_page import render_run_page
 from harvest_celery._web.console.run_view import build_run_view
 from harvest_celery._web.console.runs_page import RunFilters, render_runs_page
@@ -224,6 +225,7 @@ def register_console(app: FastAPI, harvest: Harvest, auth: Auth) -> None:
     ``docs_url=None, redoc_url=None, openapi_url=None``)."""
     app.include_router(Console(app, harvest, auth).router())
     app.include_router(SchedulesConsole(harvest, auth).router())  # /console/schedules
+    app.include_router(LimitsConsole(harvest, auth).router())  # /console/limits
     app.exception_handler(LoginRequired)(login_redirect)
 
 
