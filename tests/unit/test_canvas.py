@@ -369,3 +369,31 @@ def test_an_unreadable_graph_version_fails_the_run():
     run = Simulator(CANVAS_WF, *ADOPTED).start(CANVAS, {"canvas": 99, "nodes": []})
     run.decide()
     assert run.status == "FAILED" and "schema version 99" in run.events[-1].message
+
+
+def test_the_async_client_starts_a_canvas_as_the_sync_one_does(tmp_path):
+    import asyncio
+
+    from harvest_celery import AsyncHarvest, ExecutionAlreadyExists, Harvest
+
+    local = Celery("canvas_async", broker="memory://", set_as_current=False)
+    a, s = local.task(name="t.add")(add.run), local.task(name="t.tsum")(tsum.run)
+    h = Harvest(f"sqlite:///{tmp_path / 'canvas.db'}", local)
+    h.migrate()
+    for task in (a, s):
+        h.adopt_task(task.name)
+    sig = chord([a.s(1, 1), a.s(2, 2)], s.s())
+
+    async def scenario() -> Any:
+        async with AsyncHarvest(h) as client:
+            rid = await client.start_canvas(sig, execution_id="cv-async")
+            again = await client.start_canvas(sig, execution_id="cv-async")
+            with pytest.raises(ExecutionAlreadyExists):
+                await client.start_canvas(chord([a.s(9, 9)], s.s()), execution_id="cv-async")
+            with pytest.raises(CanvasNotSupported):
+                await client.start_canvas(chord([a.s(1, 1)], s.s(), propagate=False))
+            return rid, again
+
+    assert asyncio.run(scenario()) == ("cv-async", "cv-async")
+    started = h.history("cv-async")[0].event
+    assert started.workflow_type == CANVAS and started.input == graph(sig)
