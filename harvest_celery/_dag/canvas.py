@@ -8,14 +8,16 @@ The graph ``canvas_compile`` wrote into ``WorkflowStarted.input`` once, at start
                 "prepend": ref | None, "upstreams": [ids], "queue": str | None,
                 "countdown": seconds | None, "eta": ISO 8601 | None,
                 "compensator": {"task": name, "receives": "output" | "envelope"} | None,
-                "retry": RetryPolicy data | None}, ...],
+                "retry": RetryPolicy data}, ...],
      "result": ref, "link": [callback, ...], "link_error": [callback, ...]}
 
 A *ref* is a node id or a list of refs: the value it names is that node's output (or the list of
 theirs), which is how a chain prepends the previous result and a chord body receives its header's
 list. Every decision builds the ``DagDefinition`` from this graph alone (``definition``), never from
 a live signature or a newer compiler; a schema version this build cannot read is refused
-(``readable``). Levels are the declared DAGs' longest-path levels (``model.depths``), path order
+(``readable``). Each node's retry policy is recorded too: the canvas's, else its task's ``adopt_task``
+policy, with ``CanvasNotSupported`` and ``PayloadNotSerializable`` never retried. Levels are the
+declared DAGs' longest-path levels (``model.depths``), path order
 within a level.
 
 How each dispatch is called is recorded on it as its ``call_convention`` (never inferred on the

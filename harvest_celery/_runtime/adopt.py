@@ -24,6 +24,7 @@ from celery.exceptions import Retry
 
 from harvest_celery._core.names import CallConvention
 from harvest_celery._core.registry import ActivityDefinition
+from harvest_celery._errors import CanvasNotSupported
 from harvest_celery._runtime import claim as claims
 from harvest_celery._runtime import sentry
 from harvest_celery._runtime.messages import REF_HEADER
@@ -61,6 +62,7 @@ def _as_engine_attempt(task: Any, body: Any, call_convention: str | None, value:
     request = task.request
     directly = getattr(request, "called_directly", False)
     request.called_directly = True  # Task.retry re-raises instead of re-sending the message
+    setattr(request, RUNNING, True)  # Task.replace and add_to_chord refuse (_refuse_dynamic)
     try:
         return _call(body, call_convention, value)
     except Retry as retry:
@@ -69,6 +71,32 @@ def _as_engine_attempt(task: Any, body: Any, call_convention: str | None, value:
         raise
     finally:
         request.called_directly = directly
+        setattr(request, RUNNING, False)
+
+
+RUNNING = "harvest_attempt"  # set on the task's request while harvest runs its body
+
+
+def _refuse_dynamic(task: Any) -> None:
+    """``Task.replace()`` and ``add_to_chord`` in a body harvest runs would send Celery work
+    harvest never records (a canvas grown at run time): the attempt fails with
+    ``CanvasNotSupported``, which is never retried. Outside harvest they work as before."""
+    for method in ("replace", "add_to_chord"):
+        setattr(task, method, _refusing(task, method, getattr(task, method)))
+
+
+def _refusing(task: Any, method: str, original: Any) -> Any:
+    @functools.wraps(original)
+    def refusing(*args: Any, **kwargs: Any) -> Any:
+        if getattr(task.request, RUNNING, False):
+            raise CanvasNotSupported(
+                method,
+                f"Task.{method}() in task {task.name!r} is not supported when harvest runs it: "
+                "a canvas is compiled once, at start (docs/canvas.md)",
+            )
+        return original(*args, **kwargs)
+
+    return refusing
 
 
 def adopt(app: Celery, runtime: Runtime, definition: ActivityDefinition) -> None:
@@ -100,6 +128,7 @@ def adopt(app: Celery, runtime: Runtime, definition: ActivityDefinition) -> None
             return None
 
         task.run = guarded
+        _refuse_dynamic(task)
         task._harvest_adopted = True
 
     if definition.name in app.tasks:

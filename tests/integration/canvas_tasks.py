@@ -93,3 +93,33 @@ def slow(tag: str, item: int, seconds: float) -> int:
     note(tag, "slow", item)
     time.sleep(seconds)
     return item
+
+
+@app.task(name="cv.big")
+def big(tag: str, size: int) -> str:
+    """A header member with a large result (the chord body's list input goes over the cap)."""
+    note(tag, "big", size)
+    return f"{tag}/" + "x" * size
+
+
+@app.task(name="cv.unbig")
+def unbig(value: str) -> None:
+    note(value.split("/")[0], "unbig", len(value))
+
+
+@app.task(name="cv.lengths")
+def lengths(values: list[str]) -> list[int]:
+    return [len(v) for v in values]
+
+
+@app.task(name="cv.grow", bind=True)
+def grow(self: Any, tag: str) -> Any:
+    """A body that grows the canvas at run time: ``Task.replace``."""
+    note(tag, "grow", 1)
+    return self.replace(add.si(1, 1))
+
+
+@app.task(name="cv.as_set")
+def as_set(tag: str) -> Any:
+    note(tag, "as_set", 1)
+    return {1, 2}  # not JSON: Celery's json serializer would fail too

@@ -343,3 +343,119 @@ def test_a_countdown_is_a_durable_timer_across_a_worker_restart(cv, redis_client
     assert [e.node for e in scheduled(cv, rid)] == ["0"]
     cv.worker.start()
     assert cv.harvest.result(rid, timeout=60) == 6
+
+
+# ── limits: a large header settles, the body's cap, kill -9 mid header ────────────────────────
+def test_a_1000_task_header_with_one_early_failure_runs_all_1000_then_unwinds(cv, redis_client):
+    """A level settles only when every member has a result: the early failure does not stop
+    the other 999 (unlike Celery); the 999 reservations are then undone, LIFO; no body runs."""
+    t, tag = tasks(), uuid.uuid4().hex[:10]
+    header = [t.decline.si(tag, 0), *(t.reserve.si(tag, i) for i in range(1, 1000))]
+    rid = cv.harvest.start_canvas(chord(header, t.tsum.s()), compensate=COMPENSATE)
+    with pytest.raises(WorkflowFailed, match=r"canvas task 'cv.decline' \(node header.0\) failed"):
+        cv.harvest.result(rid, timeout=600)
+    history = events(cv, rid)
+    forward = [i for i, e in enumerate(history) if e.type == "ActivityScheduled" and not e.compensation]
+    undos = [i for i, e in enumerate(history) if e.type == "ActivityScheduled" and e.compensation]
+    assert len(forward) == 1000 and "body" not in {history[i].node for i in forward}
+    settled = [i for i, e in enumerate(history) if e.type in ("ActivityCompleted", "ActivityFailed")]
+    assert len(settled) >= 1000 and settled[999] < undos[0]  # all 1,000 settled before the unwind
+    assert [history[i].node for i in undos] == [f"header.{i}" for i in range(999, 0, -1)]
+    seen = notes(redis_client, tag)
+    assert sorted(v for what, v in seen if what == "reserve") == list(range(1, 1000))
+    assert len([v for what, v in seen if what == "release"]) == 999
+    assert max(i for i, (what, _) in enumerate(seen) if what == "reserve") < min(
+        i for i, (what, _) in enumerate(seen) if what == "release"
+    )
+
+
+def test_a_chord_body_over_the_cap_fails_before_dispatch_and_a_payload_store_lets_it_run(
+    cv, redis_client, tmp_path
+):
+    """Three 0.9 MiB header results make a 2.7 MiB body input: over the 2 MiB activity-input
+    cap, refused before dispatch (PayloadTooLarge) and the header undone; with a payload store
+    on the worker, the same canvas completes."""
+    from harvest_celery import FileSystemPayloadStore, Harvest
+
+    t, tag = tasks(), uuid.uuid4().hex[:10]
+    size = 900 * 1024
+
+    def make() -> Any:
+        return chord([t.big.si(tag, size) for _ in range(3)], t.lengths.s())
+
+    compensate = {"cv.big": "cv.unbig"}
+    rid = cv.harvest.start_canvas(make(), compensate=compensate)
+    error = failed(cv, rid)
+    assert "canvas task 'cv.lengths' (node body)" in str(error) and "PayloadTooLarge" in str(error)
+    assert "body" not in {e.node for e in scheduled(cv, rid)}
+    assert compensations(cv, rid) == ["header.2", "header.1", "header.0"]
+    assert [what for what, _ in notes(redis_client, tag)].count("unbig") == 3
+    # the same canvas, the worker (and this client) with a payload store: it completes
+    store = str(tmp_path / "store")
+    client = Harvest(
+        cv.DATABASE_URL, cv.app, decision_queue=cv.DECIDE, payload_store=FileSystemPayloadStore(store)
+    )
+    cv.worker.restart({"HARVEST_TEST_CV_STORE": store})
+    try:
+        rid = client.start_canvas(make(), compensate=compensate)
+        assert client.result(rid, timeout=120) == [len(tag) + 1 + size] * 3
+        assert [what for what, _ in notes(redis_client, tag)].count("unbig") == 3  # none more
+    finally:
+        cv.worker.extra_env.pop("HARVEST_TEST_CV_STORE")
+        cv.worker.restart()
+        client.store.engine.dispose()
+
+
+def test_kill_9_of_the_worker_mid_chord_header_completes_at_least_once(cv, redis_client):
+    """The worker is killed while header bodies sleep: the run completes with plain Celery's
+    result, every body execution had its own ActivityStarted, and no node ran more often than
+    it was started (at-least-once, never beyond)."""
+    from harvest_celery import RetryPolicy
+
+    t, tag = tasks(), uuid.uuid4().hex[:10]
+
+    def make(tag: str) -> Any:
+        return chord([t.slow.si(tag, i, 2.0) for i in range(6)], t.tsum.s())
+
+    retry = {"cv.slow": RetryPolicy(max_attempts=5, initial_interval=0.2)}
+    rid = cv.harvest.start_canvas(make(tag), retry=retry)
+    wait_for(lambda: len(notes(redis_client, tag)) >= 2, timeout=30, what="header bodies running")
+    cv.worker.kill9()
+    cv.worker.start()
+    assert cv.harvest.result(rid, timeout=120) == make(f"{tag}-plain").apply_async().get(timeout=60) == 15
+    history = events(cv, rid)
+    node_of = {e.activity_id: e.node for e in history if e.type == "ActivityScheduled"}
+    started: dict[str, int] = {}
+    completed: dict[str, int] = {}
+    for e in history:
+        if e.type == "ActivityStarted":
+            started[node_of[e.activity_id]] = started.get(node_of[e.activity_id], 0) + 1
+        if e.type == "ActivityCompleted":
+            completed[node_of[e.activity_id]] = completed.get(node_of[e.activity_id], 0) + 1
+    ran: dict[str, int] = {}
+    for what, item in notes(redis_client, tag):
+        assert what == "slow"
+        ran[f"header.{item}"] = ran.get(f"header.{item}", 0) + 1
+    assert set(ran) == {f"header.{i}" for i in range(6)}
+    assert all(1 <= ran[node] <= started[node] for node in ran), (ran, started)
+    assert any(n > 1 for n in ran.values())  # the killed executions ran again
+    assert completed == {**{f"header.{i}": 1 for i in range(6)}, "body": 1}
+
+
+# ── refused at run time: Task.replace, a non-JSON result; neither retried ─────────────────────
+@pytest.mark.parametrize(
+    ("task", "error"),
+    [("grow", "CanvasNotSupported: Task.replace() in task 'cv.grow'"), ("as_set", "PayloadNotSerializable")],
+)
+def test_a_body_that_replaces_itself_or_returns_no_json_fails_once_and_unwinds(cv, redis_client, task, error):
+    """Only a running body reveals ``Task.replace()``; a non-JSON result is the other run-time
+    refusal. The task is adopted with 3 attempts, yet the attempt is not retried, and the
+    completed node is undone."""
+    t, tag = tasks(), uuid.uuid4().hex[:10]
+    sig = chain(t.reserve.si(tag, "a"), getattr(t, task).si(tag))
+    rid = cv.harvest.start_canvas(sig, compensate=COMPENSATE)
+    message = str(failed(cv, rid))
+    assert f"canvas task 'cv.{task}' (node 1) failed: {error}" in message
+    assert [e.type for e in events(cv, rid)].count("ActivityStarted") == 3  # 0, 1 once, the undo
+    assert notes(redis_client, tag) == [("reserve", "a"), (task, 1), ("release", f"{tag}/a")]
+    assert compensations(cv, rid) == ["0"]

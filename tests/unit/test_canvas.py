@@ -397,3 +397,36 @@ def test_the_async_client_starts_a_canvas_as_the_sync_one_does(tmp_path):
     assert asyncio.run(scenario()) == ("cv-async", "cv-async")
     started = h.history("cv-async")[0].event
     assert started.workflow_type == CANVAS and started.input == graph(sig)
+
+
+def test_each_node_records_its_policy_and_run_time_refusals_are_never_retried():
+    given = graph(add.s(1, 2), retry={"t.add": RetryPolicy(max_attempts=2)})["nodes"][0]["retry"]
+    adopted = graph(add.s(1, 2))["nodes"][0]["retry"]  # no canvas policy: the task's adopted one
+    assert (given["max_attempts"], adopted["max_attempts"]) == (2, 3)
+    for policy in (given, adopted):
+        assert set(policy["non_retryable_error_types"]) == {"CanvasNotSupported", "PayloadNotSerializable"}
+    assert not RetryPolicy.from_data(given).should_retry(1, "CanvasNotSupported")
+
+
+def test_task_replace_and_add_to_chord_are_refused_only_while_harvest_runs_the_body():
+    from harvest_celery._runtime.adopt import RUNNING, _refuse_dynamic
+
+    local = Celery("canvas_replace", set_as_current=False)
+
+    @local.task(name="t.grow", bind=True)
+    def grow(self):
+        return self.replace(add.si(1, 1))
+
+    _refuse_dynamic(grow)
+    grow.push_request()
+    try:
+        setattr(grow.request, RUNNING, True)
+        with pytest.raises(CanvasNotSupported, match=r"Task.replace\(\) in task 't.grow'"):
+            grow.replace(add.si(1, 1))
+        with pytest.raises(CanvasNotSupported, match="add_to_chord"):
+            grow.add_to_chord(add.si(1, 1))
+        setattr(grow.request, RUNNING, False)
+        with pytest.raises(ValueError, match="not member of any chord"):  # Celery's own, as before
+            grow.add_to_chord(add.si(1, 1))
+    finally:
+        grow.pop_request()
