@@ -4,7 +4,7 @@
     python -m benchmarks.run --quick                # every scenario, shortened, ~2 min
     python -m benchmarks.run --scenarios sequential,history --skip-dbos
 
-Scenarios: sequential (B1), throughput (B2), history (B3), fanout (B4), memory, micro,
+Scenarios: sequential (B1), throughput (B2), history (B3), fanout (B4), canvas (B5), memory, micro,
 schedules (tick lateness, harvest scheduler against Celery Beat); and tracing (B1 with tracing
 on against off, run only when named: --scenarios tracing). Same
 Postgres (127.0.0.1:5432; databases ``harvest_bench`` and ``dbos_bench`` recreated each run) and
@@ -40,13 +40,14 @@ from benchmarks.common import (
     fresh_database,
     log,
 )
-from benchmarks.scenarios import fanout, history, memory, schedules, sequential, throughput, tracing
+from benchmarks.scenarios import canvas, fanout, history, memory, schedules, sequential, throughput, tracing
 
 SCENARIOS = {
     "sequential": sequential.run,
     "throughput": throughput.run,
     "history": history.run,
     "fanout": fanout.run,
+    "canvas": canvas.run,  # B5: a 1,000-task chord, start_canvas against plain Celery's chord
     "memory": memory.run,
     "micro": lambda args, _d: micro.run(args),
     "tracing": tracing.run,  # B1 with tracing on and off; not in the default set (--scenarios tracing)
@@ -61,6 +62,7 @@ PROFILES: dict[str, tuple[Any, Any]] = {
     "min_jobs": (32, 8),
     "history_steps": (1000, 300),
     "fanout_cells": (1000, 200),
+    "canvas_cells": (1000, 200),
     "memory_runs": (1000, 200),
     "budget_steps": (100, 40),
     "repeats": (5, 3),
@@ -126,6 +128,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sched-every", type=int, help="schedules: their interval, seconds (20; quick 10)")
     p.add_argument("--sched-rounds", type=int, help="schedules: ticks measured per system (5; quick 3)")
     p.add_argument("--fanout-cells", type=int, help="B4: mapped cells (1000; quick 200)")
+    p.add_argument("--canvas-cells", type=int, help="B5: chord header tasks (1000; quick 200)")
     p.add_argument("--memory-runs", type=int, help="memory: warm runs (1000; quick 200)")
     p.add_argument("--budget-steps", type=int, help="B1: steps of the counted probe run (100; quick 40)")
     p.add_argument("--worker-concurrency", type=int, default=4, help="celery -c (threads) per worker")
@@ -154,6 +157,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             args.runs,
             args.history_steps,
             args.fanout_cells,
+            args.canvas_cells,
             args.memory_runs,
             args.budget_steps,
             args.repeats,

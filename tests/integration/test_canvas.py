@@ -386,7 +386,7 @@ def test_a_chord_body_over_the_cap_fails_before_dispatch_and_a_payload_store_let
     compensate = {"cv.big": "cv.unbig"}
     rid = cv.harvest.start_canvas(make(), compensate=compensate)
     error = failed(cv, rid)
-    assert "canvas task 'cv.lengths' (node body)" in str(error) and "PayloadTooLarge" in str(error)
+    assert "canvas task 'cv.lengths' (node body) failed: payload too large: input of activity" in str(error)
     assert "body" not in {e.node for e in scheduled(cv, rid)}
     assert compensations(cv, rid) == ["header.2", "header.1", "header.0"]
     assert [what for what, _ in notes(redis_client, tag)].count("unbig") == 3
