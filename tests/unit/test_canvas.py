@@ -430,3 +430,20 @@ def test_task_replace_and_add_to_chord_are_refused_only_while_harvest_runs_the_b
             grow.add_to_chord(add.si(1, 1))
     finally:
         grow.pop_request()
+
+
+def test_a_sealed_run_never_unwinds_and_never_runs_link_error():
+    sig = chain(add.s(1, 2), group(add.s(1), boom.s()))
+    sig.link_error(errback.s())
+    run = Simulator(CANVAS_WF, *ADOPTED).start(CANVAS, graph(sig, compensate={"t.add": "t.release"}))
+    run.decide()
+    (first,) = run.open_activities()
+    run.complete(first.activity_id, 3)
+    run.decide()
+    ok, bad = sorted(run.open_activities(), key=lambda a: a.node)
+    assert (ok.node, bad.node) == ("1.0", "1.1")
+    run.complete(ok.activity_id, 4)
+    run.fail(bad.activity_id, "RuntimeError", "boom")
+    run.cancel("stop")  # the seal, then the post-cancel decision
+    assert run.status == "CANCELLED"
+    assert [d.node for d in scheduled(run)] == ["0", "1.0", "1.1"]  # no undo, no link_error
