@@ -335,7 +335,7 @@ def test_the_run_graph_shows_canvas_path_node_ids(cv):
 
 def test_a_countdown_is_a_durable_timer_across_a_worker_restart(cv, redis_client):
     t = tasks()
-    rid = cv.harvest.start_canvas(chain(t.add.s(1, 2), t.add.s(3).set(countdown=3)))
+    rid = cv.harvest.start_canvas(chain(t.add.s(1, 2), t.add.s(3).set(countdown=5)))
     wait_for(lambda: any(e.type == "TimerStarted" for e in events(cv, rid)), timeout=30)
     cv.worker.stop()
     broker = redis.Redis.from_url(cv.BROKER_URL)
@@ -395,6 +395,8 @@ def test_a_chord_body_over_the_cap_fails_before_dispatch_and_a_payload_store_let
     client = Harvest(
         cv.DATABASE_URL, cv.app, decision_queue=cv.DECIDE, payload_store=FileSystemPayloadStore(store)
     )
+    for name in ("cv.big", "cv.unbig", "cv.lengths"):
+        client.adopt_task(name, queue=cv.QUEUE)
     cv.worker.restart({"HARVEST_TEST_CV_STORE": store})
     try:
         rid = client.start_canvas(make(), compensate=compensate)
@@ -459,3 +461,29 @@ def test_a_body_that_replaces_itself_or_returns_no_json_fails_once_and_unwinds(c
     assert [e.type for e in events(cv, rid)].count("ActivityStarted") == 3  # 0, 1 once, the undo
     assert notes(redis_client, tag) == [("reserve", "a"), (task, 1), ("release", f"{tag}/a")]
     assert compensations(cv, rid) == ["0"]
+
+
+def test_an_erased_canvas_run_shows_its_state_and_an_unreadable_version_is_409(cv):
+    """After erasure the run graph reports the run's state and says its graph was erased; a
+    stored graph of a schema version this release cannot read fails the run, and its retry is
+    refused with 409 canvas_version."""
+    from fastapi.testclient import TestClient
+
+    from harvest_celery._web.api import create_app
+
+    t = tasks()
+    client = TestClient(create_app(cv.harvest))
+    rid = cv.harvest.start_canvas(chain(t.add.s(1, 2), t.add.s(3)))
+    cv.harvest.result(rid, timeout=60)
+    cv.harvest.erase_payloads(rid)
+    body = client.get(f"/dags/{CANVAS}/runs/{rid}").json()
+    assert (body["status"], body["nodes"]) == ("COMPLETED", [])
+    assert "erased" in body["note"]
+    newer = cv.harvest.start_workflow(CANVAS, {"canvas": 99, "nodes": []})
+    with pytest.raises(WorkflowFailed, match="schema version 99"):
+        cv.harvest.result(newer, timeout=60)
+    with pytest.raises(RetryRefused) as info:
+        cv.harvest.retry_dag_run(CANVAS, newer)
+    assert info.value.reason == "canvas_version"
+    response = client.post(f"/dags/{CANVAS}/runs/{newer}/retry")
+    assert response.status_code == 409 and response.json()["reason"] == "canvas_version", response.text
