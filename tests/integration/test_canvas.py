@@ -487,3 +487,10 @@ def test_an_erased_canvas_run_shows_its_state_and_an_unreadable_version_is_409(c
     assert info.value.reason == "canvas_version"
     response = client.post(f"/dags/{CANVAS}/runs/{newer}/retry")
     assert response.status_code == 409 and response.json()["reason"] == "canvas_version", response.text
+
+
+def test_no_chord_unlock_was_ever_sent(cv):
+    """#9674: ``chord_unlock`` retries forever in Celery; harvest's join is a DAG level, so the
+    worker that ran every canvas of this module (durable and plain) never received one."""
+    log = cv.worker.log.read_text(errors="replace")
+    assert "Task cv." in log and "chord_unlock" not in log
