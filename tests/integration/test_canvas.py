@@ -115,6 +115,7 @@ SHAPES: dict[str, Callable[[], Any]] = {
     "kwargs merging with the prepended result": lambda: chain(
         tasks().add.s(1, z=5), tasks().add.s(2, z=1), tasks().pair.s(7)
     ),
+    "ignore_result accepted": lambda: chain(tasks().add.s(1, 2).set(ignore_result=True), tasks().add.s(3)),
     "chain of groups": lambda: chain(
         group(tasks().add.si(1, 1), tasks().add.si(2, 2)), group(tasks().tsum.s(), tasks().tsum.s(scale=2))
     ),
