@@ -478,7 +478,7 @@ def test_an_erased_canvas_run_shows_its_state_and_an_unreadable_version_is_409(c
     cv.harvest.result(rid, timeout=60)
     cv.harvest.erase_payloads(rid)
     body = client.get(f"/dags/{CANVAS}/runs/{rid}").json()
-    assert (body["status"], body["nodes"]) == ("COMPLETED", [])
+    assert (body["state"], body["nodes"]) == ("COMPLETED", []), body
     assert "erased" in body["note"]
     newer = cv.harvest.start_workflow(CANVAS, {"canvas": 99, "nodes": []})
     with pytest.raises(WorkflowFailed, match="schema version 99"):
