@@ -15,8 +15,11 @@ One app carries every side of the comparison:
     ``bench_rate_call`` (one call of ``bench_rated``, ``rate_limit="20/s"``) — the limits
     scenario (docs/flow-control.md);
 
-* raw Celery: ``raw_step`` and ``raw_undo`` (the same no-op, queue ``bench``) — the only tasks
-  that store a result, in the Redis result backend (DB 7), so the client can wait on them.
+* raw Celery: ``raw_step`` and ``raw_undo`` (the same no-op, queue ``bench``) — with
+  ``canvas_step``/``canvas_sum``, the only tasks that store a result, in the Redis result backend
+  (DB 7), so the client can wait on them;
+* both: ``canvas_step`` and ``canvas_sum``, plain ``@app.task`` functions that harvest also
+  adopts, so the same chord runs under plain Celery and under ``harvest.start_canvas`` — B5.
 
 Harvest's own tasks ignore results (``configure_dedicated_celery_app`` sets ``task_ignore_result``), so the
 result backend is used by the baseline only. ``bench_stats`` is a remote-control command the
@@ -178,6 +181,23 @@ def raw_step(x: int) -> int:
 def raw_undo(outputs: Any) -> int:
     """The baseline's undo: one cell (an int) or a batch of cells (a list)."""
     return len(outputs) if isinstance(outputs, list) else 1
+
+
+@app.task(name="canvas_step", queue="bench", ignore_result=False)
+def canvas_step(x: int) -> int:
+    """B5's header task: an ordinary ``@app.task`` that a chord runs as is under plain Celery,
+    and that harvest adopts for ``start_canvas`` (the same code, the same queue)."""
+    return x + 1
+
+
+@app.task(name="canvas_sum", queue="bench", ignore_result=False)
+def canvas_sum(xs: list[int]) -> int:
+    """B5's chord body."""
+    return sum(xs)
+
+
+for _name in ("canvas_step", "canvas_sum"):
+    harvest.adopt_task(_name, queue="bench")
 
 
 @inspect_command()

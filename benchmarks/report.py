@@ -143,6 +143,19 @@ def main_rows(res: dict[str, Any]) -> list[Row]:
                 "",
             ]
         )
+    cv = res.get("canvas")
+    if cv and "error" not in cv:
+        rows.append(
+            [
+                "B5",
+                f"chord of {cv['cells']} + body, start_canvas vs plain chord: s (median of {cv['repeats']})",
+                fmt(cv["harvest"]["wall_s"]),
+                fmt(cv["raw_celery"]["wall_s"]),
+                "",
+                x(cv["ratios"]["harvest_over_raw"]),
+                "",
+            ]
+        )
     return rows
 
 

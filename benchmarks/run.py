@@ -4,9 +4,9 @@
     python -m benchmarks.run --quick                # every scenario, shortened, ~2 min
     python -m benchmarks.run --scenarios sequential,history --skip-dbos
 
-Scenarios: sequential (B1), throughput (B2), history (B3), fanout (B4), memory, limits, micro,
-schedules (tick lateness, harvest scheduler against Celery Beat); and tracing (B1 with tracing
-on against off, run only when named: --scenarios tracing). Same
+Scenarios: sequential (B1), throughput (B2), history (B3), fanout (B4), canvas (B5), memory, limits,
+micro, schedules (tick lateness, harvest scheduler against Celery Beat); and tracing (B1 with
+tracing on against off, run only when named: --scenarios tracing). Same
 Postgres (127.0.0.1:5432; databases ``harvest_bench`` and ``dbos_bench`` recreated each run) and
 Redis (127.0.0.1:6379, DB 7 flushed each run) for every system. Writes
 benchmarks/results/latest.json and the two plots; see benchmarks/README.md for what each number
@@ -42,6 +42,7 @@ from benchmarks.common import (
     split_topology,
 )
 from benchmarks.scenarios import (
+    canvas,
     fanout,
     history,
     limits,
@@ -57,6 +58,7 @@ SCENARIOS = {
     "throughput": throughput.run,
     "history": history.run,
     "fanout": fanout.run,
+    "canvas": canvas.run,  # B5: a 1,000-task chord, start_canvas against plain Celery's chord
     "memory": memory.run,
     "limits": limits.run,
     "micro": lambda args, _d: micro.run(args),
@@ -72,6 +74,7 @@ PROFILES: dict[str, tuple[Any, Any]] = {
     "min_jobs": (32, 8),
     "history_steps": (1000, 300),
     "fanout_cells": (1000, 200),
+    "canvas_cells": (1000, 200),
     "memory_runs": (1000, 200),
     "budget_steps": (100, 40),
     "repeats": (5, 3),
@@ -149,6 +152,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sched-every", type=int, help="schedules: their interval, seconds (20; quick 10)")
     p.add_argument("--sched-rounds", type=int, help="schedules: ticks measured per system (5; quick 3)")
     p.add_argument("--fanout-cells", type=int, help="B4: mapped cells (1000; quick 200)")
+    p.add_argument("--canvas-cells", type=int, help="B5: chord header tasks (1000; quick 200)")
     p.add_argument("--memory-runs", type=int, help="memory: warm runs (1000; quick 200)")
     p.add_argument("--budget-steps", type=int, help="B1: steps of the counted probe run (100; quick 40)")
     p.add_argument("--worker-concurrency", type=int, default=4, help="celery -c (threads) per worker")
@@ -181,6 +185,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             args.runs,
             args.history_steps,
             args.fanout_cells,
+            args.canvas_cells,
             args.memory_runs,
             args.budget_steps,
             args.repeats,

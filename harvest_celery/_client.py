@@ -25,6 +25,7 @@ from harvest_celery._core.limits import declare
 from harvest_celery._core.registry import ActivityDefinition, Registry, register_into
 from harvest_celery._core.retry import DEFAULT_RETRY, RetryPolicy
 from harvest_celery._dag.builder import preflight, preflight_all
+from harvest_celery._dag.canvas_run import register_canvas
 from harvest_celery._payloads.codec import Codec
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import PayloadStore
@@ -108,6 +109,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
         )
         self.registry = Registry()
         register_start_task(self.registry)  # reserved: every decision worker knows it
+        register_canvas(self.registry)  # reserved too: harvest.start_canvas's runs
         # the cap applies to what is stored inline: with a store, an offloaded input is a reference
         offloads = payloads.offloads if payload_store is not None else None
         self.runtime = Runtime(self.store, self.registry, config.runtime_settings(options, offloads))

@@ -80,6 +80,29 @@ class AsyncHarvest:
             **timeouts,
         )
 
+    async def start_task(self, signature_or_task: Any, *args: Any, **kwargs: Any) -> str:
+        """``Harvest.start_task``: a durable one-step run of an adopted Celery task."""
+        return await self._run(self.harvest.start_task, signature_or_task, *args, **kwargs)
+
+    async def start_canvas(
+        self,
+        signature: Any,
+        *,
+        execution_id: str | None = None,
+        compensate: dict[str, Any] | None = None,
+        retry: Any = None,
+        id_reuse: str = "idempotent",
+    ) -> str:
+        """``Harvest.start_canvas``: a durable run of a Celery canvas (docs/canvas.md)."""
+        return await self._run(
+            self.harvest.start_canvas,
+            signature,
+            execution_id=execution_id,
+            compensate=compensate,
+            retry=retry,
+            id_reuse=id_reuse,
+        )
+
     async def signal(self, execution_id: str, name: str, payload: Any = None) -> None:
         await self._run(self.harvest.signal, execution_id, name, payload)
 

@@ -8,7 +8,11 @@ from typing import Any
 from harvest_celery._client_base import ClientBase
 from harvest_celery._core.ids import check_execution_id, derived_id
 from harvest_celery._core.lifecycle import COMPLETED, RUNNING
+from harvest_celery._core.registry import WorkflowDefinition
+from harvest_celery._dag import canvas
 from harvest_celery._dag import retry as dag_retry
+from harvest_celery._dag.canvas_run import version_refused
+from harvest_celery._dag.model import DagDefinition
 from harvest_celery._dag.retry import COMPENSATED, compensation_executed, erased_refusal
 from harvest_celery._errors import ExecutionNotFound, RetryRefused, UnknownWorkflow
 from harvest_celery._store import runs as ops
@@ -72,7 +76,7 @@ class Operations(ClientBase):
         when the history cannot be fully decoded (it fails closed).
         """
         definition = self.registry.workflow(dag_name)
-        if definition.kind != "dag":
+        if definition.kind not in ("dag", "canvas"):
             raise UnknownWorkflow(dag_name)
         row = self.store.get(execution_id)
         if row.workflow_type != dag_name:
@@ -92,7 +96,7 @@ class Operations(ClientBase):
         history = self.store.history(execution_id, strict=True)  # decode before filtering
         if compensation_executed(history):
             raise RetryRefused(execution_id, "compensated", COMPENSATED)
-        plan = dag_retry.plan_retry(definition.extra, history, from_node)
+        plan = dag_retry.plan_retry(_dag_of(definition, execution_id, history), history, from_node)
         answer: dict[str, Any] = {
             "source_run_id": execution_id,
             "retry_from": plan.retry_from,
@@ -126,3 +130,14 @@ class Operations(ClientBase):
     def purge(self, older_than_days: float, batch: int = 500) -> dict[str, int]:
         """Retention: delete terminal runs closed more than ``older_than_days`` ago."""
         return self.store.purge(older_than_days, batch)
+
+
+def _dag_of(definition: WorkflowDefinition, execution_id: str, history: Any) -> DagDefinition:
+    """A ``@dag``'s registered definition, or a canvas run's, built from its stored graph (the
+    fork copies that graph unchanged); a schema version this release cannot read is refused."""
+    if definition.kind == "dag":
+        return definition.extra  # type: ignore[no-any-return]
+    graph = getattr(history[0].event, "input", None)
+    if not canvas.readable(graph):
+        raise RetryRefused(execution_id, "canvas_version", str(version_refused(graph)))
+    return canvas.definition(graph)

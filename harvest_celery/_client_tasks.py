@@ -22,6 +22,9 @@ from harvest_celery._core.invocation import (
     task_name,
 )
 from harvest_celery._core.jsonvalues import check_cap
+from harvest_celery._core.retry import RetryPolicy
+from harvest_celery._dag.canvas import CANVAS
+from harvest_celery._dag.canvas_compile import compile_canvas
 from harvest_celery._errors import InvalidTaskCall
 from harvest_celery._store import starts
 from harvest_celery._store.appconn import payloads_on
@@ -30,7 +33,54 @@ from harvest_celery._store.starts import check_policy
 
 
 class Tasks(ClientBase):
-    """``Harvest``'s durable starts of existing Celery tasks."""
+    """``Harvest``'s durable starts of existing Celery tasks and canvases."""
+
+    def start_canvas(
+        self,
+        signature: Any,
+        *,
+        execution_id: str | None = None,
+        compensate: dict[str, Any] | None = None,
+        retry: RetryPolicy | dict[str, RetryPolicy] | None = None,
+        id_reuse: str = "idempotent",
+    ) -> str:
+        """Start a durable run of a Celery canvas (``chain``, ``group``, ``chord``, ``chunks``,
+        ``starmap``/``xmap``, nested) on the adopted tasks it names, and return its id
+        (docs/canvas.md). The canvas is compiled once, here, to its canonical graph (node ids are
+        canvas paths), stored as the run's input; ``harvest.result(id)`` is what
+        ``apply_async().get()`` returns with the JSON serializer.
+
+        ``compensate``: ``{task: undo task}`` (the undo receives the task's result) or ``{task:
+        {"task": undo, "receives": "envelope"}}`` (the whole envelope). ``retry``: one
+        ``RetryPolicy`` for every node, or ``{task: RetryPolicy}``. The same canvas (frozen or
+        not) under the same ``execution_id`` is the same run; another raises
+        ``ExecutionAlreadyExists(conflict="input")``.
+
+        Raises ``CanvasNotSupported``, ``InvalidTaskCall``, ``UnknownActivity``,
+        ``PayloadNotSerializable``, ``PayloadTooLarge`` or ``InvalidExecutionId`` and writes
+        nothing."""
+        graph = compile_canvas(signature, self.registry, compensate, retry)
+        engine = self.runtime.settings.engine
+        for node in graph["nodes"]:
+            what = f"input of activity {node['task']!r} (canvas node {node['id']})"
+            check_cap(node["call"], what, engine.max_activity_input_bytes, engine.offloads)
+        execution_id = check_execution_id(execution_id or uuid.uuid4().hex)
+        check_policy(id_reuse)
+        if not self.store.has_call_convention():
+            raise schema_too_old()
+        with self.store.begin() as tx:
+            tx.payloads = payloads_on(self.store, tx.conn)
+            starts.start(
+                tx,
+                execution_id,
+                CANVAS,
+                graph,
+                utcnow(),
+                self.runtime.settings.decision_queue,
+                id_reuse=id_reuse,
+            )
+        self._after(tx)
+        return execution_id
 
     def start_task(
         self,

@@ -37,7 +37,8 @@
     │                                  input, or under id_reuse="reject" (HTTP 409)
     ├── InvalidExecutionId             an id that cannot name a run (also a ValueError)
     ├── InvalidTaskCall                a durable call of an adopted task Celery's way that
-    │                                  harvest refuses (an option, a rule; also a ValueError)
+    │   │                              harvest refuses (an option, a rule; also a ValueError)
+    │   └── CanvasNotSupported         a canvas shape harvest.start_canvas cannot run durably
     ├── InvalidState                   an operation the run's status forbids
     │   └── ForksHoldCopies            an erasure refused while forks hold copies
     ├── UnknownEventType               a history event this build does not know
@@ -313,6 +314,11 @@ class InvalidTaskCall(HarvestError, ValueError):
         self.option = option
 
 
+class CanvasNotSupported(InvalidTaskCall):
+    """A canvas shape ``Harvest.start_canvas`` refuses (``propagate=False``, an inner ``link``,
+    an unknown canvas type, an unreadable stored graph). ``option`` names the shape."""
+
+
 class DuplicateRegistration(RegistrationError):
     def __init__(self, kind: str, name: str) -> None:
         super().__init__(f"duplicate registration: {kind} {name!r} is already registered")
@@ -445,8 +451,8 @@ class UnknownEventType(HarvestError):
 
 
 class RetryRefused(HarvestError):
-    """The run cannot be retried (HTTP 409). ``reason``: compensated · erased · running ·
-    completed · retried."""
+    """The run cannot be retried (HTTP 409; canvas_version: a canvas graph this release cannot
+    read). ``reason``: compensated · erased · running · completed · retried · canvas_version."""
 
     def __init__(self, execution_id: str, reason: str, message: str) -> None:
         super().__init__(message)

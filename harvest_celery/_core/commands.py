@@ -22,6 +22,8 @@ class ScheduleActivity:
     # how an adopted task is called with ``input`` (``names.CallConvention``); None: as its one
     # argument
     call_convention: str | None = None
+    # a canvas node's id (``ActivityScheduled.node``); None: keyed by activity name
+    node: str | None = None
     # Flow control (docs/flow-control.md): kept on the task row, never part of event matching.
     priority: int = 0
     limit_key: str | None = None  # the activity's limit_key(input), computed once, here

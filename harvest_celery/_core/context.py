@@ -62,6 +62,7 @@ class ReplayPort(Protocol):
         start_to_close: float | None = None,
         call_convention: str | None = None,
         priority: int = DEFAULT_PRIORITY,
+        node: str | None = None,
     ) -> Future: ...
 
     def schedule_task(self, task: Any, args: Any, kwargs: Any, queue: str | None) -> Future: ...
@@ -72,7 +73,7 @@ class ReplayPort(Protocol):
 
     def wait_signal(self, name: str, cancellable: bool = False) -> Future: ...
 
-    def recorded_next(self, activity_name: str) -> bool: ...
+    def recorded_next(self, activity_name: str, node: str | None = None) -> bool: ...
 
     def unwind_recorded_next(self) -> bool: ...
 
@@ -155,6 +156,24 @@ class WorkflowContext:
         """
         self._replay.check_running("ctx.execute_task")
         return self._replay.schedule_task(task, args, kwargs, queue)
+
+    def execute_node(
+        self,
+        task: str,
+        input: Any,
+        queue: str,
+        node: str,
+        call_convention: str,
+        *,
+        retry: RetryPolicy | None = None,
+    ) -> Future:
+        """The canvas runner's dispatch (``harvest.start_canvas``): the adopted task ``task``
+        called with its recorded ``input`` under ``call_convention``, the dispatch keyed by the
+        canvas node ``node`` (recorded on its ``ActivityScheduled``, never inside the input)."""
+        self._replay.check_running("ctx.execute_node")
+        return self._replay.schedule_activity(
+            task, input, queue, retry=retry, call_convention=call_convention, node=node
+        )
 
     def check_activity_inputs(self, activity: Any, inputs: Sequence[Any]) -> list[Any]:
         """Check every input a fan-out is about to dispatch, before any is recorded: raises
@@ -351,6 +370,11 @@ class WorkflowContext:
         """Whether the next command this run recorded is a dispatch of ``activity``: a replayed
         dispatch, not a new one (once cancelled, a DAG dispatches nothing new)."""
         return self._replay.recorded_next(activity_name(activity))
+
+    def node_recorded(self, task: str, node: str) -> bool:
+        """``dispatch_recorded`` for a canvas node: the next command is ``task``'s dispatch of
+        ``node``."""
+        return self._replay.recorded_next(task, node)
 
     def unwind_recorded(self) -> bool:
         """Whether the next command this run recorded begins an unwind: one that began before a

@@ -178,6 +178,7 @@ def _same(command: Command, event: ev.Event) -> bool:
             and event.activity_id == command.activity_id
             and event.activity_name == command.activity_name
             and event.call_convention == command.call_convention
+            and event.node == command.node
         )
     if isinstance(command, RecordMarker):
         return isinstance(event, ev.MarkerRecorded) and event.name == command.name

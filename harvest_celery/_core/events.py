@@ -154,11 +154,17 @@ class ActivityScheduled(Event, family=Family.COMMAND, terminal=False, cursor=Cur
     # inferred from the input's shape. Absent (None): the input is its one argument, as every
     # history written before the field existed. Not a payload field.
     call_convention: str | None = None
+    # The canvas node this dispatch runs (its canvas path, ``1.header.2``): a canvas run keys its
+    # dispatches by node, since many nodes may call one task. Its own field, never a key of the
+    # invocation (the task is never passed it). Absent (None): keyed by activity name. Not a
+    # payload field.
+    node: str | None = None
 
     def to_data(self) -> dict[str, Any]:
         data = super().to_data()
-        if data["call_convention"] is None:
-            del data["call_convention"]  # histories without a call read exactly as before
+        for optional in ("call_convention", "node"):
+            if data[optional] is None:
+                del data[optional]  # histories without a call or a node read exactly as before
         return data
 
 

@@ -55,6 +55,7 @@ def decision_events(decision: Decision, history: Sequence[ev.Event]) -> list[ev.
                     command.queue,
                     command.compensation,
                     command.call_convention,
+                    command.node,
                 )
             )
         elif isinstance(command, RecordMarker):

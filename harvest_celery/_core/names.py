@@ -48,6 +48,12 @@ class TaskStatus(str, Enum):
 # the input is the task's one positional argument.
 class CallConvention(str, Enum):
     ARGS_KWARGS = "args_kwargs"  # the input is {"args": [...], "kwargs": {...}}: body(*args, **kwargs)
+    # a compensation: the input is the envelope {dag_compensate, input, output}
+    ENVELOPE_OUTPUT = "envelope_output"  # body(envelope["output"]): the undo gets the result
+    ENVELOPE = "envelope"  # body(envelope): the opt-in for the whole envelope
+    # a chunk or starmap node: {"items": [[args...], ...]}: [body(*item) for item in items], in
+    # order, inside one attempt
+    PER_ITEM = "per_item"
 
 
 CALL_CONVENTIONS = tuple(c.value for c in CallConvention)

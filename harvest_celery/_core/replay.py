@@ -261,16 +261,16 @@ class Replay:
         start_to_close: float | None = None,
         call_convention: str | None = None,
         priority: int = DEFAULT_PRIORITY,
+        node: str | None = None,
     ) -> Future:
         definition = self.registry.activity(name)
         what = f"input of activity {name!r}"
         payload = check_json(input, what)
         key = None
-        if not self.recorded_next(name):
+        if not self.recorded_next(name, node):
             # A deterministic pre-dispatch rejection: before an id is allocated or anything
-            # recorded, so it is re-decided on every replay. A dispatch the history already
-            # records is never re-checked: lowering the cap cannot strand a run in flight, and
-            # limit_key is never called for it.
+            # recorded, so it is re-decided on every replay. A recorded dispatch is never
+            # re-checked: lowering the cap cannot strand a run, and limit_key is never called.
             config = self.activation.config
             check_cap(payload, what, config.max_activity_input_bytes, config.offloads)
             key = limit_key_of(name, definition.limits, payload)
@@ -284,7 +284,7 @@ class Replay:
             f"ActivityScheduled({name})"
             if call_convention is None
             else f"ActivityScheduled({name}, task call)",
-            lambda e: e.activity_name == name and e.call_convention == call_convention,
+            lambda e: e.activity_name == name and e.call_convention == call_convention and e.node == node,
         )
         if recorded is None:
             self.commands.append(
@@ -296,9 +296,10 @@ class Replay:
                     self.compensating > 0,
                     retry,
                     start_to_close,
-                    call_convention,
-                    priority,
-                    key,
+                    call_convention=call_convention,
+                    node=node,
+                    priority=priority,
+                    limit_key=key,
                 )
             )
         else:
@@ -370,11 +371,16 @@ class Replay:
             checked.append(payload)
         return checked
 
-    def recorded_next(self, activity_name: str) -> bool:
-        """Is the next command event a dispatch of ``activity_name`` (a replayed dispatch)?"""
+    def recorded_next(self, activity_name: str, node: str | None = None) -> bool:
+        """Is the next command event a dispatch of ``activity_name`` (a replayed dispatch), for
+        canvas node ``node`` when one is given?"""
         index = self._next_command()
         event = self.events[index] if index is not None else None
-        return isinstance(event, ev.ActivityScheduled) and event.activity_name == activity_name
+        return (
+            isinstance(event, ev.ActivityScheduled)
+            and event.activity_name == activity_name
+            and (node is None or event.node == node)
+        )
 
     def unwind_recorded_next(self) -> bool:
         """Does the next command event begin an unwind (its saga marker, or a compensation

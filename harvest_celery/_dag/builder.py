@@ -10,12 +10,12 @@ ascending declaration order within a level, a signal gate a level of its own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar, overload
 
 from harvest_celery._core.registry import Registry, WorkflowDefinition, activity_name
 from harvest_celery._core.retry import RetryPolicy
-from harvest_celery._dag.model import DagDefinition, FailFast, MapPolicy, Node
+from harvest_celery._dag.model import DagDefinition, FailFast, MapPolicy, Node, depths
 from harvest_celery._dag.runner import make_runner
 from harvest_celery._errors import (
     CompensatorNameCollidesWithNode,
@@ -200,31 +200,6 @@ def _check_node(dag: str, node: Node, forward: set[str]) -> None:
                 raise DagBuildError(f"dag {dag!r}: task {task!r} has a duplicate input-binding key")
     if node.name in node.upstreams:
         raise DagBuildError(f"dag {dag!r} contains a dependency cycle (task {task!r} depends on itself)")
-
-
-def depths(upstreams: Mapping[str, Sequence[str]], on_cycle: Callable[[str], int]) -> dict[str, int]:
-    """Longest-path depth of each name over its upstreams (roots are 0), in ``upstreams``' order.
-
-    An upstream that is not a key is ignored. When a cycle is met at a name still being visited,
-    ``on_cycle(name)`` either raises or returns the depth to assume for it there.
-    """
-    depth: dict[str, int] = {}
-    visiting: set[str] = set()
-
-    def depth_of(name: str) -> int:
-        if name in depth:
-            return depth[name]
-        if name in visiting:
-            return on_cycle(name)
-        visiting.add(name)
-        value = 1 + max((depth_of(u) for u in upstreams[name] if u in upstreams), default=-1)
-        visiting.discard(name)
-        depth[name] = value
-        return value
-
-    for name in upstreams:
-        depth_of(name)
-    return depth
 
 
 def _levels(dag: str, nodes: list[Node]) -> tuple[tuple[Node, ...], ...]:

@@ -79,6 +79,12 @@ class Dispatch:
         return self.activity.activity_id
 
     @property
+    def node(self) -> str:
+        """The node this dispatch belongs to: a canvas dispatch's recorded node id, else its
+        activity name (a declared DAG's node is named after its activity)."""
+        return self.activity.scheduled.node or self.activity.activity_name
+
+    @property
     def activity_name(self) -> str:
         return self.activity.activity_name
 
@@ -132,11 +138,12 @@ class DispatchFold:
         return [d for d in self.dispatches if not d.forward]
 
     def forward_by_name(self) -> dict[str, list[Dispatch]]:
-        """Forward dispatches by activity (node) name, in dispatch order (a mapped node has one
-        per cell)."""
+        """Forward dispatches by node, in dispatch order (a mapped node has one per cell): a
+        declared DAG's node is its activity name, a canvas run's its node id (``Dispatch.node``),
+        since a group of one task is many nodes with one name."""
         out: dict[str, list[Dispatch]] = {}
         for d in self.forward():
-            out.setdefault(d.activity_name, []).append(d)
+            out.setdefault(d.node, []).append(d)
         return out
 
 
@@ -149,7 +156,9 @@ def carried_nodes(history: Sequence[ev.HistoryEvent]) -> list[str]:
 
 def is_compensation_dispatch(event: ev.Event, dispatched_names: Iterable[str]) -> bool:
     """``event`` is an ``ActivityScheduled`` whose input is a compensation envelope naming one of
-    ``dispatched_names`` (the nodes dispatched forward, or carried, before it)."""
+    ``dispatched_names`` (the nodes dispatched forward, or carried, before it: activity names
+    for a declared DAG, node ids for a canvas run, whose envelope's ``dag_compensate`` is the
+    node id)."""
     return (
         isinstance(event, ev.ActivityScheduled)
         and is_envelope(event.input)
@@ -167,7 +176,7 @@ def fold_dispatches(history: Sequence[ev.HistoryEvent], live: bool | None = None
         if is_compensation_dispatch(activity.scheduled, seen):
             dispatches.append(Dispatch(activity, activity.scheduled.input["dag_compensate"]))
         else:
-            seen.add(activity.activity_name)
+            seen.add(activity.scheduled.node or activity.activity_name)  # keyed by node id
             dispatches.append(Dispatch(activity))
     return DispatchFold(tuple(dispatches), tuple(carried))
 

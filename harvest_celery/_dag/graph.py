@@ -90,7 +90,7 @@ def _node(
     attempts: int = 0,
     failure: Dispatch | None = None,
 ) -> dict[str, Any]:
-    return {
+    out = {
         "node_name": node.name,
         "status": status,
         "depends_on": list(node.upstreams),
@@ -100,6 +100,9 @@ def _node(
         "error_type": failure.error_type if failure is not None else None,
         "error": first_line(failure.error) if failure is not None else None,
     }
+    if node.task is not None:
+        out["task"] = node.task  # a canvas node: named by its node id, calling this task
+    return out
 
 
 def _open_status(live: bool) -> str:
@@ -137,13 +140,13 @@ def _mapped_node(node: Node, cells: list[Dispatch], live: bool) -> dict[str, Any
 
 
 def build_run_graph(
-    definition: DagDefinition, execution: RunRow, history: Sequence[ev.HistoryEvent]
+    definition: DagDefinition, execution: RunRow, history: Sequence[ev.HistoryEvent], note: str | None = None
 ) -> dict[str, Any]:
     """``{run_id, dag_name, state, started_at, finished_at, nodes: [...]}`` for one DAG run, from
     its decoded history.
 
     Nodes in declaration order, each ``{node_name, status, depends_on, started_at, finished_at,
-    attempts, error_type, error}``.
+    attempts, error_type, error}``; a canvas run's nodes are named by node id and add ``task``.
 
     Nodes a retry-from-node fork carried over show ``succeeded`` with no timings (they ran in
     the source run). Limitations, history alone cannot tell: a node never dispatched is ``skipped`` on a terminal
@@ -170,7 +173,7 @@ def build_run_graph(
             nodes.append(build(node, dispatches, live))
         else:
             nodes.append(_node(node, "pending" if live else "skipped"))
-    return {
+    graph = {
         "run_id": execution.id,
         "dag_name": definition.name,
         "state": execution.status,
@@ -178,3 +181,6 @@ def build_run_graph(
         "finished_at": execution.closed_at,
         "nodes": nodes,
     }
+    if note is not None:
+        graph["note"] = note  # a canvas run whose stored graph cannot be read
+    return graph

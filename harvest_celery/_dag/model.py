@@ -7,6 +7,7 @@ executes them, ``folds``/``graph``/``retry`` read a run's history against them.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,10 @@ class Node:
     over: str | None = None
     policy: MapPolicy = FailFast
     level: int = 0
+    # a canvas node (``harvest.start_canvas``): ``name`` is its node id, ``task`` the adopted
+    # task it calls and ``canvas`` its stored graph entry (``canvas``); None for declared nodes
+    task: str | None = None
+    canvas: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,8 @@ class DagDefinition:
     name: str
     nodes: tuple[Node, ...]
     levels: tuple[tuple[Node, ...], ...]
+    # a canvas run's stored graph (``canvas``): its result ref and callbacks; None for a ``@dag``
+    canvas: dict[str, Any] | None = None
 
     def node(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
@@ -76,3 +83,28 @@ def is_envelope(value: Any) -> bool:
     return (
         isinstance(value, dict) and ENVELOPE_KEYS <= value.keys() and isinstance(value["dag_compensate"], str)
     )
+
+
+def depths(upstreams: Mapping[str, Sequence[str]], on_cycle: Callable[[str], int]) -> dict[str, int]:
+    """Longest-path depth of each name over its upstreams (roots are 0), in ``upstreams``' order.
+
+    An upstream that is not a key is ignored. When a cycle is met at a name still being visited,
+    ``on_cycle(name)`` either raises or returns the depth to assume for it there.
+    """
+    depth: dict[str, int] = {}
+    visiting: set[str] = set()
+
+    def depth_of(name: str) -> int:
+        if name in depth:
+            return depth[name]
+        if name in visiting:
+            return on_cycle(name)
+        visiting.add(name)
+        value = 1 + max((depth_of(u) for u in upstreams[name] if u in upstreams), default=-1)
+        visiting.discard(name)
+        depth[name] = value
+        return value
+
+    for name in upstreams:
+        depth_of(name)
+    return depth

@@ -30,6 +30,7 @@ from typing import Any
 
 from harvest_celery._core.context import WorkflowContext
 from harvest_celery._core.saga import Saga
+from harvest_celery._dag import canvas
 from harvest_celery._dag.model import (
     DAG_FAILED,
     NOT_AN_ARRAY,
@@ -49,6 +50,8 @@ class _Outcome:
     dispatched: bool = False
     cause: str | None = None  # a pre-dispatch rejection's precise message
     error: str | None = None
+    error_type: str | None = None  # a canvas node's failure, for link_error
+    message: str | None = None
 
 
 # ── one node ──────────────────────────────────────────────────────────────────────────────────
@@ -122,7 +125,48 @@ async def _run_mapped(ctx: WorkflowContext, node: Node, items: Any) -> _Outcome:
     return _Outcome("failed", input=items, dispatched=True, error=errors[0])
 
 
+async def _run_canvas_node(ctx: WorkflowContext, node: Node, outcomes: dict[str, _Outcome]) -> _Outcome:
+    """A canvas node: its call (the previous result prepended, by Celery's rules) dispatched
+    under its recorded call convention and keyed by its node id, after its durable timer."""
+    assert node.canvas is not None and node.task is not None
+    spec, task = node.canvas, node.task
+    value = canvas.node_call(spec, {name: o.output for name, o in outcomes.items()})
+    wait = canvas.wait_seconds(spec, ctx.now())
+    try:
+        if ctx.is_cancelled():
+            ctx.check_activity_inputs(task, [value])  # a pre-dispatch rejection still wins
+            if not ctx.node_recorded(task, node.name):
+                return _Outcome("cancelled", input=value)
+        if wait > 0:
+            await ctx.sleep(wait, cancellable=True)  # countdown/eta: nothing parked in the broker
+        future = ctx.execute_node(
+            task, value, node.queue, node.name, canvas.convention(spec), retry=node.retry
+        )
+    except Cancelled:
+        return _Outcome("cancelled", input=value)
+    except PayloadTooLarge as exc:
+        cause = canvas.CANVAS_FAILED.format(task=task, node=node.name, error=exc)
+        return _Outcome("failed", input=value, cause=cause, error_type=type(exc).__name__, message=str(exc))
+    try:
+        return _Outcome("succeeded", await future, value, dispatched=True)
+    except ActivityError as exc:
+        cause = canvas.CANVAS_FAILED.format(
+            task=task, node=node.name, error=f"{exc.error_type}: {exc.error_message}"
+        )
+        return _Outcome(
+            "failed",
+            input=value,
+            dispatched=True,
+            error=str(exc),
+            cause=cause,
+            error_type=exc.error_type,
+            message=exc.error_message,
+        )
+
+
 async def _run_node(ctx: WorkflowContext, node: Node, conf: Any, outcomes: dict[str, _Outcome]) -> _Outcome:
+    if node.canvas is not None:
+        return await _run_canvas_node(ctx, node, outcomes)
     if node.kind == "gate":
         try:
             return _Outcome("succeeded", await ctx.wait_signal(node.name, cancellable=True))
@@ -162,11 +206,14 @@ def make_runner(definition: DagDefinition) -> Callable[[WorkflowContext, Any], A
         failed = [n for n in definition.nodes if outcomes[n.name].status == "failed"]
         stopped = any(outcomes[n.name].status == "cancelled" for n in definition.nodes)
         if not failed and not stopped:
+            if definition.canvas is not None:
+                return await _canvas_result(ctx, definition.canvas, outcomes)
             return {
                 n.name: outcomes[n.name].output
                 for n in definition.nodes
                 if outcomes[n.name].status == "succeeded"
             }
+        # a canvas run names its failing task and node (every canvas failure has a cause)
         causes = [c for c in (outcomes[n.name].cause for n in failed) if c]
         error: HarvestError = (
             DagTaskFailed(causes[0] if causes else DAG_FAILED)
@@ -175,7 +222,13 @@ def make_runner(definition: DagDefinition) -> Callable[[WorkflowContext, Any], A
         )
         if ctx.is_sealed() and not ctx.unwind_recorded():
             raise error  # a sealed run never starts an unwind; one begun before the seal replays
-        await _unwind(ctx, definition, outcomes, error)
+        try:
+            await _unwind(ctx, definition, outcomes, error)
+        except HarvestError as raised:
+            if definition.canvas is not None and failed:
+                # link_error runs once, after the unwind has finished (never on a sealed run)
+                await _link_error(ctx, definition.canvas, failed[0], outcomes[failed[0].name], raised)
+            raise
         raise error  # unreachable: the unwind always raises
 
     return run_dag
@@ -199,6 +252,49 @@ async def _unwind(
 def _compensation(ctx: WorkflowContext, node: Node, outcome: _Outcome) -> Callable[[], Any]:
     envelope = compensation_envelope(node.name, outcome.input, outcome.output)
     compensator = node.compensator
+    if node.canvas is not None and compensator is not None:
+        # keyed by the node id too; the call convention says what the undo receives (recorded)
+        conv = canvas.compensation_convention(node.canvas)
+        return lambda: ctx.execute_node(compensator, envelope, node.queue, node.name, conv)
     # On the node's queue string: empty → the compensator's own default queue → "default". The
     # node's retry/start_to_close overrides are deliberately not applied to its undo.
     return lambda: ctx.execute_activity(compensator, envelope, queue=node.queue)
+
+
+# ── a canvas run's result and callbacks ───────────────────────────────────────────────────────
+async def _canvas_result(ctx: WorkflowContext, graph: dict[str, Any], outcomes: dict[str, _Outcome]) -> Any:
+    """What ``apply_async().get()`` returns, then each ``link`` run once with it (prepended
+    unless the link is immutable); a link that fails for good fails the run (nothing undone)."""
+    result = canvas.resolve(graph["result"], {name: o.output for name, o in outcomes.items()})
+    for i, link in enumerate(graph.get("link") or []):
+        call = canvas.callback_call(link, result)
+        try:
+            await ctx.execute_node(
+                link["task"], call, link.get("queue") or "", f"link.{i}", canvas.convention({})
+            )
+        except ActivityError as exc:
+            raise DagTaskFailed(
+                f"the canvas succeeded but its link {link['task']!r} (node link.{i}) failed: "
+                f"{exc.error_type}: {exc.error_message}"
+            ) from exc
+    return result
+
+
+async def _link_error(
+    ctx: WorkflowContext, graph: dict[str, Any], node: Node, outcome: _Outcome, raised: HarvestError
+) -> None:
+    """Each ``link_error``, once, with ``{task, node, error_type, message}`` of the first failed
+    node; one that fails for good is named in the run's error, which stays the failing task's."""
+    argument = canvas.error_argument(node, outcome.error_type, outcome.message)
+    for i, errback in enumerate(graph.get("link_error") or []):
+        call = canvas.callback_call(errback, argument)
+        try:
+            await ctx.execute_node(
+                errback["task"], call, errback.get("queue") or "", f"link_error.{i}", canvas.convention({})
+            )
+        except ActivityError as exc:
+            raised.message = (
+                f"{raised.message}; its link_error {errback['task']!r} (node link_error.{i}) failed: "
+                f"{exc.error_type}: {exc.error_message}"
+            )
+            raised.args = (raised.message,)

@@ -3,7 +3,9 @@
 An adopted task keeps its signature. Called with ``ctx.execute_activity`` it receives the
 activity input as its one positional argument; called with ``ctx.execute_task`` or
 ``Harvest.start_task`` (``CallConvention.ARGS_KWARGS``, recorded on its ``ActivityScheduled``)
-the input is the call ``{"args", "kwargs"}`` and the body runs as ``body(*args, **kwargs)``. The
+the input is the call ``{"args", "kwargs"}`` and the body runs as ``body(*args, **kwargs)``; a
+canvas run's dispatches add ``per_item`` (a chunk or starmap: the body once per item) and, for
+compensations, ``envelope_output`` (the body gets the node's result) and ``envelope``. The
 payload transits the broker, unlike engine-native activities, and the ids travel in the
 ``harvest`` message header. The same claim guards its body: the task's ``run`` is wrapped so
 that it refuses to run unless the pre-run claim committed; the recorded input is spread only
@@ -22,6 +24,7 @@ from celery.exceptions import Retry
 
 from harvest_celery._core.names import CallConvention
 from harvest_celery._core.registry import ActivityDefinition
+from harvest_celery._errors import CanvasNotSupported
 from harvest_celery._runtime import claim as claims
 from harvest_celery._runtime import sentry
 from harvest_celery._runtime.messages import REF_HEADER
@@ -40,6 +43,18 @@ def _ref(task: Any) -> dict[str, Any] | None:
     return ref if isinstance(ref, dict) else None
 
 
+def _call(body: Any, call_convention: str | None, value: Any) -> Any:
+    """The body called with its recorded input, as the dispatch's recorded convention says."""
+    if call_convention == CallConvention.ARGS_KWARGS.value:
+        return body(*value["args"], **value["kwargs"])
+    if call_convention == CallConvention.ENVELOPE_OUTPUT.value:
+        return body(value["output"])  # an undo task written def release(reservation)
+    if call_convention == CallConvention.PER_ITEM.value:
+        # a chunk or starmap: every item, in order, in this one attempt (a retry runs them all)
+        return [body(*item) for item in value["items"]]
+    return body(value)  # one argument: an activity input, or the whole envelope (ENVELOPE)
+
+
 def _as_engine_attempt(task: Any, body: Any, call_convention: str | None, value: Any) -> Any:
     """Run an adopted body as one engine attempt: ``self.retry()`` (and ``autoretry_for``) raise
     the retried exception here instead of publishing a Celery retry, and a ``Retry`` that still
@@ -47,16 +62,41 @@ def _as_engine_attempt(task: Any, body: Any, call_convention: str | None, value:
     request = task.request
     directly = getattr(request, "called_directly", False)
     request.called_directly = True  # Task.retry re-raises instead of re-sending the message
+    setattr(request, RUNNING, True)  # Task.replace and add_to_chord refuse (_refuse_dynamic)
     try:
-        if call_convention == CallConvention.ARGS_KWARGS.value:
-            return body(*value["args"], **value["kwargs"])
-        return body(value)
+        return _call(body, call_convention, value)
     except Retry as retry:
         if isinstance(retry.exc, BaseException):
             raise retry.exc from None
         raise
     finally:
         request.called_directly = directly
+        setattr(request, RUNNING, False)
+
+
+RUNNING = "harvest_attempt"  # set on the task's request while harvest runs its body
+
+
+def _refuse_dynamic(task: Any) -> None:
+    """``Task.replace()`` and ``add_to_chord`` in a body harvest runs would send Celery work
+    harvest never records (a canvas grown at run time): the attempt fails with
+    ``CanvasNotSupported``, which is never retried. Outside harvest they work as before."""
+    for method in ("replace", "add_to_chord"):
+        setattr(task, method, _refusing(task, method, getattr(task, method)))
+
+
+def _refusing(task: Any, method: str, original: Any) -> Any:
+    @functools.wraps(original)
+    def refusing(*args: Any, **kwargs: Any) -> Any:
+        if getattr(task.request, RUNNING, False):
+            raise CanvasNotSupported(
+                method,
+                f"Task.{method}() in task {task.name!r} is not supported when harvest runs it: "
+                "a canvas is compiled once, at start (docs/canvas.md)",
+            )
+        return original(*args, **kwargs)
+
+    return refusing
 
 
 def adopt(app: Celery, runtime: Runtime, definition: ActivityDefinition) -> None:
@@ -88,6 +128,7 @@ def adopt(app: Celery, runtime: Runtime, definition: ActivityDefinition) -> None
             return None
 
         task.run = guarded
+        _refuse_dynamic(task)
         task._harvest_adopted = True
 
     if definition.name in app.tasks:

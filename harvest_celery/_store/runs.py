@@ -209,12 +209,8 @@ def fork_dag_run(
     source = _seal_for_fork(tx, source_id, new_id, now, once=True)
     workflow_type = source.workflow_type
     row = _create_run(tx, new_id, workflow_type, conf, source_id, now)
-    tx.append(
-        row,
-        [ev.WorkflowStarted(workflow_type, conf, carried or None, source_id)],
-        now,
-        decide_on=decision_queue,
-    )
+    started = ev.WorkflowStarted(workflow_type, conf, carried or None, source_id)
+    tx.append(row, [started], now, decide_on=decision_queue)
 
 
 def reset(
@@ -255,6 +251,8 @@ def reset(
                 s.input,
                 s.queue,
                 s.compensation,
+                call_convention=s.call_convention,  # re-dispatched as recorded: called and keyed alike
+                node=s.node,
                 priority=priority,
                 limit_key=key,
             )

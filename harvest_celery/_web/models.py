@@ -32,7 +32,7 @@ NodeStatus = ActivityStatus  # the core activity fold's words (``_core.activitie
 # what a start of an existing id does (_store.starts.ID_REUSE; a unit test pins them equal)
 IdReuse = Literal["idempotent", "use_existing", "reject"]
 # every reason a RetryRefused carries (a unit test pins them against the raisers)
-RetryRefusalReason = Literal["compensated", "erased", "running", "completed", "retried"]
+RetryRefusalReason = Literal["compensated", "erased", "running", "completed", "retried", "canvas_version"]
 
 
 class _Model(BaseModel):
@@ -323,6 +323,8 @@ class RunGraphNode(BaseModel):
     attempts: int
     error_type: str | None
     error: str | None
+    # a canvas run's node (its node_name is the canvas path): the task it calls; absent otherwise
+    task: str | None = None
 
 
 class RunGraph(BaseModel):
@@ -332,6 +334,7 @@ class RunGraph(BaseModel):
     started_at: datetime
     finished_at: datetime | None
     nodes: list[RunGraphNode]
+    note: str | None = None  # a canvas run whose stored graph was erased; absent otherwise
 
 
 class Health(BaseModel):

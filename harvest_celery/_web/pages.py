@@ -30,6 +30,7 @@ from harvest_celery._core import events as ev
 from harvest_celery._core.jsonvalues import storable_text
 from harvest_celery._core.timeline import render_timeline
 from harvest_celery._dag.builder import depths
+from harvest_celery._dag.canvas_run import run_definition
 from harvest_celery._dag.folds import OPEN, SUCCEEDED, fold_dispatches
 from harvest_celery._dag.graph import build_run_graph
 from harvest_celery._errors import ExecutionNotFound, HarvestError, RegistrationError
@@ -455,7 +456,9 @@ def register_pages(app: FastAPI, harvest: Any, dependencies: Sequence[Any] = ())
             definition = harvest.registry.workflow(name)
         except RegistrationError:
             return error(404, f"no DAG named {name!r} is registered")
-        if definition.kind != "dag" or definition.extra is None:
+        if definition.kind not in ("dag", "canvas") or (
+            definition.kind == "dag" and definition.extra is None
+        ):
             return error(404, f"{name!r} is a workflow, not a DAG")
         try:
             execution = harvest.describe(run_id)
@@ -466,5 +469,7 @@ def register_pages(app: FastAPI, harvest: Any, dependencies: Sequence[Any] = ())
             return error(404, f"no run with id {run_id!r}")
         except (HarvestError, ValueError) as exc:
             return error(503, f"the run cannot be read: {type(exc).__name__}")
-        graph = build_run_graph(definition.extra, execution, history)
+        dag, note = run_definition(definition, history)  # a canvas run's: from its stored graph
+        assert dag is not None
+        graph = build_run_graph(dag, execution, history, note)
         return HTMLResponse(render_dag_page(graph, render_timeline(history), compensation_states(history)))

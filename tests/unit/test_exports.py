@@ -36,6 +36,7 @@ def test_the_exported_list_is_exactly_this():
             "BodyInterrupted",
             "AsyncHarvest",
             "Cancelled",
+            "CanvasNotSupported",
             "ChildWorkflowFailed",
             "Codec",
             "CollectAll",

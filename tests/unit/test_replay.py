@@ -573,6 +573,7 @@ SAMPLE_ARGS = {
     "ExecutionAlreadyExists": ("run-1", "checkout"),
     "InvalidExecutionId": ("a:b", "an id may not hold a ':'"),
     "InvalidTaskCall": ("priority", "call option 'priority' is refused"),
+    "CanvasNotSupported": ("propagate", "a chord with propagate=False is not supported"),
     "InvalidSchedule": ("give exactly one of cron= and every=",),
     "ScheduleNotFound": ("nightly",),
     "ScheduleAlreadyExists": ("nightly",),

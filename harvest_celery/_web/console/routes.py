@@ -22,6 +22,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 
 from harvest_celery._client import Harvest
 from harvest_celery._core.lifecycle import TERMINAL_STATUSES
+from harvest_celery._dag.canvas_run import run_definition
 from harvest_celery._dag.graph import build_run_graph
 from harvest_celery._errors import ExecutionNotFound, HarvestError, http_status
 from harvest_celery._runtime import logs
@@ -105,10 +106,11 @@ class Console:
 
     def _graph(self, x: Any, history: list[Any]) -> tuple[str | None, list[str] | None, str | None]:
         definition = self.harvest.registry.workflows.get(x.workflow_type)
-        if definition is None or definition.kind != "dag" or definition.extra is None:
+        dag, note = run_definition(definition, history) if definition is not None else (None, None)
+        if dag is None:
             return None, None, None
         try:
-            graph = build_run_graph(definition.extra, x, history)
+            graph = build_run_graph(dag, x, history, note)
         except Exception as exc:  # noqa: BLE001 - a read-only view degrades: the rest still shows
             log.warning("run %s: the DAG graph cannot be drawn: %s", x.id, exc, extra=logs.run(x.id))
             return '<p class="empty">the graph cannot be drawn from this history</p>', None, None

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Response
 
 from harvest_celery._client import Harvest
+from harvest_celery._dag.canvas_run import run_definition
 from harvest_celery._dag.graph import build_run_graph
 from harvest_celery._store.store import Execution
 from harvest_celery._web.deps import ExecutionIdPath, Guard, HarvestDep, check_id, check_name
@@ -19,7 +20,7 @@ DagNamePath = Annotated[str, Path(description="the DAG name")]
 def _dag_definition(harvest: Harvest, name: str) -> Any:
     check_name(name, "a DAG name")
     definition = harvest.registry.workflows.get(name)
-    if definition is None or definition.kind != "dag":
+    if definition is None or definition.kind not in ("dag", "canvas"):
         raise ApiError(404, "UnknownDag", f"no DAG named {name!r} is registered")
     return definition
 
@@ -38,7 +39,10 @@ def run_graph(harvest: HarvestDep, name: DagNamePath, execution_id: ExecutionIdP
     check_id(execution_id)
     execution = _dag_run(harvest, name, execution_id)
     # decoded before the compensation filter reads inputs; a read-only view degrades
-    return build_run_graph(definition.extra, execution, harvest.history(execution_id, strict=False))
+    history = harvest.history(execution_id, strict=False)
+    dag, note = run_definition(definition, history)  # a canvas run's: from its stored graph
+    assert dag is not None
+    return build_run_graph(dag, execution, history, note)
 
 
 def retry(
@@ -93,6 +97,7 @@ def router(guard: Guard) -> APIRouter:
         run_graph,
         methods=["GET"],
         response_model=RunGraph,
+        response_model_exclude_unset=True,  # a canvas node's task and note: absent on a @dag
         responses=error_responses(400, 404, 422),
         tags=["dags"],
     )
