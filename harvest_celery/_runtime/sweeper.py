@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from harvest_celery._runtime import logs
 from harvest_celery._runtime.messages import Message, relayed
-from harvest_celery._store import links, starts, sweeps, tasks
+from harvest_celery._store import admission, links, starts, sweeps, tasks
 from harvest_celery._store.records import Timings, utcnow
 from harvest_celery._store.store import Store
 from harvest_celery._store.tx import Tx
@@ -158,6 +158,7 @@ class Sweeper:
         self._row("lost messages", "*", partial(sweeps.stale_scheduled, timings=s.timings, kinds=kinds))
         self._child_notices(now)
         self._row("waiting rows", "*", sweeps.settle_waiting)  # the release backstop
+        self._row("waiting runs", "*", admission.settle_waiting)  # the admission backstop
         self._row(
             "lost decisions",
             "*",
