@@ -7,8 +7,8 @@ from typing import Any
 
 from harvest_celery._client_base import ClientBase
 from harvest_celery._core.limits import check_concurrency
-from harvest_celery._errors import UnknownActivity
 from harvest_celery._core.registry import Registry
+from harvest_celery._errors import UnknownActivity
 from harvest_celery._store import admission as store_admission
 from harvest_celery._store import limits as store_limits
 from harvest_celery._store.records import utcnow

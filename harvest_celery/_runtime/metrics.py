@@ -170,8 +170,8 @@ class LimitGauges(Collector):
         self.admissions: Callable[[], list[dict[str, Any]]] | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        rows = _read(self.source, "harvest_limit_*")
-        admitted = _read(self.admissions, "harvest_admission_*")
+        rows = _read(self.source, "harvest_limit_*", "the limits")
+        admitted = _read(self.admissions, "harvest_admission_*", "the admissions")
         for key, field in FROM_POSTGRES.items():
             name, doc, labels = _SPECS[key]
             family = GaugeMetricFamily(name, doc, labels=labels)
@@ -180,13 +180,13 @@ class LimitGauges(Collector):
             yield family
 
 
-def _read(source: Callable[[], list[dict[str, Any]]] | None, what: str) -> list[dict[str, Any]]:
+def _read(source: Callable[[], list[dict[str, Any]]] | None, gauges: str, what: str) -> list[dict[str, Any]]:
     if source is None:
         return []
     try:
         return source()
     except Exception as exc:  # noqa: BLE001 - the other metrics are still worth a scrape
-        log.warning("%s gauges: cannot read them from Postgres (%s)", what, type(exc).__name__)
+        log.warning("%s gauges: cannot read %s (%s)", gauges, what, type(exc).__name__)
         return []
 
 
