@@ -176,6 +176,29 @@ def copied_values(tx: Tx, source_id: str, new_id: str) -> dict[str, Any]:
     }
 
 
+def inherited_values(tx: Tx, predecessor_id: str, next_id: str) -> dict[str, Any]:
+    """A continue-as-new link's admission: it inherits its predecessor's slot (admitted as it
+    was, the same key, number and priority), so the chain never waits in line again and the
+    predecessor's close frees nothing (the settle's recount finds the link holding the slot)."""
+    found = tx.conn.execute(
+        sa.select(_c.priority, _c.limit_key, _c.limit_digest, _c.admitted_at, _c.admission_seq).where(
+            _c.id == predecessor_id
+        )
+    ).first()
+    if found is None:
+        return {}
+    if found.limit_digest is None:
+        return {"priority": int(found.priority or 0)} if found.priority else {}
+    key = None if found.limit_key is None else tx.payloads.decode_value(found.limit_key)
+    return {
+        "priority": int(found.priority or 0),
+        "admitted_at": found.admitted_at,
+        "admission_seq": found.admission_seq,
+        "limit_key": None if key is None else tx.payloads.encode_value(key, f"{next_id}/limit_key"),
+        "limit_digest": found.limit_digest,
+    }
+
+
 def in_force(tx: Tx, name: str) -> int | None:
     return limits.concurrency_in_force(tx, name)  # type: ignore[arg-type]
 

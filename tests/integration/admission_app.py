@@ -6,7 +6,9 @@ The queue names end in ``HARVEST_TEST_ADM_SUFFIX``, set by the module's fixture 
 imports this module (the workers inherit it), as ``deadlines_app`` does: no worker of another
 run on the same broker can take this run's decision requests. Each body stamps its start and
 end (time, pid, label) in Redis under the run's customer, so the test reads lifetimes from the
-bodies' own clocks; a body asked to hold blocks until the test raises its flag."""
+bodies' own clocks; a body asked to hold blocks until the test raises its flag. A run started
+with ``nd`` diverges from its history once the test sets ``nd:<label>`` (nd-blocked), and one
+started with ``links=n`` continues as new n times."""
 
 from __future__ import annotations
 
@@ -62,13 +64,25 @@ def adm_body(data: dict[str, Any]) -> int:
     return os.getpid()
 
 
+@activity(queue=QUEUE)
+def adm_other(data: dict[str, Any]) -> int:
+    """What a diverged replay asks for instead of ``adm_body`` (it is never dispatched)."""
+    return os.getpid()
+
+
 @workflow(name="adm_customer", concurrency=1, limit_key=lambda i: i["customer"])
 async def adm_customer(ctx: WorkflowContext, data: dict[str, Any]) -> Any:
-    pid = await ctx.execute_activity(adm_body, data)
+    if data.get("nd") and r.exists(f"nd:{data['label']}"):  # the test's flag: a diverged replay
+        await ctx.execute_activity(adm_other, data)
+    link = data.get("link", 0)  # a chain of ``links`` continue-as-new links after this run
+    body = {**data, "label": f"{data['label']}-l{link}"} if link else data
+    pid = await ctx.execute_activity(adm_body, body)
+    if link < data.get("links", 0):
+        ctx.continue_as_new({**data, "link": link + 1})
     if data.get("wait_signal"):
         return {"signal": await ctx.wait_signal("go"), "pid": pid}
     return {"label": data["label"], "pid": pid, "priority": ctx.info.priority}
 
 
-harvest.register(adm_body, adm_customer)
+harvest.register(adm_body, adm_other, adm_customer)
 __all__ = ["DECIDE", "QUEUE", "app", "harvest"]

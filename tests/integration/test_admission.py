@@ -235,6 +235,42 @@ def test_stuck_of_a_waiting_run_names_a_paused_holder(adm, redis_client, tag):
     finish(h, [holder, waiting])
 
 
+def test_stuck_of_a_waiting_run_names_an_nd_blocked_holder(adm, redis_client, tag):
+    h, customer = adm.harvest, f"D-{tag}"
+    holder = start(h, customer, f"{customer}-hold", hold=True, nd=True)
+    wait_for(lambda: started_labels(redis_client, customer) == [holder], what="the holder's body")
+    waiting = start(h, customer, f"{customer}-w")
+    redis_client.set(f"nd:{holder}", 1)  # its next replay diverges from its history
+    release(redis_client, holder)
+    wait_for(lambda: h.describe(holder).nd_blocked_at is not None, what="the holder to be nd-blocked")
+    (hint,) = h.stuck(waiting)
+    assert hint["kind"] == "admission" and h.describe(waiting).display_status == "WAITING"
+    (held,) = hint["holders"]
+    assert held["execution_id"] == holder and held["state"].startswith("nd-blocked: ")
+    assert f"slot held by run {holder}: nd-blocked" in hint["text"]
+    assert started_labels(redis_client, customer) == [holder]  # the blocked holder keeps its slot
+    h.terminate(holder, "nd-blocked")
+    finish(h, [waiting])
+    assert started_labels(redis_client, customer) == [holder, waiting]
+
+
+def test_a_continue_as_new_chain_keeps_its_slot_down_its_links(adm, redis_client, tag):
+    h, customer = adm.harvest, f"N-{tag}"
+    chain = start(h, customer, f"{customer}-c", links=2)
+    others = [start(h, customer, f"{customer}-{i}") for i in range(2)]
+    finish(h, others)
+    links = [chain]
+    while h.describe(links[-1]).continued_to:
+        links.append(h.describe(links[-1]).continued_to)
+    assert len(links) == 3 and h.describe(links[-1]).status == "COMPLETED"
+    labels = started_labels(redis_client, customer)
+    assert labels == [chain, f"{chain}-l1", f"{chain}-l2", *others]  # no other run cut in
+    first_start = {}
+    for m in marks(redis_client, customer):
+        first_start.setdefault(m["label"], m["at"])
+    assert first_start[others[0]] >= h.describe(links[-1]).closed_at.timestamp()  # never overlapped
+
+
 def test_a_priority_9_start_is_admitted_before_ten_earlier_priority_0_starts(adm, redis_client, tag):
     h, customer = adm.harvest, f"Q-{tag}"
     holder = hold(h, redis_client, customer, f"{customer}-hold")

@@ -45,6 +45,13 @@ async def free_run(ctx: WorkflowContext, data):
     return await ctx.wait_signal("go")
 
 
+@workflow(name="chained", concurrency=1, limit_key=lambda i: i["customer"])
+async def chained(ctx: WorkflowContext, data):
+    if data["n"] < 2:
+        ctx.continue_as_new({**data, "n": data["n"] + 1})
+    return {"n": data["n"], "priority": ctx.info.priority, "signal": await ctx.wait_signal("go")}
+
+
 @workflow(name="bad_key", concurrency=1, limit_key=lambda i: i["missing"])
 async def bad_key(ctx: WorkflowContext, data):
     return data
@@ -59,7 +66,7 @@ async def int_key(ctx: WorkflowContext, data):
 def h(tmp_path):
     PROBED.clear()
     harvest = Harvest(f"sqlite:///{tmp_path / 'h.db'}").register(
-        per_customer, global_two, free_run, bad_key, int_key, adm_probe
+        per_customer, global_two, free_run, bad_key, int_key, adm_probe, chained
     )
     harvest.migrate()
     harvest._inline = None  # deliver messages by hand
@@ -72,7 +79,7 @@ def assert_in_use_matches(h):
     """Each workflow limit row's in_use is its admitted RUNNING runs (after a settle)."""
     with h.store.begin() as tx:
         for row in tx.conn.execute(
-            sa.select(limits).where(limits.c.name.in_(["per_customer", "global_two"]))
+            sa.select(limits).where(limits.c.name.in_(["per_customer", "global_two", "chained"]))
         ):
             holding = tx.conn.execute(
                 sa.select(sa.func.count()).where(
@@ -417,3 +424,29 @@ def test_describe_list_and_stuck_show_waiting(h):
     (hint,) = h.stuck("a2")
     assert hint["kind"] == "admission" and hint["holders"] == [{"execution_id": "a1", "state": "paused"}]
     assert "slot held by run a1: paused" in hint["text"]
+
+
+def test_a_continue_as_new_link_inherits_its_predecessors_slot(h):
+    h.start_workflow("chained", {"customer": "A", "n": 0}, "c1", priority=3)
+    h.start_workflow("chained", {"customer": "A", "n": 0}, "c2")
+    drain(h)  # c1 continues twice; c2 waits behind the chain all along
+    link = h.describe("c1").continued_to
+    while h.describe(link).continued_to:
+        link = h.describe(link).continued_to
+    last, first, behind = row(h, link), row(h, "c1"), row(h, "c2")
+    assert link != "c1" and not last.waiting and behind.waiting  # the slot went down the chain
+    assert (last.limit_digest, last.priority) == (first.limit_digest, 3)
+    with h.store.engine.connect() as conn:
+        seqs = dict(
+            conn.execute(
+                sa.select(executions.c.id, executions.c.admission_seq).where(
+                    executions.c.id.in_(["c1", link])
+                )
+            ).all()
+        )
+    assert seqs[link] == seqs["c1"]
+    assert h.describe("c2").admission["in_use"] == 1
+    h.signal(link, "go", "x")
+    drain(h)
+    assert h.result(link)["priority"] == 3  # the chain kept its start priority
+    assert not row(h, "c2").waiting  # the chain's close freed the slot: c2 admitted
