@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -282,6 +284,33 @@ def test_a_priority_9_start_is_admitted_before_ten_earlier_priority_0_starts(adm
     finish(h, [holder, high, *low])
     assert started_labels(redis_client, customer)[:3] == [f"{customer}-hold", high, low[0]]
     assert h.result(high, timeout=5)["priority"] == 9
+
+
+# ── metrics ──────────────────────────────────────────────────────────────────────────────────
+def sample(name: str, labels: str) -> float:
+    """One sample of the first worker's exposition (0 when absent)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    found = re.search(rf"^{re.escape(name)}{{{re.escape(labels)}}} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_the_admission_gauges_and_the_admission_fallback_as_a_worker_serves_them(adm, redis_client, tag):
+    h, customer = adm.harvest, f"G-{tag}"
+    holder = hold(h, redis_client, customer, f"{customer}-hold")
+    waiting = [start(h, customer, f"{customer}-{i}") for i in range(2)]
+    label = 'workflow="adm_customer"'
+    assert sample("harvest_admission_waiting", label) >= 2  # read from Postgres at scrape time
+    assert sample("harvest_admission_in_use", label) >= 1
+    release(redis_client, holder)
+    finish(h, [holder, *waiting])
+    closes = [holder, *waiting]
+    for i in range(10):  # the counter is the first worker's: closes there leave the one statement
+        if sample("harvest_decision_fallbacks_total", 'reason="admission"') > 0:
+            break
+        closes.append(start(h, customer, f"{customer}-more-{i}"))
+        finish(h, closes[-1:])
+    assert sample("harvest_decision_fallbacks_total", 'reason="admission"') > 0
 
 
 # ── erasure ──────────────────────────────────────────────────────────────────────────────────
