@@ -311,6 +311,26 @@ def test_request_decision_take_started_and_stale_decisions_refuse_a_waiting_run(
     assert row(h, "a2").decision_requested_at is None
 
 
+def test_the_append_choke_point_requests_no_decision_for_a_waiting_run(h):
+    """``Tx.append(decide_on=)``: what fire_timer, signal, request_cancellation, tasks.fail,
+    starts.start and fork_dag_run request their decisions through."""
+    from harvest_celery._core import events as ev
+
+    start(h, "a1")
+    start(h, "a2")
+    drain(h)
+    with h.store.begin() as tx:
+        waiting = tx.lock("a2")
+        assert waiting.waiting
+        tx.append(waiting, [ev.SignalReceived("go", 1)], utcnow(), decide_on="harvest")
+        assert not [d for d in tx.dispatches if d.execution_id == "a2"]
+        admitted = tx.lock("a1")
+        tx.append(admitted, [ev.SignalReceived("other", 1)], utcnow(), decide_on="harvest")
+        assert [d.execution_id for d in tx.dispatches] == ["a1"]  # an admitted run does decide
+    assert row(h, "a2").decision_requested_at is None
+    assert history_types(h, "a2")[-1] == "SignalReceived"
+
+
 def test_the_predicates_refuse_a_waiting_row():
     from harvest_celery._store import predicates as p
 
