@@ -470,3 +470,23 @@ def test_a_continue_as_new_link_inherits_its_predecessors_slot(h):
     drain(h)
     assert h.result(link)["priority"] == 3  # the chain kept its start priority
     assert not row(h, "c2").waiting  # the chain's close freed the slot: c2 admitted
+
+
+def test_a_run_that_times_out_while_waiting_closes_without_running_its_code(h):
+    from datetime import timedelta
+
+    from harvest_celery._store import sweeps
+
+    start(h, "a1")
+    start(h, "a2", execution_timeout=30)
+    drain(h)
+    with h.store.begin() as tx:
+        assert (
+            sweeps.expire_deadline(tx, "a2", utcnow() + timedelta(minutes=1), 0.0, "harvest") == "execution"
+        )
+    drain(h)
+    closed = h.describe("a2")
+    assert closed.status == "TIMED_OUT" and closed.closed_at is not None and closed.timeout == "execution"
+    assert history_types(h, "a2") == ["WorkflowStarted", "WorkflowTimeoutRequested", "WorkflowCancelled"]
+    assert PROBED == ["a1"]  # its code never ran
+    assert row(h, "a1").decision_requested_at is None  # the holder is untouched
