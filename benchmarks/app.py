@@ -11,6 +11,8 @@ One app carries every side of the comparison:
   - ``bench_fanout`` (a DAG: ``fan_items`` → ``fan_cell`` mapped over its output, compensated by
     ``fan_undo`` → ``fan_fail``, which always fails, so the mapped node is unwound) — B4;
   - ``bench_wait`` (waits for the signal ``go``) — the memory scenario;
+  - ``bench_adm`` (``bench_seq`` at most 16 admitted runs per key) and ``bench_hot`` (one step,
+    at most 4 runs of one key) — the admission scenario (workflow admission);
 
 * raw Celery: ``raw_step`` and ``raw_undo`` (the same no-op, queue ``bench``) — the only tasks
   that store a result, in the Redis result backend (DB 7), so the client can wait on them.
@@ -87,6 +89,23 @@ async def bench_loop(ctx: WorkflowContext, data: dict[str, int]) -> int:
     ctx.continue_as_new({**data, "x": x})
 
 
+@workflow(concurrency=16, limit_key=lambda i: i["key"])
+async def bench_adm(ctx: WorkflowContext, data: dict[str, Any]) -> int:
+    """``bench_seq`` under workflow admission: at most 16 admitted runs per key (the admission
+    scenario runs 64 in flight over 4 keys)."""
+    x = 0
+    for _ in range(data["n"]):
+        x = await ctx.execute_activity(bench_step, x)
+    return x
+
+
+@workflow(concurrency=4, limit_key=lambda i: "hot")
+async def bench_hot(ctx: WorkflowContext, _input: Any = None) -> int:
+    """One step under a one-key limit of 4: every start and close of the admission scenario's
+    hot phase locks the same limit row."""
+    return await ctx.execute_activity(bench_step, 0)
+
+
 @workflow
 async def bench_wait(ctx: WorkflowContext, _input: Any = None) -> Any:
     return await ctx.wait_signal("go")
@@ -125,7 +144,17 @@ def bench_fanout(g: DagBuilder) -> None:
 
 
 harvest.register(
-    bench_step, bench_seq, bench_loop, bench_wait, fan_items, fan_cell, fan_undo, fan_fail, bench_fanout
+    bench_step,
+    bench_seq,
+    bench_loop,
+    bench_wait,
+    fan_items,
+    fan_cell,
+    fan_undo,
+    fan_fail,
+    bench_fanout,
+    bench_adm,
+    bench_hot,
 )
 
 
