@@ -102,7 +102,9 @@ executions = Table(
     Column("limit_key", Json),
     Column("limit_digest", String(80)),
     Index("ix_harvest_executions_status", "status"),
-    Index("ix_harvest_executions_admission", "workflow_type", "limit_digest", "admitted_at"),
+    # status before admitted_at: a settle counts and picks among RUNNING rows only, never
+    # scanning a key's closed runs (which only grow)
+    Index("ix_harvest_executions_admission", "workflow_type", "limit_digest", "status", "admitted_at"),
     Index("ix_harvest_executions_parent_id", "parent_id"),
     Index("ix_harvest_executions_workflow_type", "workflow_type"),
     Index("ix_harvest_executions_decision_requested_at", "decision_requested_at"),

@@ -39,7 +39,8 @@ def upgrade() -> None:
         batch.add_column(sa.Column("limit_key", _JSON))
         batch.add_column(sa.Column("limit_digest", sa.String(80)))
     op.execute(sa.text(f"UPDATE {RUNS} SET admitted_at = created_at"))  # every run so far ran at once
-    op.create_index(INDEX, RUNS, ["workflow_type", "limit_digest", "admitted_at"])
+    # status before admitted_at: a settle reads RUNNING rows only, never a key's closed runs
+    op.create_index(INDEX, RUNS, ["workflow_type", "limit_digest", "status", "admitted_at"])
     if op.get_bind().dialect.name == "postgresql":
         op.execute(sa.schema.CreateSequence(sa.Sequence(SEQ)))
 
