@@ -90,7 +90,7 @@ executions = Table(
     Column("timeout_overrun_at", Ts),
     # the run span's W3C traceparent, pre-allocated at start (migration 0016; tracing on only)
     Column("traceparent", String(55)),
-    # workflow admission (migration 0019, docs/flow-control.md): NULL admitted_at is a run
+    # workflow admission (migration 0018, docs/flow-control.md): NULL admitted_at is a run
     # waiting for a slot of its workflow's limit (derived WAITING); every insert that names no
     # value is admitted at once (an unlimited workflow's start keeps its one statement).
     # admission_seq: its start order (harvest_admission_seq); the key is a payload (codec,
@@ -164,7 +164,7 @@ activity_tasks = Table(
 
 # The wait order of limited rows (migration 0011; Postgres only: SQLite has one writer)
 WAIT_SEQ = Sequence("harvest_wait_seq", metadata=metadata)
-# The start order of runs waiting for admission (migration 0019; Postgres only, as above)
+# The start order of runs waiting for admission (migration 0018; Postgres only, as above)
 ADMISSION_SEQ = Sequence("harvest_admission_seq", metadata=metadata)
 
 # One row per (limit name, key digest): key_digest "" is the name's own row, holding the declared

@@ -6,7 +6,7 @@ salted digest. docs/flow-control.md, "Workflow admission".
 Every run that exists is admitted (the column's default fills them in), so an upgrade changes
 nothing that runs; a downgrade refuses while a run waits (an older build would decide it).
 
-Revision ID: 0019
+Revision ID: 0018
 Revises: 0017
 Create Date: 2026-12-03
 """
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision = "0019"
+revision = "0018"
 down_revision = "0017"
 branch_labels = None
 depends_on = None
@@ -52,7 +52,7 @@ def downgrade() -> None:
     ).scalar()
     if waiting:
         raise WaitingRuns(
-            f"{waiting} run(s) are waiting for admission, which the revision before 0019 would "
+            f"{waiting} run(s) are waiting for admission, which the revision before 0018 would "
             "decide at once. Nothing was changed: let them be admitted (or cancel them) first."
         )
     if conn.dialect.name == "postgresql":
