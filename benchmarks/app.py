@@ -14,6 +14,8 @@ One app carries every side of the comparison:
   - ``bench_seq16`` (``bench_seq`` over ``bench_step16``, ``concurrency=16``) and
     ``bench_rate_call`` (one call of ``bench_rated``, ``rate_limit="20/s"``) — the limits
     scenario (docs/flow-control.md);
+  - ``bench_adm`` (``bench_seq`` at most 16 admitted runs per key) and ``bench_hot`` (one step,
+    at most 4 runs of one key) — the admission scenario (workflow admission);
 
 * raw Celery: ``raw_step`` and ``raw_undo`` (the same no-op, queue ``bench``) — with
   ``canvas_step``/``canvas_sum``, the only tasks that store a result, in the Redis result backend
@@ -117,6 +119,23 @@ async def bench_loop(ctx: WorkflowContext, data: dict[str, int]) -> int:
     ctx.continue_as_new({**data, "x": x})
 
 
+@workflow(concurrency=16, limit_key=lambda i: i["key"])
+async def bench_adm(ctx: WorkflowContext, data: dict[str, Any]) -> int:
+    """``bench_seq`` under workflow admission: at most 16 admitted runs per key (the admission
+    scenario runs 64 in flight over 4 keys)."""
+    x = 0
+    for _ in range(data["n"]):
+        x = await ctx.execute_activity(bench_step, x)
+    return x
+
+
+@workflow(concurrency=4, limit_key=lambda i: "hot")
+async def bench_hot(ctx: WorkflowContext, _input: Any = None) -> int:
+    """One step under a one-key limit of 4: every start and close of the admission scenario's
+    hot phase locks the same limit row."""
+    return await ctx.execute_activity(bench_step, 0)
+
+
 @workflow
 async def bench_wait(ctx: WorkflowContext, _input: Any = None) -> Any:
     return await ctx.wait_signal("go")
@@ -168,6 +187,8 @@ harvest.register(
     fan_undo,
     fan_fail,
     bench_fanout,
+    bench_adm,
+    bench_hot,
 )
 
 

@@ -308,6 +308,44 @@ def tracing_rows(res: dict[str, Any]) -> list[Row]:
     return rows
 
 
+def admission_rows(res: dict[str, Any]) -> list[Row]:
+    """The admission scenario: 64 in flight over 4 keys at concurrency=16 against unlimited and
+    raw Celery (steps/s, cost ratios), and the hot key's admissions/s and latency after a close."""
+    a = res.get("admission")
+    if not a:
+        return []
+    k, h = a.get("keyed", {}), a.get("hot", {})
+    rows: list[Row] = []
+    if "error" in k:
+        rows.append(["64 in flight, 4 keys, concurrency=16", k["error"]])
+    else:
+        per_s = k["steps_per_s"]
+        rows += [
+            [
+                "steps/s: limited / unlimited / raw Celery",
+                f"{fmt(per_s['limited'], 0)} / {fmt(per_s['unlimited'], 0)} / {fmt(per_s['raw'], 0)}",
+            ],
+            [
+                "limited÷unlimited (cost)",
+                f"{x(k['limited_over_unlimited'])} {xs(k['repeats_limited_over_unlimited'])}",
+            ],
+            ["limited÷raw, unlimited÷raw", f"{x(k['limited_over_raw'])}, {x(k['unlimited_over_raw'])}"],
+        ]
+    if "error" not in h and h:
+        lat = h["latency_ms"]
+        rows += [
+            [
+                f"hot key ({h['runs']} runs, concurrency={h['concurrency']}): admissions/s",
+                fmt(h["admissions_per_s"], 1),
+            ],
+            [
+                "admission latency after a close, median / p95 / max (ms)",
+                f"{fmt(lat['median'])} / {fmt(lat['p95'])} / {fmt(lat['max'])}",
+            ],
+        ]
+    return rows
+
+
 def micro_rows(res: dict[str, Any]) -> list[Row]:
     m = res.get("micro")
     if not m or "error" in m:
@@ -420,6 +458,7 @@ def tables(res: dict[str, Any], md: bool) -> str:
             tracing_rows(res),
         ),
         ("Activity limits (2 processes, each every queue)", ["", "value"], limits_rows(res)),
+        ("Workflow admission", ["", "value"], admission_rows(res)),
     ]
     out = []
     for title, header, rows in parts:

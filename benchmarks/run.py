@@ -42,6 +42,7 @@ from benchmarks.common import (
     split_topology,
 )
 from benchmarks.scenarios import (
+    admission,
     canvas,
     fanout,
     history,
@@ -63,9 +64,10 @@ SCENARIOS = {
     "limits": limits.run,
     "micro": lambda args, _d: micro.run(args),
     "tracing": tracing.run,  # B1 with tracing on and off; not in the default set (--scenarios tracing)
+    "admission": admission.run,  # workflow admission; not in the default set (--scenarios admission)
     "schedules": schedules.run,  # last: it leaves open runs no worker has taken
 }
-DEFAULT = [s for s in SCENARIOS if s != "tracing"]
+DEFAULT = [s for s in SCENARIOS if s not in ("tracing", "admission")]
 # (full, --quick) defaults of the size knobs
 PROFILES: dict[str, tuple[Any, Any]] = {
     "steps": (20, 10),
@@ -82,6 +84,7 @@ PROFILES: dict[str, tuple[Any, Any]] = {
     "sched_count": (1000, 1000),
     "sched_every": (20, 10),
     "sched_rounds": (5, 3),
+    "hot_runs": (400, 160),
 }
 
 
@@ -94,7 +97,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--scenarios",
         default=",".join(DEFAULT),
-        help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all but tracing)",
+        help=f"comma-separated subset of {','.join(SCENARIOS)} (default: all but tracing and admission)",
     )
     p.add_argument("--quick", action="store_true", help="shortened sizes (about 2 minutes)")
     p.add_argument("--steps", type=int, help="B1/B2: steps per workflow (20; quick 10)")
@@ -151,6 +154,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sched-count", type=int, help="schedules: schedules and Beat entries (1000)")
     p.add_argument("--sched-every", type=int, help="schedules: their interval, seconds (20; quick 10)")
     p.add_argument("--sched-rounds", type=int, help="schedules: ticks measured per system (5; quick 3)")
+    p.add_argument("--hot-runs", type=int, help="admission: one-step runs of the hot key (400; quick 160)")
     p.add_argument("--fanout-cells", type=int, help="B4: mapped cells (1000; quick 200)")
     p.add_argument("--canvas-cells", type=int, help="B5: chord header tasks (1000; quick 200)")
     p.add_argument("--memory-runs", type=int, help="memory: warm runs (1000; quick 200)")
@@ -195,6 +199,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             args.sched_rounds,
             args.decision_procs,
             args.activity_procs,
+            args.hot_runs,
             *args.inflight,
         )
         < 1

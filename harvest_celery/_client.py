@@ -39,13 +39,14 @@ from harvest_celery._runtime.inline import InlineDispatcher
 from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._runtime.runtime import Runtime
 from harvest_celery._runtime.settings import configure_celery, configure_dedicated_celery_app
+from harvest_celery._store import admission, starts
 from harvest_celery._store import runs as ops
-from harvest_celery._store import starts
 from harvest_celery._store.appconn import after_session_commit, payloads_on, start_on
 from harvest_celery._store.migrate import upgrade
 from harvest_celery._store.records import Timings, utcnow
 from harvest_celery._store.starts import check_policy
 from harvest_celery._store.store import Store
+from harvest_celery._store.tx import Tx
 
 log = logging.getLogger("harvest_celery")
 
@@ -117,6 +118,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
         self.tracing: Any = tracer.load(self.runtime) if tracer is not None else None
         logs.configure(options["log_format"])
         METRICS.limits.source = partial(list_limits, self.store)  # the limit gauges, when scraped
+        METRICS.limits.admissions = self.store.admission_gauges  # and the admission gauges
         self._attach(celery_app)
 
     def _attach(self, celery_app: Any) -> None:
@@ -202,6 +204,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
         scheduled_for: datetime | None = None,
         execution_timeout: timedelta | float | None = None,
         run_timeout: timedelta | float | None = None,
+        priority: int = 0,
     ) -> str:
         """Start a run and return its id (``execution_id``, or a new uuid).
 
@@ -228,25 +231,32 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
         ``scheduled_for`` — the tick a scheduler starts this run for: recorded in
         ``WorkflowStarted`` and read as ``ctx.info.scheduled_for`` (docs/schedules.md).
         ``execution_timeout`` / ``run_timeout`` — the chain's and this run's deadlines, a timedelta
-        or seconds, positive (docs/concepts.md, "Deadlines")."""
+        or seconds, positive (docs/concepts.md, "Deadlines").
+
+        ``priority`` — 0 to 9, 9 first: orders runs waiting for admission, and is the default of
+        the run's activities'. A ``limit_key`` runs here, before any write (``InvalidLimitKey``);
+        docs/flow-control.md."""
         self._preflight(name)
         payload = check_json(input, f"input of workflow {name!r}")
         execution_id = check_execution_id(execution_id or uuid.uuid4().hex)
         check_policy(id_reuse)
         timeouts = Timeouts.checked(execution_timeout, run_timeout)
+        admitting = admission.prepare(self.registry, name, payload, priority)
         if _start_options(connection, scheduled_for, timeouts):
-            return self._start_on(connection, name, payload, execution_id, id_reuse)
-        self._start(
-            name, payload, execution_id, id_reuse=id_reuse, scheduled_for=scheduled_for, timeouts=timeouts
-        )
+            return self._start_on(connection, name, payload, execution_id, id_reuse, admitting)
+        options = {"id_reuse": id_reuse, "scheduled_for": scheduled_for, "timeouts": timeouts}
+        self._start(name, payload, execution_id, admitting, **options)
         return execution_id
 
-    def _start(self, name: str, payload: Any, execution_id: str, **options: Any) -> None:
+    def _start(
+        self, name: str, payload: Any, execution_id: str, admitting: admission.Prepared, **options: Any
+    ) -> None:
         """A start in a transaction of its own (``starts.start``'s ``options``); tracing on, with
         its span and the run span's pre-allocated context."""
         traced = self.tracing.begin_start(name) if self.tracing is not None else None
         with self.store.begin() as tx:
             tx.payloads = payloads_on(self.store, tx.conn)  # its blobs in its own transaction
+            admitting.declare(tx, name)
             created = starts.start(
                 tx,
                 execution_id,
@@ -255,13 +265,22 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
                 utcnow(),
                 self.runtime.settings.decision_queue,
                 traceparent=traced.traceparent if traced is not None else None,
+                admission=admitting.columns(self.store.dialect, tx.payloads, execution_id),
                 **options,
             )
         if traced is not None:
             self.tracing.started(traced, execution_id, created)  # committed: its span, then the sends
         self._after(tx)
 
-    def _start_on(self, connection: Any, name: str, payload: Any, execution_id: str, id_reuse: str) -> str:
+    def _start_on(
+        self,
+        connection: Any,
+        name: str,
+        payload: Any,
+        execution_id: str,
+        id_reuse: str,
+        admitting: admission.Prepared,
+    ) -> str:
         now = utcnow()
         started = start_on(
             connection,
@@ -272,20 +291,31 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
             now,
             self.runtime.settings.decision_queue,
             id_reuse,
+            admitting,
         )
         if started.created and started.on_commit is not None:
-            started.on_commit(lambda: self._claim_start(execution_id, now))
+            started.on_commit(lambda: self._claim_start(execution_id, now, name, admitting))
         return execution_id
 
-    def _claim_start(self, execution_id: str, requested_at: Any) -> None:
+    def _claim_start(
+        self, execution_id: str, requested_at: Any, name: str, admitting: admission.Prepared
+    ) -> None:
         """After the application committed a start: claim it and send its first decision (a
         decision worker that heard the announcement may have claimed it first)."""
         queue = self.runtime.settings.decision_queue
         _, tx = self.store.transaction(
-            lambda tx: starts.take_started(tx, [(execution_id, requested_at)], utcnow(), queue),
+            lambda tx: starts.take_started(tx, [(execution_id, requested_at)], utcnow(), queue, admit=False),
             one_statement=True,
         )
         self.runtime._after_commit(tx)
+        if admitting.limited:  # waiting for admission: settle its key, in a transaction (locks)
+
+            def admit(tx: Tx) -> int:
+                admitting.declare(tx, name)
+                return admission.admit_started(tx, [execution_id])
+
+            _, tx = self.store.transaction(admit)
+            self.runtime._after_commit(tx)
 
     def start_workflow_on_commit(
         self,
@@ -298,6 +328,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
         id_reuse: str = "idempotent",
         execution_timeout: timedelta | float | None = None,
         run_timeout: timedelta | float | None = None,
+        priority: int = 0,
     ) -> str:
         """Start a run once your transaction commits, for an app whose database is *not* the
         harvest database; returns the id the run will have.
@@ -317,6 +348,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
         run_id = check_execution_id(execution_id or uuid.uuid4().hex)
         check_policy(id_reuse)
         timeouts = Timeouts.checked(execution_timeout, run_timeout)
+        admission.prepare(self.registry, name, payload, priority)  # a bad priority or key: now
 
         def start() -> None:
             try:
@@ -327,6 +359,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
                     id_reuse=id_reuse,
                     execution_timeout=timeouts.execution,
                     run_timeout=timeouts.run,
+                    priority=priority,
                 )
             except Exception:  # noqa: BLE001 - after the app's commit: logged, not raised
                 log.exception(
@@ -361,21 +394,26 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
         *,
         execution_timeout: timedelta | float | None = None,
         run_timeout: timedelta | float | None = None,
+        priority: int = 0,
     ) -> str:
         """Start the run if it does not exist, and deliver the signal — one transaction. An
         existing run of ``workflow`` gets the signal whatever its input (``id_reuse=
         "use_existing"``); a run of another workflow raises ``ExecutionAlreadyExists``. The
-        timeouts apply only if it creates the run (the first start's deadlines stand)."""
+        timeouts apply only if it creates the run (the first start's deadlines stand), as do
+        ``priority`` and the admission of a limited workflow: a run it creates waiting holds the
+        signal, undecided, until it is admitted."""
         self._preflight(workflow)
         payload = check_json(payload, f"payload of signal {signal!r}")
         data = check_json(input, f"input of workflow {workflow!r}")
         check_execution_id(execution_id)
         timeouts = Timeouts.checked(execution_timeout, run_timeout)
+        admitting = admission.prepare(self.registry, workflow, data, priority)
         now = utcnow()
         q = self.runtime.settings.decision_queue
         traced = self.tracing.begin_start(workflow) if self.tracing is not None else None
         with self.store.begin() as tx:
             tx.payloads = payloads_on(self.store, tx.conn)
+            admitting.declare(tx, workflow)
             # its input only matters if it creates the run: an existing run of the workflow is it
             created = starts.start(
                 tx,
@@ -387,6 +425,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
                 id_reuse="use_existing",
                 timeouts=timeouts,
                 traceparent=traced.traceparent if traced is not None else None,
+                admission=admitting.columns(self.store.dialect, tx.payloads, execution_id),
             )
             ops.signal(tx, execution_id, signal, payload, now, q)
         if traced is not None:

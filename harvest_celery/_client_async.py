@@ -57,10 +57,15 @@ class AsyncHarvest:
         id_reuse: str = "idempotent",
         execution_timeout: timedelta | float | None = None,
         run_timeout: timedelta | float | None = None,
+        priority: int = 0,
     ) -> str:
         """``Harvest.start_workflow``; ``connection`` may also be an ``AsyncSession`` or
         ``AsyncConnection`` (its transaction is joined through ``run_sync``)."""
-        timeouts: dict[str, Any] = {"execution_timeout": execution_timeout, "run_timeout": run_timeout}
+        timeouts: dict[str, Any] = {
+            "execution_timeout": execution_timeout,
+            "run_timeout": run_timeout,
+            "priority": priority,
+        }
         if connection is not None and hasattr(connection, "run_sync"):
 
             def on_sync(sync_connection: Any) -> str:
@@ -116,6 +121,7 @@ class AsyncHarvest:
         *,
         execution_timeout: timedelta | float | None = None,
         run_timeout: timedelta | float | None = None,
+        priority: int = 0,
     ) -> str:
         return await self._run(
             self.harvest.signal_with_start,
@@ -126,6 +132,7 @@ class AsyncHarvest:
             payload,
             execution_timeout=execution_timeout,
             run_timeout=run_timeout,
+            priority=priority,
         )
 
     async def cancel_workflow_execution(self, execution_id: str, reason: str = "") -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 from harvest_celery._client_base import ClientBase
 from harvest_celery._core import events as ev
+from harvest_celery._core.admission import admission_hint
 from harvest_celery._core.engine import Activation
 from harvest_celery._core.lifecycle import (
     CANCELLED,
@@ -34,13 +35,19 @@ class Reads(ClientBase):
 
     def describe(self, execution_id: str) -> Execution:
         """The run: its status, payloads, timings and links (``parent_id``, ``children``,
-        ``continued_from``, ``continued_to``)."""
-        return dataclasses.replace(self.store.get(execution_id), children=self.store.children(execution_id))
+        ``continued_from``, ``continued_to``); a run waiting for admission (display status
+        WAITING) carries its place in ``admission`` ("3rd of 7 waiting; 1/1 in use")."""
+        found = self.store.get(execution_id)
+        place = self.store.admission(execution_id)[0] if found.waiting else None
+        return dataclasses.replace(found, children=self.store.children(execution_id), admission=place)
 
     def stuck(self, execution_id: str) -> list[dict[str, Any]] | None:
         """What a RUNNING run waits on that no live worker will take: each activity a limit
         holds back (``{"kind": "slot", "activity", "queue", "waiting_seconds", "in_use",
-        "concurrency"}``, from Postgres alone), each open activity on a queue no live worker
+        "concurrency"}``, from Postgres alone), or, for a run waiting for admission, one hint
+        ``{"kind": "admission", "workflow", "position", "waiting_runs", "in_use",
+        "concurrency", "holders": [{"execution_id", "state"}], "text"}`` (from Postgres alone:
+        each slot holder and why it is not moving, e.g. paused), each open activity on a queue no live worker
         consumes (``{"kind": "activity", "activity", "queue", "waiting_seconds"}``), and a
         pending decision request when none consumes the decision queue (``{"kind": "decision",
         "queue", "waiting_seconds"}``). ``[]``: nothing is (or the run is not running); None:
@@ -52,6 +59,10 @@ class Reads(ClientBase):
         status, requested_at, updated_at = self.store.decision_request(execution_id)
         if status != RUNNING:
             return [] if consumers is not None else None
+        place, holders = self.store.admission(execution_id)
+        if place is not None:  # waiting for admission: Postgres alone says why (no worker asked)
+            since = self.store.get(execution_id).created_at
+            return [admission_hint(place, holders, max(0.0, (utcnow() - since).total_seconds()))]
         rows = [r for r in self.store.activity_rows(execution_id) if r["status"] in _OPEN]
         held = [r for r in rows if r["status"] == TaskStatus.WAITING.value]
         slots = self.store.limit_usage({(r["activity_name"], r["limit_digest"] or "") for r in held})

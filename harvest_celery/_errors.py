@@ -136,12 +136,12 @@ class PayloadTooLarge(HarvestError):
 
 
 class InvalidLimitKey(HarvestError):
-    """An activity's ``limit_key`` raised, returned a non-string or more than 200 characters: raised
-    by ``ctx.execute_activity`` into the workflow before anything is recorded."""
+    """A ``limit_key`` raised, returned a non-string or over 200 characters: an activity's raised into
+    the workflow before anything is recorded; a workflow's (``kind="workflow"``) before any run."""
 
-    def __init__(self, activity_name: str, reason: str) -> None:
-        super().__init__(f"invalid limit key for activity {activity_name!r}: {reason}")
-        self.activity_name, self.reason = activity_name, reason
+    def __init__(self, activity_name: str, reason: str, kind: str = "activity") -> None:
+        super().__init__(f"invalid limit key for {kind} {activity_name!r}: {reason}")
+        self.activity_name, self.reason, self.kind = activity_name, reason, kind
 
 
 class PayloadNotSerializable(HarvestError):

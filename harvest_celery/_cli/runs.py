@@ -10,6 +10,7 @@ from typing import Any
 
 from harvest_celery._cli.common import PROG, CliError, Command, harvest_of, load_app, parse_json, store_of
 from harvest_celery._client import Harvest
+from harvest_celery._core.admission import admission_text
 from harvest_celery._core.limits import slot_text
 from harvest_celery._core.timeline import render_errors, render_status, render_timeline
 from harvest_celery._errors import WorkflowCancelledError, WorkflowFailed, WorkflowTimedOut
@@ -33,6 +34,13 @@ def run_commands(command: Command, common: argparse.ArgumentParser) -> None:
         help="deadline of the whole execution (spans a continue-as-new chain)",
     )
     s.add_argument("--run-timeout", type=float, default=None, metavar="SECONDS", help="deadline of each run")
+    s.add_argument(
+        "--priority",
+        type=int,
+        default=0,
+        metavar="0-9",
+        help="start priority, 9 first (docs/flow-control.md)",
+    )
     s.set_defaults(handler=cmd_start)
 
     sh = command("show", help="status and history timeline of a run")
@@ -99,6 +107,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         execution_id=args.execution_id,
         execution_timeout=args.execution_timeout,
         run_timeout=args.run_timeout,
+        priority=args.priority,
     )
     print(execution_id)
     if args.wait is not None:
@@ -112,6 +121,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     execution = dataclasses.replace(execution, children=store.children(args.execution_id))
     for line in render_status(execution):
         print(line)
+    place = store.admission(args.execution_id)[0] if execution.waiting else None
+    if place is not None:  # from Postgres alone: no worker needs asking
+        print(f"  {admission_text(place)}")
     for hint in _waiting(args, store):
         print("  " + waiting_line(hint, args.app))
     attempt_errors = store.attempt_errors(args.execution_id)
@@ -137,6 +149,8 @@ def _waiting(args: argparse.Namespace, store: Store) -> list[dict[str, Any]]:
 def waiting_line(hint: dict[str, Any], app: str) -> str:
     if hint["kind"] == "slot":  # held back by a limit: no worker is missing
         return f"waiting: {slot_text(hint)} for {hint['waiting_seconds']:.0f}s"
+    if hint["kind"] == "admission":  # the run waits for a slot of its workflow's limit
+        return f"{hint['text']} for {hint['waiting_seconds']:.0f}s"
     what = f"activity {hint['activity']}" if hint["kind"] == "activity" else "a decision"
     queue = hint["queue"]
     return (

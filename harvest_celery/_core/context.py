@@ -31,6 +31,7 @@ class WorkflowInfo:
     carried: Mapping[str, Any] = field(default_factory=dict)
     # the nominal tick of a scheduled run (the trigger time of a trigger-now); None otherwise
     scheduled_for: datetime | None = None
+    priority: int = 0  # the start priority: the default of its activities' (docs/flow-control.md)
 
 
 class ReplayPort(Protocol):
@@ -125,15 +126,15 @@ class WorkflowContext:
     ) -> Future:
         """Dispatch an activity (a decorated function or its name) and return an awaitable of its
         output. ``queue`` empty → the activity's default queue → ``"default"``. ``priority``: an
-        int from 0 to 9, 9 first, ordering what waits for a limit (docs/flow-control.md); 0 by
-        default.
+        int from 0 to 9, 9 first, ordering what waits for a limit (docs/flow-control.md); the
+        run's start priority by default.
 
         Raises ``UnknownActivity``, ``PayloadNotSerializable``, ``PayloadTooLarge``,
         ``InvalidLimitKey`` or (a bad priority) ``ValueError`` before anything is recorded;
         awaiting raises ``ActivityError`` if the activity failed for good.
         """
         self._replay.check_running("ctx.execute_activity")
-        chosen = DEFAULT_PRIORITY if priority is None else check_priority(priority)
+        chosen = self.info.priority if priority is None else check_priority(priority)
         return self._replay.schedule_activity(
             activity_name(activity),
             input,

@@ -83,6 +83,7 @@ class Session:
             replay.times[0],
             dict(carried),
             scheduled_for=scheduled,
+            priority=started.priority,
         )
         self.main = _Task(replay, definition.fn(WorkflowContext(replay, info), started.input))
         replay.run_ready()

@@ -138,6 +138,15 @@ class WorkflowStarted(
     # a schedule's tick: its nominal instant (ISO 8601, UTC), or the trigger time of a
     # trigger-now; never the fire time (docs/schedules.md)
     scheduled_for: str | None = None
+    # the start priority (0–9), for display and as the default priority of the run's activities;
+    # WorkflowStarted is never matched, so it never enters event matching
+    priority: int = 0
+
+    def to_data(self) -> dict[str, Any]:
+        data = super().to_data()
+        if not data["priority"]:
+            del data["priority"]  # histories of priority-0 starts read exactly as before
+        return data
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,9 @@ RUN_STATUSES = (RUNNING, COMPLETED, FAILED, CANCELLED, TERMINATED, CONTINUED_AS_
 # Derived, never stored: a RUNNING run with an open cooperative cancellation request. Claims,
 # completions and a later seal cancel treat it exactly as RUNNING.
 CANCELLING = "CANCELLING"
+# Derived, never stored: a RUNNING run of a limited workflow not yet admitted (``admitted_at``
+# NULL, docs/flow-control.md). No decision is requested or taken for it.
+WAITING = "WAITING"
 
 
 def decision_events(decision: Decision, history: Sequence[ev.Event]) -> list[ev.Event]:
@@ -161,11 +164,15 @@ def cancel_branch_failure(status: str, cancelled: bool, error: object) -> str | 
     return f"{error.get('type', 'Error')}: {error.get('message', '')}"
 
 
-def display_status(status: str, cancelled: bool, cancel_requested: bool, error: object) -> str:
-    """The status as operators read it: ``CANCELLING`` while a cooperative cancellation request
-    (or a deadline's timeout request) is open, ``CANCELLED (cancel branch failed: …)`` or
-    ``TIMED_OUT (cancel branch failed: …)`` when a cancel branch failed; else the stored
-    status."""
+def display_status(
+    status: str, cancelled: bool, cancel_requested: bool, error: object, waiting: bool = False
+) -> str:
+    """The status as operators read it: ``WAITING`` while a live run waits for admission,
+    ``CANCELLING`` while a cooperative cancellation request (or a deadline's timeout request) is
+    open, ``CANCELLED (cancel branch failed: …)`` or ``TIMED_OUT (cancel branch failed: …)``
+    when a cancel branch failed; else the stored status."""
+    if status == RUNNING and waiting:
+        return WAITING
     if status == RUNNING and cancel_requested:
         return CANCELLING
     failure = cancel_branch_failure(status, cancelled or cancel_requested, error)

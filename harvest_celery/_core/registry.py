@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
+from harvest_celery._core.admission import NO_ADMISSION, Admission, declare_admission
 from harvest_celery._core.limits import NO_LIMITS, Limits, declare
 from harvest_celery._core.retry import DEFAULT_RETRY, RetryPolicy
 from harvest_celery._errors import DuplicateRegistration, UnknownActivity, UnknownWorkflow
@@ -47,6 +48,7 @@ class WorkflowDefinition:
     fn: Callable[..., Any]
     kind: str = "workflow"  # "workflow" or "dag"
     extra: Any = None  # a DagDefinition for kind == "dag"
+    admission: Admission = NO_ADMISSION  # ``@workflow(concurrency=, limit_key=)``
 
 
 @overload
@@ -104,19 +106,35 @@ def activity(
 @overload
 def workflow(fn: F) -> F: ...
 @overload
-def workflow(*, name: str | None = None) -> Callable[[F], F]: ...
+def workflow(
+    *,
+    name: str | None = None,
+    concurrency: int | None = None,
+    limit_key: Callable[[Any], str] | None = None,
+) -> Callable[[F], F]: ...
 
 
-def workflow(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
+def workflow(
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    concurrency: int | None = None,
+    limit_key: Callable[[Any], str] | None = None,
+) -> Any:
     """Declare a workflow: ``async def wf(ctx: WorkflowContext, input) -> result``.
 
-    The body must be deterministic: see docs/concepts.md, "Determinism rules".
+    The body must be deterministic: see docs/concepts.md, "Determinism rules". ``concurrency``
+    (and ``limit_key``, input → str): at most that many runs admitted at once (per key), the
+    others waiting in start order (docs/flow-control.md); checked here.
     """
+    admission = declare_admission(concurrency, limit_key)
 
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
         if not inspect.iscoroutinefunction(f):
             raise TypeError(f"workflow {f.__name__!r} must be an async function")
-        f.__harvest_workflow__ = WorkflowDefinition(name=name or f.__name__, fn=f)  # type: ignore[attr-defined]
+        f.__harvest_workflow__ = WorkflowDefinition(  # type: ignore[attr-defined]
+            name=name or f.__name__, fn=f, admission=admission
+        )
         return f
 
     return wrap(fn) if fn is not None else wrap

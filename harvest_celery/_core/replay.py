@@ -318,8 +318,13 @@ class Replay:
         if not self.recorded_next(name) and not self.activation.config.task_calls:
             raise schema_too_old()
         call = invocation(name, args, kwargs)
+        started = self.events[0]  # the run's start priority, as execute_activity's default
         return self.schedule_activity(
-            name, call, queue or "", call_convention=CallConvention.ARGS_KWARGS.value
+            name,
+            call,
+            queue or "",
+            call_convention=CallConvention.ARGS_KWARGS.value,
+            priority=getattr(started, "priority", DEFAULT_PRIORITY),
         )
 
     def start_child(

@@ -16,7 +16,7 @@ PAYLOAD_FIELDS: dict[str, tuple[str, ...]] = {
 SCRUBBED_FIELDS: dict[str, tuple[str, ...]] = {
     name: fields for name, cls in EVENT_TYPES.items() if (fields := scrubbed_fields(cls))
 }
-# execution-row columns that hold user payloads
-EXECUTION_PAYLOAD_COLUMNS = ("input", "result")
+# execution-row columns that hold user payloads: a workflow's admission key (a customer id) too
+EXECUTION_PAYLOAD_COLUMNS = ("input", "result", "limit_key")
 # activity-task-row columns that hold user payloads: an activity's limit key (a merchant id)
 TASK_PAYLOAD_COLUMNS = ("limit_key",)

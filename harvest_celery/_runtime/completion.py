@@ -68,6 +68,7 @@ FALLBACK_REASONS = (
     "not_decidable",  # the run takes no decision now (paused, sealed, finished)
     "not_registered",  # the workflow is not registered in this process
     "child",  # it starts a child, continues as new, or closes a run that is a child or has open children
+    "admission",  # it closes a run of a limited workflow: its slot is freed and the next admitted in lock order
 )
 
 

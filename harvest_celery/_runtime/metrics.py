@@ -113,6 +113,16 @@ _SPECS: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Seconds that activity task rows released under a rate limit spent waiting, counted for each row the rate held back at least once (denied a token), summed over its keys; counted when the release commits (docs/flow-control.md).",
         ("limit",),
     ),
+    "admission_waiting": (
+        "harvest_admission_waiting",
+        "Runs of the limited workflow waiting for admission (RUNNING, not admitted), summed over its keys (read from Postgres when scraped; docs/flow-control.md).",
+        ("workflow",),
+    ),
+    "admission_in_use": (
+        "harvest_admission_in_use",
+        "Admitted runs of the limited workflow holding a slot of its concurrency limit, summed over its keys (read from Postgres when scraped).",
+        ("workflow",),
+    ),
     "activity_schedule_to_start": (
         "harvest_activity_schedule_to_start_seconds",
         "Seconds from an activity's ActivityScheduled to its first attempt's ActivityStarted (recorded times): queueing, broker hop and any wait for a concurrency slot. Observed when the claim has committed; later attempts are not observed (their start waits on the retry backoff).",
@@ -140,8 +150,15 @@ _LAG_BUCKETS = (
 )
 HISTOGRAMS: dict[str, tuple[float, ...]] = {"activity_schedule_to_start": _LAG_BUCKETS}
 # the keys of _SPECS that are gauges read from Postgres when scraped (``LimitGauges``), with the
-# field of ``Harvest.limits()`` each reports
-FROM_POSTGRES: dict[str, str] = {"limit_in_use": "in_use", "limit_waiting": "waiting"}
+# field each reports: of ``Harvest.limits()`` (activity limits), or of the admission rows
+# (``_store.admission.gauges``: workflow admission)
+FROM_POSTGRES: dict[str, str] = {
+    "limit_in_use": "in_use",
+    "limit_waiting": "waiting",
+    "admission_waiting": "waiting",
+    "admission_in_use": "in_use",
+}
+_ADMISSION = ("admission_waiting", "admission_in_use")
 # the exposition's sample names per kind (the suffixes prometheus_client adds)
 _SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 
@@ -154,20 +171,28 @@ class LimitGauges(Collector):
 
     def __init__(self) -> None:
         self.source: Callable[[], list[dict[str, Any]]] | None = None
+        # ``harvest_admission_*``: one row per limited workflow ({name, waiting, in_use})
+        self.admissions: Callable[[], list[dict[str, Any]]] | None = None
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        rows: list[dict[str, Any]] = []
-        if self.source is not None:
-            try:
-                rows = self.source()
-            except Exception as exc:  # noqa: BLE001 - the other metrics are still worth a scrape
-                log.warning("harvest_limit_* gauges: cannot read the limits (%s)", type(exc).__name__)
+        rows = _read(self.source, "harvest_limit_*", "the limits")
+        admitted = _read(self.admissions, "harvest_admission_*", "the admissions")
         for key, field in FROM_POSTGRES.items():
             name, doc, labels = _SPECS[key]
             family = GaugeMetricFamily(name, doc, labels=labels)
-            for row in rows:
+            for row in admitted if key in _ADMISSION else rows:
                 family.add_metric([str(row["name"])], float(row[field]))
             yield family
+
+
+def _read(source: Callable[[], list[dict[str, Any]]] | None, gauges: str, what: str) -> list[dict[str, Any]]:
+    if source is None:
+        return []
+    try:
+        return source()
+    except Exception as exc:  # noqa: BLE001 - the other metrics are still worth a scrape
+        log.warning("%s gauges: cannot read %s (%s)", gauges, what, type(exc).__name__)
+        return []
 
 
 class Metrics:

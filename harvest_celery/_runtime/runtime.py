@@ -39,7 +39,7 @@ from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._runtime.sessions import SessionCache
 from harvest_celery._runtime.settings import Settings
 from harvest_celery._runtime.sweeper import Sweeper
-from harvest_celery._store import limits, links, runs, tasks
+from harvest_celery._store import admission, limits, links, runs, tasks
 from harvest_celery._store.records import (
     Claim,
     Dispatch,
@@ -400,6 +400,7 @@ class Runtime:
         try:
             with self.store.begin() as tx:
                 limits.sync_declared(tx, self.registry, utcnow())
+                admission.sync_declared(tx, self.registry, utcnow())  # workflows' admission limits
         except Exception as exc:  # noqa: BLE001 - the worker starts; the next start syncs again
             log.warning("cannot sync the declared activity limits: %s", exc)
 

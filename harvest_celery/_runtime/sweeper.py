@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from harvest_celery._runtime import logs
 from harvest_celery._runtime.messages import Message, relayed
 from harvest_celery._runtime.waker import Waker
-from harvest_celery._store import links, starts, sweeps, tasks
+from harvest_celery._store import admission, links, starts, sweeps, tasks
 from harvest_celery._store.records import Timings, utcnow
 from harvest_celery._store.store import Store
 from harvest_celery._store.tx import Tx
@@ -166,6 +166,7 @@ class Sweeper:
         self._child_notices(now)
         self._row("waiting rows", "*", sweeps.settle_waiting)  # the release backstop
         self.waker.poke()  # a due time this process could not hear of is read now
+        self._row("waiting runs", "*", admission.settle_waiting)  # the admission backstop
         self._row(
             "lost decisions",
             "*",

@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session, scoped_session
 
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._store import dbapi, starts
+from harvest_celery._store.admission import Prepared
 from harvest_celery._store.blobs import PostgresPayloadStore
 from harvest_celery._store.store import Store
 from harvest_celery._store.tx import Tx
@@ -60,18 +61,22 @@ def start_on(
     now: datetime,
     decision_queue: str,
     id_reuse: str,
+    admitting: Prepared | None = None,
 ) -> AppStart:
     """Write the start on ``connection`` (module docstring); ``TypeError`` for a kind it does not
-    know, ``ValueError`` for one outside a transaction or on another kind of database."""
+    know, ``ValueError`` for one outside a transaction or on another kind of database.
+    ``admitting``: its admission (``_store.admission``): a limited run is written waiting, and
+    admitted by the claimant of its announcement or by the sweeper, never here."""
+    admitting = admitting or Prepared(0)
     args = (execution_id, workflow_type, input, now, decision_queue)
     if isinstance(connection, scoped_session):
         connection = connection()
     if isinstance(connection, Session):
         _check_dialect(connection.get_bind().dialect.name, store)  # before it connects
-        created = _on_sqlalchemy(connection.connection(), store, *args, id_reuse)
+        created = _on_sqlalchemy(connection.connection(), store, *args, id_reuse, admitting)
         return AppStart(created, partial(after_session_commit, connection))
     if isinstance(connection, Connection):
-        return AppStart(_on_sqlalchemy(connection, store, *args, id_reuse), None)
+        return AppStart(_on_sqlalchemy(connection, store, *args, id_reuse, admitting), None)
     if _is_django(connection):
         if not connection.in_atomic_block:
             raise ValueError(
@@ -81,12 +86,12 @@ def start_on(
             )
         _check_postgres(store, f"Django connection {connection.alias!r}", connection.vendor)
         connection.ensure_connection()
-        created = _on_dbapi(connection.connection, store, *args, id_reuse)
+        created = _on_dbapi(connection.connection, store, *args, id_reuse, admitting)
         return AppStart(created, partial(connection.on_commit, robust=True))
     raw = getattr(connection, "driver_connection", connection)  # engine.raw_connection()
     if dbapi.is_dbapi_connection(raw):
         _check_postgres(store, type(raw).__module__, "postgresql")
-        return AppStart(_on_dbapi(raw, store, *args, id_reuse), None)
+        return AppStart(_on_dbapi(raw, store, *args, id_reuse, admitting), None)
     raise TypeError(
         "start_workflow(connection=...) takes a SQLAlchemy Connection or Session, a "
         "psycopg2 or psycopg 3 connection, or a Django connection; not "
@@ -128,6 +133,7 @@ def _on_sqlalchemy(
     now: datetime,
     decision_queue: str,
     id_reuse: str,
+    admitting: Prepared,
 ) -> bool:
     _check_dialect(conn.dialect.name, store)
     if conn._is_autocommit_isolation():
@@ -137,7 +143,15 @@ def _on_sqlalchemy(
         )
     tx = Tx(conn, store.dialect, payloads_on(store, conn))
     return starts.start(
-        tx, execution_id, workflow_type, input, now, decision_queue, id_reuse=id_reuse, announce=True
+        tx,
+        execution_id,
+        workflow_type,
+        input,
+        now,
+        decision_queue,
+        id_reuse=id_reuse,
+        announce=True,
+        admission=admitting.columns(store.dialect, tx.payloads, execution_id),
     )
 
 
@@ -150,6 +164,7 @@ def _on_dbapi(
     now: datetime,
     decision_queue: str,
     id_reuse: str,
+    admitting: Prepared,
 ) -> bool:
     if not dbapi.in_transaction(raw):
         raise ValueError(
@@ -167,6 +182,7 @@ def _on_dbapi(
         now,
         decision_queue,
         id_reuse,
+        admitting=admitting,
     )
 
 

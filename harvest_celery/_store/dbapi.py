@@ -32,6 +32,7 @@ from harvest_celery._payloads.digest import input_digest
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import DeferredPuts
 from harvest_celery._store import sql
+from harvest_celery._store.admission import Prepared
 from harvest_celery._store.starts import check_policy, check_reuse, legacy_digest_of, start_notice
 
 
@@ -86,6 +87,7 @@ def start(
     id_reuse: str = "idempotent",
     *,
     again: bool = True,
+    admitting: Prepared | None = None,
 ) -> bool:
     """Write a start on ``conn`` (module docstring). True: a new run; False: the id exists and
     ``id_reuse`` accepts it. ``blobs_here``: offloaded blobs are written on ``conn`` (the Postgres
@@ -95,9 +97,12 @@ def start(
     deferred = DeferredPuts(payloads.store) if payloads.store is not None else None
     recording = payloads.with_store(deferred) if deferred is not None else payloads
     encoded = recording.encode_value(input, f"{execution_id}/input")
-    event = recording.encode_event(ev.WorkflowStarted(workflow_type, input).to_data(), f"{execution_id}/0")
+    level = admitting.priority if admitting is not None else 0
+    started = ev.WorkflowStarted(workflow_type, input, priority=level)
+    event = recording.encode_event(started.to_data(), f"{execution_id}/0")
     params = _start_params(execution_id, workflow_type, encoded, event, digest, now, decision_queue)
-    if _one(conn, sql.START, params) is None:
+    statement = _admission(params, admitting, recording, execution_id)
+    if _one(conn, statement, params) is None:
         found = _one(conn, sql.EXISTING, {"id": execution_id})
         if found is None and again:  # purged in between: a new start of the id
             return start(
@@ -111,6 +116,7 @@ def start(
                 decision_queue,
                 id_reuse,
                 again=False,
+                admitting=admitting,
             )
         if found is None:
             raise ExecutionAlreadyExists(execution_id, "?", "exists")
@@ -128,6 +134,16 @@ def start(
     if deferred is not None:
         _put_blobs(conn, deferred, blobs_here)
     return True
+
+
+def _admission(params: dict[str, Any], admitting: Prepared | None, payloads: Payloads, run_id: str) -> str:
+    """The start statement for its admission (``_store.admission``), its parameters added: a
+    limited run is written waiting (no decision request); a priority other than 0 is stored."""
+    if admitting is None or not (admitting.limited or admitting.priority):
+        return sql.START
+    key = admitting.encoded_key(payloads, run_id) if admitting.limited else None
+    params.update(priority=admitting.priority, limit_key=json.dumps(key), limit_digest=admitting.digest)
+    return sql.START_WAITING if admitting.limited else sql.START_PRIORITY
 
 
 def _start_params(

@@ -20,6 +20,7 @@ from harvest_celery._core import events as ev
 from harvest_celery._core.commands import ContinuedAsNew, Decision, StartChildWorkflow
 from harvest_celery._core.lifecycle import CONTINUED_AS_NEW, TERMINAL_STATUSES
 from harvest_celery._payloads.digest import input_digest
+from harvest_celery._store import admission
 from harvest_celery._store.records import RunRow, aware
 from harvest_celery._store.schema import child_notices, events, executions
 from harvest_celery._store.starts import inherited_traceparent, new_run_values
@@ -104,6 +105,7 @@ def _continue(
             parent_id=parent_id,
             continued_from=row.id,
             traceparent=inherited_traceparent(tx, row.id),  # the chain keeps its trace
+            **admission.inherited_values(tx, row.id, outcome.next_id),  # and its admission slot
         )
         .returning(*executions.c)
     ).first()
@@ -116,6 +118,7 @@ def _continue(
         continued_from=row.id,
         chain_id=first.chain_id or row.id,
         link=first.link + 1,
+        priority=first.priority,  # the chain keeps its start priority
     )
     carried = [ev.SignalReceived(name, payload) for name, payload in outcome.signals]
     encoded = tx.payloads.encode_value(outcome.input, f"{outcome.next_id}/input")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 import sqlalchemy as sa
@@ -29,6 +30,8 @@ import sqlalchemy as sa
 from harvest_celery._core.lifecycle import RUNNING
 from harvest_celery._core.names import TaskStatus
 
+# The value a NOT_NULL term assumes of its column (a set timestamp whose value it never reads)
+ADMITTED = datetime(1970, 1, 1, tzinfo=timezone.utc)
 RUN = "run"  # Term.table: the execution row
 TASK = "task"  # Term.table: the attempt's activity task row
 
@@ -143,6 +146,8 @@ class Term:
         """The one value of its column this term accepts (a run row assumed to pass it)."""
         if self.op == IS_NULL:
             return None
+        if self.op == NOT_NULL:
+            return ADMITTED
         if self.op == EQUALS:
             return self.value
         if self.op in (PARAM, SAME):
@@ -206,6 +211,8 @@ def _null(column: str, name: str) -> Term:
 
 
 _RUNNING = Term("running", EQUALS, "status", RUNNING)
+# workflow admission: a run waiting for a slot never has a decision requested or taken
+_ADMITTED = Term("admitted", NOT_NULL, "admitted_at")
 
 accepts_results = Predicate(
     "accepts_results",
@@ -221,7 +228,9 @@ accepts_results = Predicate(
 decidable = accepts_results.extended(
     "decidable",
     _null("paused_at", "not paused"),
-    doc="A decision may run: live (or sealed with a cancel to follow up), not paused or erased.",
+    _ADMITTED,
+    doc="A decision may run: live (or sealed with a cancel to follow up), admitted (a run waiting "
+    "for admission never decides), not paused or erased.",
 )
 
 eager_claim = accepts_results.extended(
@@ -243,6 +252,7 @@ fast_path = Predicate(
         _null("erased_at", "not erased"),
         _null("nd_blocked_at", "not nd-blocked"),
         _null("nd_retry_at", "no nd retry due"),
+        _ADMITTED,
         Term("the next seq the warm replay assumes", PARAM, "next_seq", "next_seq"),
         Term("the sticky queue the warm replay assumes", SAME, "sticky_queue", "sticky_queue"),
         Term(

@@ -49,6 +49,12 @@ class RunRow:
     cancel_requested_at: datetime | None = None  # an open cooperative cancellation request
     decision_queue: str | None = None  # the starting app's decision queue (NULL before 0013)
     timed_out_at: datetime | None = None  # a deadline's timeout request was recorded
+    # workflow admission (``_store.admission``): None while the run waits for a slot of its
+    # workflow's limit (derived WAITING); a row read without the column counts as admitted
+    admitted_at: datetime | None = predicates.ADMITTED
+    limit_digest: str | None = None  # its harvest_limits row's key digest; None: not limited
+    priority: int = 0  # its start priority, the default of its activities'
+    limit_key: Any = None  # its admission key, encoded (a payload: erasure tombstones it)
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> RunRow:
@@ -72,6 +78,10 @@ class RunRow:
             m.get("cancel_requested_at"),
             m.get("decision_queue"),
             m.get("timed_out_at"),
+            m.get("admitted_at", predicates.ADMITTED),
+            m.get("limit_digest"),
+            int(m.get("priority") or 0),
+            m.get("limit_key"),
         )
 
     @classmethod
@@ -103,8 +113,13 @@ class RunRow:
 
     @property
     def decidable(self) -> bool:
-        """``predicates.decidable``: that, and not paused."""
+        """``predicates.decidable``: that, admitted, and not paused."""
         return predicates.decidable.holds(self)
+
+    @property
+    def waiting(self) -> bool:
+        """Waiting for admission: a decision is never requested or taken (derived WAITING)."""
+        return self.admitted_at is None
 
 
 @dataclass(frozen=True)
@@ -243,6 +258,11 @@ class Execution:
     timed_out_at: datetime | None = None
     timeout_grace_at: datetime | None = None
     timeout_overrun_at: datetime | None = None
+    # workflow admission (docs/flow-control.md): None while waiting; its start priority; and,
+    # from describe(), a waiting run's place ({position, waiting, in_use, concurrency, workflow})
+    admitted_at: datetime | None = None
+    priority: int = 0
+    admission: dict[str, Any] | None = None
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> Execution:
@@ -276,7 +296,14 @@ class Execution:
             timed_out_at=aware(m.get("timed_out_at")),
             timeout_grace_at=aware(m.get("timeout_grace_at")),
             timeout_overrun_at=aware(m.get("timeout_overrun_at")),
+            admitted_at=aware(m.get("admitted_at", predicates.ADMITTED)),
+            priority=int(m.get("priority") or 0),
         )
+
+    @property
+    def waiting(self) -> bool:
+        """Waiting for admission (the derived WAITING): RUNNING and not admitted."""
+        return self.status == RUNNING and self.admitted_at is None
 
     @property
     def timeout(self) -> str | None:
@@ -307,9 +334,13 @@ class Execution:
 
     @property
     def display_status(self) -> str:
-        """``CANCELLING``, ``CANCELLED (cancel branch failed: …)`` or the stored status."""
+        """``WAITING``, ``CANCELLING``, ``CANCELLED (cancel branch failed: …)`` or the stored status."""
         return display_status(
-            self.status, self.cancelled_at is not None, self.cancel_requested_at is not None, self.error
+            self.status,
+            self.cancelled_at is not None,
+            self.cancel_requested_at is not None,
+            self.error,
+            self.waiting,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -322,6 +353,7 @@ class Execution:
         out["timeout_overrun"] = self.timeout_overrun
         out["display_status"] = self.display_status
         out["cancel_branch_error"] = self.cancel_branch_error
+        out["waiting"] = self.waiting
         return out
 
 

@@ -36,7 +36,7 @@ from harvest_celery._payloads.erasure import (
     references,
 )
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS, PAYLOAD_FIELDS, TASK_PAYLOAD_COLUMNS
-from harvest_celery._store import links, starts
+from harvest_celery._store import admission, links, starts
 from harvest_celery._store.predicates import operator_live
 from harvest_celery._store.records import RunRow, aware, outbox_execution_id
 from harvest_celery._store.schema import (
@@ -105,6 +105,8 @@ def request_cancellation(tx: Tx, execution_id: str, reason: str, now: datetime, 
     row = _lock_current(tx, execution_id)
     if not operator_live.holds(row):
         raise InvalidState(execution_id, row.status, "request the cancellation of")
+    if row.waiting:  # waiting for admission: no code to cooperate with, so a cancel closes it
+        return bool(cancel(tx, row.id, reason, now, decision_queue))
     if row.cancel_requested_at is not None:
         return False
     tx.append(
@@ -168,10 +170,6 @@ def _seal_for_fork(tx: Tx, source_id: str, new_id: str, now: datetime, *, once: 
     return row
 
 
-def _create_run(tx: Tx, new_id: str, workflow_type: str, input: Any, forked_from: str, now: datetime) -> Any:
-    return _insert_run(tx, new_id, workflow_type, input, now, forked_from=forked_from)
-
-
 def _insert_run(
     tx: Tx, execution_id: str, workflow_type: str, input: Any, now: datetime, forked_from: str | None = None
 ) -> RunRow:
@@ -191,6 +189,7 @@ def _insert_run(
             decision_queue=sa.select(executions.c.decision_queue)  # where its source decided
             .where(executions.c.id == forked_from)
             .scalar_subquery(),
+            **(admission.copied_values(tx, forked_from, execution_id) if forked_from else {}),
         )
     )
     return tx.lock_existing(execution_id)
@@ -208,7 +207,7 @@ def fork_dag_run(
     """A new run of the same DAG carrying over the succeeded nodes' recorded input/output."""
     source = _seal_for_fork(tx, source_id, new_id, now, once=True)
     workflow_type = source.workflow_type
-    row = _create_run(tx, new_id, workflow_type, conf, source_id, now)
+    row = _insert_run(tx, new_id, workflow_type, conf, now, source_id)
     started = ev.WorkflowStarted(workflow_type, conf, carried or None, source_id)
     tx.append(row, [started], now, decide_on=decision_queue)
 
@@ -230,7 +229,7 @@ def reset(
         terminate(tx, source_id, f"reset to event {to_seq} as {new_id}", now, decision_queue)
     first = prefix[0]
     assert isinstance(first, ev.WorkflowStarted)
-    row = _create_run(tx, new_id, m.workflow_type, first.input, source_id, now)
+    row = _insert_run(tx, new_id, m.workflow_type, first.input, now, source_id)
     # a fork is a run of its own: no parent, and a chain of its own if it continues as new
     prefix[0] = dataclasses.replace(
         first, forked_from=source_id, parent_id=None, continued_from=None, chain_id=None, link=0

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Table,
     Text,
 )
+from sqlalchemy import text as sa_text
 from sqlalchemy.dialects import postgresql
 
 from harvest_celery._core.lifecycle import RUN_STATUSES
@@ -89,7 +90,21 @@ executions = Table(
     Column("timeout_overrun_at", Ts),
     # the run span's W3C traceparent, pre-allocated at start (migration 0016; tracing on only)
     Column("traceparent", String(55)),
+    # workflow admission (migration 0018, docs/flow-control.md): NULL admitted_at is a run
+    # waiting for a slot of its workflow's limit (derived WAITING); every insert that names no
+    # value is admitted at once (an unlimited workflow's start keeps its one statement).
+    # admission_seq: its start order (harvest_admission_seq); the key is a payload (codec,
+    # tombstoned by erasure), limit_digest its salted digest (the harvest_limits row). Never part
+    # of event matching.
+    Column("admitted_at", Ts, server_default=sa_text("CURRENT_TIMESTAMP")),
+    Column("admission_seq", BigInteger),
+    Column("priority", Integer, nullable=False, server_default="0"),
+    Column("limit_key", Json),
+    Column("limit_digest", String(80)),
     Index("ix_harvest_executions_status", "status"),
+    # status before admitted_at: a settle counts and picks among RUNNING rows only, never
+    # scanning a key's closed runs (which only grow)
+    Index("ix_harvest_executions_admission", "workflow_type", "limit_digest", "status", "admitted_at"),
     Index("ix_harvest_executions_parent_id", "parent_id"),
     Index("ix_harvest_executions_workflow_type", "workflow_type"),
     Index("ix_harvest_executions_decision_requested_at", "decision_requested_at"),
@@ -149,6 +164,8 @@ activity_tasks = Table(
 
 # The wait order of limited rows (migration 0011; Postgres only: SQLite has one writer)
 WAIT_SEQ = Sequence("harvest_wait_seq", metadata=metadata)
+# The start order of runs waiting for admission (migration 0018; Postgres only, as above)
+ADMISSION_SEQ = Sequence("harvest_admission_seq", metadata=metadata)
 
 # One row per (limit name, key digest): key_digest "" is the name's own row, holding the declared
 # values (synced from the decorators at worker start) and the override (``set_limit``).

@@ -231,6 +231,26 @@ WITH run AS (
 )
 SELECT pg_notify({literal(STARTS_CHANNEL)}, %(notice)s) FROM started
 """
+
+
+def _start_with_admission(waiting: bool) -> str:
+    """``START`` with a run's admission columns (``_store.admission``): waiting (a limited
+    workflow: no admitted_at, no decision request, its start order and key), or admitted with a
+    start priority other than 0. Announced all the same."""
+    requested, admitted = ("NULL", "NULL") if waiting else ("%(now)s", "%(now)s")
+    return START.replace(
+        "decision_queue)\n",
+        "decision_queue, admitted_at, admission_seq, priority, limit_key, limit_digest)\n",
+    ).replace(
+        "%(now)s, %(now)s, %(now)s, 0, %(decision_queue)s)",
+        f"%(now)s, %(now)s, {requested}, 0, %(decision_queue)s, {admitted},\n"
+        f"            {'nextval(' + literal('harvest_admission_seq') + ')' if waiting else 'NULL'},"
+        " %(priority)s, CAST(%(limit_key)s AS jsonb), %(limit_digest)s)",
+    )
+
+
+START_WAITING = _start_with_admission(waiting=True)
+START_PRIORITY = _start_with_admission(waiting=False)
 EXISTING = f"SELECT workflow_type, status, input_digest FROM {RUNS} WHERE id = %(id)s"
 INPUT = f"SELECT CAST(input AS text) FROM {RUNS} WHERE id = %(id)s"
 BLOB = f"""

@@ -46,7 +46,7 @@ from harvest_celery._core.lifecycle import RUNNING
 from harvest_celery._errors import ExecutionAlreadyExists, PayloadCodecError, PayloadStoreError
 from harvest_celery._payloads.digest import input_digest
 from harvest_celery._payloads.erasure import is_erased
-from harvest_celery._store import sql
+from harvest_celery._store import admission, sql
 from harvest_celery._store.predicates import operator_live
 from harvest_celery._store.records import Dispatch, RunRow
 from harvest_celery._store.schema import executions
@@ -96,6 +96,7 @@ def start(
     scheduled_for: datetime | None = None,
     timeouts: Timeouts | None = None,
     traceparent: str | None = None,
+    admission: dict[str, Any] | None = None,
 ) -> bool:
     """Create a run with its ``WorkflowStarted`` and request its first decision. False if the id
     exists and ``id_reuse`` accepts it (nothing written); ``ExecutionAlreadyExists`` if not.
@@ -103,10 +104,13 @@ def start(
     the module docstring). ``scheduled_for``: a schedule's tick, recorded in ``WorkflowStarted``.
     ``timeouts``: its deadlines, from ``now``; a repeated start compares workflow and input
     only, so the first start's deadlines stand. ``traceparent``: the run span's context
-    (tracing on), written by the insert itself and never compared: the first start's stands."""
+    (tracing on), written by the insert itself and never compared: the first start's stands.
+    ``admission``: its admission columns (``admission.Prepared``): a limited run is written
+    waiting; its key is settled only in harvest's own transaction, never an application's."""
     check_policy(id_reuse)
     digest = input_digest(execution_id, input)
     values = new_run_values(execution_id, workflow_type, digest, now, decision_queue)
+    values.update(admission or {})
     values.update((timeouts or Timeouts()).deadlines(now))
     if traceparent is not None or tx.trace_start is not None:  # tx.trace_start: a schedule's tick
         values["traceparent"] = traceparent or tx.trace_start(execution_id, workflow_type)  # type: ignore[misc]
@@ -134,14 +138,23 @@ def start(
             return False
     else:
         raise ExecutionAlreadyExists(execution_id, "?", "exists")
-    row = RunRow.from_mapping(inserted._mapping)
-    encoded = tx.payloads.encode_value(input, f"{execution_id}/input")
-    tick = scheduled_for.isoformat() if scheduled_for is not None else None
-    started = ev.WorkflowStarted(workflow_type, input, scheduled_for=tick)
-    tx.append(row, [started], now, decide_on=decision_queue, input=encoded)
-    if announce:
-        tx.dialect.announce_start(tx.conn, start_notice(execution_id, now, decision_queue))
+    _started(tx, RunRow.from_mapping(inserted._mapping), input, now, decision_queue, announce, scheduled_for)
     return True
+
+
+def _started(
+    tx: Tx, row: RunRow, input: Any, now: datetime, queue: str, announce: bool, tick: datetime | None
+) -> None:
+    """A new run's ``WorkflowStarted`` and first decision request (none while it waits for
+    admission: its key is settled before commit, in harvest's own transaction only)."""
+    encoded = tx.payloads.encode_value(input, f"{row.id}/input")
+    at = tick.isoformat() if tick is not None else None
+    started = ev.WorkflowStarted(row.workflow_type, input, scheduled_for=at, priority=row.priority)
+    tx.append(row, [started], now, decide_on=queue, input=encoded)
+    if row.waiting and not announce:
+        tx.touch_admission(row.workflow_type, row.limit_digest)
+    if announce:
+        tx.dialect.announce_start(tx.conn, start_notice(row.id, now, queue))
 
 
 def check_reuse(
@@ -263,12 +276,16 @@ def parse_notice(text: str) -> tuple[str, datetime, str] | None:
         return None
 
 
-def take_started(tx: Tx, started: Sequence[tuple[str, datetime]], now: datetime, decision_queue: str) -> int:
+def take_started(
+    tx: Tx, started: Sequence[tuple[str, datetime]], now: datetime, decision_queue: str, *, admit: bool = True
+) -> int:
     """Claim announced starts: a run whose decision request is still the one its start wrote
     gets a fresh request time (the sweeper's lost-message clock restarts) and one decision
     dispatch. Two claimants of one start race on that row; only the first matches. Returns how
-    many were claimed."""
+    many were claimed. ``admit``: the unclaimed ones that wait for admission have their keys
+    settled before this transaction commits (never in autocommit: the settle takes locks)."""
     claimed = 0
+    unclaimed: list[str] = []
     for execution_id, requested_at in started:
         updated = tx.conn.execute(
             executions.update()
@@ -276,12 +293,19 @@ def take_started(tx: Tx, started: Sequence[tuple[str, datetime]], now: datetime,
                 (executions.c.id == execution_id)
                 & (executions.c.decision_requested_at == requested_at)
                 & operator_live.core(executions)
+                & executions.c.admitted_at.is_not(None)
             )
             .values(decision_requested_at=now)
         ).rowcount
+        # a run waiting for admission matches nothing here (no request was written): its
+        # claimant admits it in a transaction of its own (``admission.admit_started``)
         if updated:
             tx.dispatches.append(
                 Dispatch(Dispatch.DECIDE, execution_id, decision_queue, requested_at=now.timestamp())
             )
             claimed += 1
+        else:
+            unclaimed.append(execution_id)
+    if admit and unclaimed:
+        admission.admit_started(tx, unclaimed)
     return claimed

@@ -18,14 +18,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from harvest_celery._core import events as ev
-from harvest_celery._core.lifecycle import CANCELLING, CONTINUED_AS_NEW, RUNNING, TERMINATED
+from harvest_celery._core.lifecycle import CANCELLING, CONTINUED_AS_NEW, RUNNING, TERMINATED, WAITING
 from harvest_celery._core.limits import slot_text
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import listable, run_prefix
-from harvest_celery._store import links, redaction, runs, sql, updates
+from harvest_celery._store import admission, links, redaction, runs, sql, updates
 from harvest_celery._store.blobs import PostgresPayloadStore
 from harvest_celery._store.dialect import Dialect, Pools, dialect_for
 from harvest_celery._store.listener import Listener, PollingListener, listener_of
@@ -195,6 +195,8 @@ class Store:
         execution = Execution.from_mapping(row._mapping)
         decoded = {}
         for column in EXECUTION_PAYLOAD_COLUMNS:  # a read-only view: degrade, never fail
+            if not hasattr(execution, column):
+                continue  # a payload the view does not show (the admission key)
             try:
                 decoded[column] = self.payloads.decode_value(getattr(execution, column))
             except Exception as exc:  # noqa: BLE001 - any store or codec failure: degrade
@@ -206,6 +208,21 @@ class Store:
                     extra={"execution_id": execution_id},  # a run line's field (_runtime.logs)
                 )
         return dataclasses.replace(execution, **decoded) if decoded else execution
+
+    def admission(self, execution_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """A waiting run's place and its key's slot holders (``_store.admission``); (None, [])
+        for a run that is not waiting."""
+        with self.engine.connect() as conn:
+            place = admission.waiting_position(conn, execution_id)
+            if place is None:
+                return None, []
+            holders = admission.holders(conn, place["workflow"], place.pop("digest"))
+        return place, [dict(h._mapping) for h in holders]
+
+    def admission_gauges(self) -> list[dict[str, Any]]:
+        """Per limited workflow: ``{"name", "waiting", "in_use"}`` (the scrape-time gauges)."""
+        with self.engine.connect() as conn:
+            return [{"name": n, "waiting": w, "in_use": u} for n, w, u in admission.gauges(conn)]
 
     def children(self, execution_id: str) -> tuple[dict[str, str], ...]:
         """The runs ``execution_id`` started as children: id, workflow and status, by id."""
@@ -325,7 +342,8 @@ class Store:
         created_before: datetime | None = None,
     ) -> builtins.list[Execution]:
         """Runs, newest first. Reads no payload column: ``input`` and ``result`` are None.
-        ``status="CANCELLING"`` selects live runs with an open cancellation request;
+        ``status="CANCELLING"`` selects live runs with an open cancellation request,
+        ``status="WAITING"`` live runs waiting for admission;
         ``created_after``/``created_before`` bound the creation time (inclusive/exclusive)."""
         q = sa.select(*_LIST_COLUMNS).order_by(executions.c.created_at.desc(), executions.c.id)
         if created_after is not None:
@@ -334,6 +352,8 @@ class Store:
             q = q.where(executions.c.created_at < created_before)
         if status == CANCELLING:  # derived: live, with an open cancellation request
             q = q.where((executions.c.status == RUNNING) & executions.c.cancel_requested_at.is_not(None))
+        elif status == WAITING:  # derived: live, waiting for admission
+            q = q.where((executions.c.status == RUNNING) & executions.c.admitted_at.is_(None))
         elif status:
             q = q.where(executions.c.status == status)
         if workflow_type:

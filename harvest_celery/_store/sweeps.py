@@ -144,6 +144,10 @@ def expire_deadline(
         return None
     span = (deadline - created).total_seconds() if created is not None else 0.0  # type: ignore[operator]
     reason = f"{timeout}_timeout of {span:g}s expired"
+    if row.waiting:  # it timed out waiting for admission: closed without running its code
+        tx.append(row, [ev.WorkflowTimeoutRequested(timeout, reason)], now, timed_out_at=now)
+        runs.cancel(tx, row.id, reason, now, decision_queue, timed_out=True)
+        return timeout
     opened = (
         {} if row.cancel_requested_at is not None else {"cancel_requested_at": now, "cancel_reason": reason}
     )

@@ -23,7 +23,7 @@ from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
 from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.pipeline import Payloads
-from harvest_celery._store import limits, pgwrite
+from harvest_celery._store import admission, limits, pgwrite
 from harvest_celery._store.dialect import Dialect
 from harvest_celery._store.records import (
     CompletionGuard,
@@ -84,6 +84,18 @@ def _outcome_unknown(exc: BaseException) -> bool:
 UNSTARTED = (TaskStatus.SCHEDULED.value, TaskStatus.RETRY_WAIT.value, TaskStatus.WAITING.value)
 
 
+def _not_one_statement(w: RunWrite, row: RunRow, registry: Registry) -> str:
+    """Why a staged write cannot take the one-statement path (``""``: it can)."""
+    if w.abandon is not None and (w.tasks or w.timers):
+        return "closing_with_work"
+    if any(t["limit_digest"] is not None for t in w.tasks):
+        return "limited"  # its slot is settled in the lock order: the ordinary way
+    definition = registry.workflows.get(row.workflow_type)
+    if w.values.get("status") in TERMINAL_STATUSES and definition and definition.admission.limited:
+        return "admission"  # its close frees a slot and admits the next: in the lock order
+    return ""
+
+
 class Tx:
     """One transaction. Methods named for what they do to a run."""
 
@@ -98,6 +110,7 @@ class Tx:
         # children whose close wrote a notice: applied to their parents once this commits
         self.closed_children: list[str] = []
         self.touched: set[tuple[str, str]] = set()  # limits to settle before commit
+        self.admissions: set[tuple[str, str]] = set()  # workflow admissions to settle, too
         # tracing (on only): the spans of what this transaction did, and the runs it closed
         # (their run spans), emitted once it commits (``Runtime._after_commit``)
         self.spans: list[Any] = []
@@ -117,10 +130,23 @@ class Tx:
         """Settle every touched limit, in one order (name, key digest): called just before commit,
         after every run row this transaction locks."""
         moment = now or utcnow()
-        while self.touched:
-            touched, self.touched = sorted(self.touched), set()
-            for name, digest in touched:
-                limits.settle(self, name, digest, moment)
+        while self.touched or self.admissions:
+            work = sorted(
+                [(n, d, False) for n, d in self.touched] + [(n, d, True) for n, d in self.admissions]
+            )
+            self.touched, self.admissions = set(), set()
+            for name, digest, runs in work:
+                (admission.settle if runs else limits.settle)(self, name, digest, moment)
+
+    def touch_admission(self, name: str, digest: str | None) -> None:
+        """A slot of this workflow's limit may be free, or a run now waits for one
+        (``_store.admission``): settle before commit."""
+        if digest is not None:
+            self.admissions.add((name, digest))
+
+    def decide_admitted(self, execution_id: str, queue: str, now: datetime) -> None:
+        """An admitted run's first decision request (its row was updated by the admission)."""
+        self._decide(execution_id, queue, now)
 
     def _wait_in_line(self, rows: Sequence[dict[str, Any]], registry: Registry) -> None:
         """New limited rows: their wait order, their limit's row (declared values on first use)."""
@@ -167,9 +193,16 @@ class Tx:
         run without a parent, or one that continued as new (its chain goes on)."""
         found = self.conn.execute(
             sa.select(
-                executions.c.parent_id, executions.c.status, executions.c.result, executions.c.error
+                executions.c.parent_id,
+                executions.c.status,
+                executions.c.result,
+                executions.c.error,
+                executions.c.workflow_type,
+                executions.c.limit_digest,
             ).where(executions.c.id == execution_id)
         ).first()
+        if found is not None:  # a closing limited run frees its slot: the next is admitted
+            self.touch_admission(found.workflow_type, found.limit_digest)
         if found is None or found.parent_id is None or found.status == CONTINUED_AS_NEW:
             return
         self.conn.execute(
@@ -217,12 +250,14 @@ class Tx:
         write = RunWrite(row.id)
         first = stage_events(write, row, new_events, now, payloads, row.id)
         write.values.update(values)
-        if decide_on is not None and row.decision_requested_at is None:
+        # a run waiting for admission is appended to and decides nothing (``_store.admission``)
+        deciding = decide_on is not None and row.decision_requested_at is None and not row.waiting
+        if deciding:
             write.values["decision_requested_at"] = now
         self._put_blobs(blobs)
         self._written_or_undone(blobs, lambda: self.write(write))
-        if decide_on is not None and row.decision_requested_at is None:
-            self._decide(row.id, row.decide_on(decide_on), now)
+        if deciding:
+            self._decide(row.id, row.decide_on(decide_on), now)  # type: ignore[arg-type]
         return first
 
     def write(self, w: RunWrite) -> None:
@@ -293,7 +328,8 @@ class Tx:
     def request_decision(self, execution_id: str, now: datetime, queue: str, *, force: bool = False) -> None:
         """Ask for a decision unless one is already requested and not yet taken. The run row's
         ``decision_requested_at`` is the durable record: the sweeper re-sends a lost request."""
-        cond = executions.c.id == execution_id
+        # a run waiting for admission never has a decision requested (``_store.admission``)
+        cond = (executions.c.id == execution_id) & executions.c.admitted_at.is_not(None)
         if not force:
             cond = cond & executions.c.decision_requested_at.is_(None)
         found = self.conn.execute(
@@ -403,10 +439,9 @@ class Tx:
             eager=eager,
         )
         w = staged.write
-        if w.abandon is not None and (w.tasks or w.timers):
-            return None, "closing_with_work"
-        if any(t["limit_digest"] is not None for t in w.tasks):
-            return None, "limited"  # its slot is settled in the lock order: the ordinary way
+        refused = _not_one_statement(w, row, registry)
+        if refused:
+            return None, refused
         sql = pgwrite.guarded(
             row, w.inserts(), w.values, guard, now, closing=w.abandon, notify=_closes(w.values)
         )

@@ -16,6 +16,7 @@ from harvest_celery._core.activities import Status as ActivityStatus
 # the run statuses of _lifecycle and the node statuses of _rungraph (a unit test pins both)
 Status = Literal["RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TERMINATED", "CONTINUED_AS_NEW", "TIMED_OUT"]
 # what a list may filter on: a stored status, or the derived CANCELLING (an open cancel request)
+# or WAITING (a live run not yet admitted by its workflow's limit, docs/flow-control.md)
 StatusFilter = Literal[
     "RUNNING",
     "COMPLETED",
@@ -25,6 +26,7 @@ StatusFilter = Literal[
     "CONTINUED_AS_NEW",
     "TIMED_OUT",
     "CANCELLING",
+    "WAITING",
 ]
 # outcomes of a sealed run's cancel branch (WorkflowCancelledError.OUTCOMES)
 BranchOutcome = Literal["returned", "cancelled", "failed", "stopped", "pending"]
@@ -68,6 +70,14 @@ class StartWorkflowRequest(_Model):
     )
     run_timeout: float | None = Field(
         default=None, description="seconds: the deadline of each run of the chain. Not positive: a 400"
+    )
+    priority: int = Field(
+        default=0,
+        ge=0,
+        le=9,
+        strict=True,
+        description="0 to 9, 9 first: orders runs waiting for admission to a limited workflow, and "
+        "is the default priority of the run's activities (docs/flow-control.md)",
     )
 
 
@@ -193,7 +203,8 @@ class WorkflowSummary(BaseModel):
     workflow_type: str
     status: Status = Field(description="the stored status (a CANCELLING run is stored RUNNING)")
     display_status: str = Field(
-        description="the status as operators read it: CANCELLING while a cooperative cancellation "
+        description="the status as operators read it: WAITING while a live run waits for "
+        "admission (its workflow's concurrency limit); CANCELLING while a cooperative cancellation "
         "request is open; 'CANCELLED (cancel branch failed: <error>)' (or FAILED …) when "
         "a cancelled run's cancel branch failed, leaving dangling state; else status"
     )
@@ -246,16 +257,35 @@ class ChildLink(BaseModel):
     status: Status
 
 
+class SlotHolder(BaseModel):
+    execution_id: str = Field(description="a run holding a slot of the waiting run's key")
+    state: str = Field(description="why it is not moving: paused, nd-blocked: …, running, …")
+
+
 class WaitingHint(BaseModel):
-    kind: Literal["activity", "decision", "slot"] = Field(
-        description="an open activity, a pending decision request, or an activity a limit holds "
-        "back (slot: known from Postgres alone)"
+    kind: Literal["activity", "decision", "slot", "admission"] = Field(
+        description="an open activity, a pending decision request, an activity a limit holds "
+        "back (slot), or the run itself waiting for admission (admission); slot and admission "
+        "are known from Postgres alone"
     )
     activity: str | None = Field(default=None, description="the activity's name (null for a decision)")
-    queue: str = Field(description="the queue it was sent to, which no live worker consumes")
+    queue: str = Field(default="", description="the queue it was sent to, which no live worker consumes")
     waiting_seconds: float = Field(description="how long it has waited")
-    in_use: int | None = Field(default=None, description="slot: the limit's slots in use")
+    in_use: int | None = Field(default=None, description="slot, admission: the limit's slots in use")
     concurrency: int | None = Field(default=None, description="slot: the limit in force (null: a rate limit)")
+    workflow: str | None = Field(default=None, description="admission: the limited workflow")
+    position: int | None = Field(default=None, description="admission: 1 is admitted next")
+    waiting_runs: int | None = Field(default=None, description="admission: runs waiting under the key")
+    holders: list[SlotHolder] | None = Field(default=None, description="admission: the slot holders")
+    text: str | None = Field(default=None, description="admission: the hint in words")
+
+
+class AdmissionPlace(BaseModel):
+    workflow: str
+    position: int = Field(description="1 is admitted next")
+    waiting: int = Field(description="runs waiting under the same key")
+    in_use: int
+    concurrency: int | None = Field(description="the limit in force")
 
 
 class CancelBranchBody(BaseModel):
@@ -266,6 +296,9 @@ class CancelBranchBody(BaseModel):
 
 class WorkflowDescription(WorkflowSummary):
     cancel_reason: str | None
+    admission: AdmissionPlace | None = Field(
+        default=None, description="a run waiting for admission (WAITING): its place (null otherwise)"
+    )
     children: list[ChildLink] = Field(
         default_factory=list, description="the runs this one started as children"
     )

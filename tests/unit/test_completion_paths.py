@@ -110,6 +110,7 @@ def test_the_fallback_reasons_are_a_closed_enum():
         "not_decidable",
         "not_registered",
         "child",
+        "admission",
     )
     assert PATHS == ("one_statement", "inline", "task")
 

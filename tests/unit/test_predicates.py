@@ -40,6 +40,10 @@ NOT_STATE = {
     "input_digest": "the id-reuse rule's input fingerprint",
     "decision_queue": "routing only, written once at start: where the starting app decides",
     "traceparent": "tracing's stored context, written once at start (migration 0016)",
+    "admission_seq": "the start order of a waiting run (admission orders by it; no predicate)",
+    "priority": "the start priority: orders waiting runs, never whether a run may change",
+    "limit_key": "a payload: the admission key (its digest names the limit row)",
+    "limit_digest": "which limit row a run is admitted under (admission_seq's companion)",
 }
 
 # For every state column: each predicate reads it, or says why it does not.
@@ -105,6 +109,14 @@ STATE = {
     },
     "timeout_grace_at": _all("the sweeper's grace clock (due_deadlines), not a state that refuses"),
     "timeout_overrun_at": _all("a mark for operators (describe); the run stays running, which status says"),
+    "admitted_at": {
+        "accepts_results": "a waiting run has no activity, so no result can arrive for it",
+        "decidable": READS,
+        "fast_path": READS,
+        "eager_claim": "the decision carrying it was taken on an admitted run, under the same lock",
+        "operator_live": "operators may signal, cancel, terminate or pause a waiting run",
+        "accepts_updates": "an accepted update waits, undecided, for the run's admission like a signal",
+    },
 }
 
 
@@ -166,6 +178,8 @@ def _task(**changes):
 def _violating(term):
     if term.op == p.IS_NULL:
         return NOW
+    if term.op == p.NOT_NULL:
+        return None
     if term.op == p.EQUALS:
         return CANCELLED
     if term.op == p.PARAM:

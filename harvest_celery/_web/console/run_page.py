@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from harvest_celery._core import activities as core
+from harvest_celery._core.admission import admission_text
 from harvest_celery._core.timeline import render_timeline
 from harvest_celery._store.store import Execution
 from harvest_celery._web.console.html import Page, badge, e, run_href, snippet, table, when
@@ -51,6 +52,8 @@ def _meta(x: Execution) -> str:
         f"<span>closed <b>{e(when(x.closed_at))}</b></span>",
         f'<span>events <b id="run-events">{x.history_length}</b></span>',
     ]
+    if x.admission is not None:  # waiting for admission: its place ("3rd of 7 waiting; 1/1 in use")
+        items.append(f'<span class="flag" id="run-admission">{e(admission_text(x.admission))}</span>')
     if x.paused_at is not None:
         items.append(f'<span class="flag" id="run-paused">paused since {e(when(x.paused_at))}</span>')
     if x.nd_blocked:

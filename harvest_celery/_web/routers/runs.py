@@ -72,6 +72,7 @@ def _description(x: Execution) -> dict[str, Any]:
         "nd_details": x.nd_details,
         "result": x.result,
         "error": x.error,
+        "admission": x.admission,
     }
 
 
@@ -103,6 +104,7 @@ def start_workflow(harvest: HarvestDep, body: StartWorkflowRequest) -> dict[str,
         id_reuse=body.id_reuse,
         execution_timeout=body.execution_timeout,
         run_timeout=body.run_timeout,
+        priority=body.priority,
     )
     return {"execution_id": run_id}
 
@@ -111,7 +113,10 @@ def list_workflows(
     harvest: HarvestDep,
     status: Annotated[
         StatusFilter | None,
-        Query(description="only runs in this status (CANCELLING: live with an open cancel request)"),
+        Query(
+            description="only runs in this status (CANCELLING: live with an open cancel request; "
+            "WAITING: live, waiting for admission)"
+        ),
     ] = None,
     workflow: Annotated[
         str | None, Query(max_length=MAX_NAME_LENGTH, description="only runs of this workflow")

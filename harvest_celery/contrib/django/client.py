@@ -30,6 +30,7 @@ class DjangoHarvest(Harvest):
         scheduled_for: Any = None,
         execution_timeout: Any = None,
         run_timeout: Any = None,
+        priority: int = 0,
     ) -> str:
         """A start with deadlines is its own transaction on the harvest database (a start on a
         connection takes none yet)."""
@@ -45,17 +46,18 @@ class DjangoHarvest(Harvest):
                 scheduled_for=scheduled_for,
                 execution_timeout=execution_timeout,
                 run_timeout=run_timeout,
+                priority=priority,
             )
         from django.db import connections, transaction
 
         django_connection = connections[alias]
         if django_connection.in_atomic_block:
             return super().start_workflow(
-                name, input, execution_id, connection=django_connection, id_reuse=id_reuse
+                name, input, execution_id, connection=django_connection, id_reuse=id_reuse, priority=priority
             )
         with transaction.atomic(using=alias):
             return super().start_workflow(
-                name, input, execution_id, connection=django_connection, id_reuse=id_reuse
+                name, input, execution_id, connection=django_connection, id_reuse=id_reuse, priority=priority
             )
 
     def start_workflow_on_commit(
@@ -69,6 +71,7 @@ class DjangoHarvest(Harvest):
         id_reuse: str = "idempotent",
         execution_timeout: Any = None,
         run_timeout: Any = None,
+        priority: int = 0,
     ) -> str:
         """``Harvest.start_workflow_on_commit`` on Django's ``transaction.on_commit`` (database
         ``using``, default ``"default"``). With ``DATABASE_ALIAS`` set, prefer ``start_workflow``
@@ -82,4 +85,5 @@ class DjangoHarvest(Harvest):
             id_reuse=id_reuse,
             execution_timeout=execution_timeout,
             run_timeout=run_timeout,
+            priority=priority,
         )

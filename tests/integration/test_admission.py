@@ -1,0 +1,361 @@
+"""Workflow admission across two worker processes (docs/flow-control.md, "Workflow admission"),
+on real Postgres, Redis and Celery: ``admission_app``'s ``adm_customer`` admits at most one run
+per customer. Two workers of this module's own consume its decision and activity queues. Run
+lifetimes are read from the bodies' own start stamps and the runs' close times; no assertion is
+timed (the waits are generous bounds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from harvest_celery._payloads.erasure import is_erased
+from harvest_celery._store.schema import events as events_table
+from harvest_celery._store.schema import executions
+
+from .conftest import Worker, wait_for
+
+pytestmark = pytest.mark.integration
+
+# this module's first worker: a port no other module's worker takes (the session's +0/+1,
+# test_observability's +4/+5, test_schedules' +7, test_deadlines' +8, +9); the second serves none
+PORT = int(os.environ.get("HARVEST_TEST_METRICS_PORT", "19808")) + 2
+
+
+@pytest.fixture(scope="module")
+def adm(harvest: Any, redis_client: Any) -> Iterator[Any]:
+    """The admission app and its two workers, each deciding and running bodies."""
+    suffix = f"_s{os.environ.get('HARVEST_TEST_SLOT', '0')}_{uuid.uuid4().hex[:8]}"
+    os.environ["HARVEST_TEST_ADM_SUFFIX"] = suffix  # before the import; the workers inherit it
+    from tests.integration import admission_app
+
+    assert admission_app.DECIDE.endswith(suffix), "admission_app was imported before the fixture"
+    queues = f"{admission_app.DECIDE},{admission_app.QUEUE}"
+    env = {"HARVEST_TEST_ADM_SUFFIX": suffix}
+    admission_app.workers = [
+        Worker(
+            "adm1", queues, {**env, "HARVEST_METRICS_PORT": str(PORT)}, app="tests.integration.admission_app"
+        ),
+        Worker("adm2", queues, {**env, "HARVEST_METRICS_PORT": ""}, app="tests.integration.admission_app"),
+    ]
+    try:
+        for w in admission_app.workers:
+            w.start()
+        yield admission_app
+    finally:
+        for w in admission_app.workers:
+            w.stop()
+
+
+def marks(redis_client: Any, customer: str) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in redis_client.lrange(f"adm:{customer}", 0, -1)]
+
+
+def started_labels(redis_client: Any, customer: str) -> list[str]:
+    """Labels in the order their first body started (a retried body stamps again)."""
+    seen: list[str] = []
+    for m in marks(redis_client, customer):
+        if m["what"] == "start" and m["label"] not in seen:
+            seen.append(m["label"])
+    return seen
+
+
+def start(h: Any, customer: str, label: str, **data: Any) -> str:
+    priority = data.pop("priority", 0)
+    return h.start_workflow(
+        "adm_customer", {"customer": customer, "label": label, **data}, label, priority=priority
+    )
+
+
+def run_rows(h: Any, ids: list[str]) -> dict[str, Any]:
+    c = executions.c
+    with h.store.engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(c.id, c.status, c.admitted_at, c.admission_seq, c.closed_at, c.limit_key).where(
+                c.id.in_(ids)
+            )
+        ).all()
+    return {r.id: r for r in rows}
+
+
+def types(h: Any, run_id: str) -> list[str]:
+    return [item.event.type for item in h.history(run_id)]
+
+
+def hold(h: Any, redis_client: Any, customer: str, label: str) -> str:
+    """A run that holds its customer's one slot until ``release(label)``."""
+    run_id = start(h, customer, label, hold=True)
+    wait_for(lambda: started_labels(redis_client, customer) == [label], what=f"{label}'s body to start")
+    return run_id
+
+
+def release(redis_client: Any, label: str) -> None:
+    redis_client.set(f"release:{label}", 1)
+
+
+def finish(h: Any, ids: list[str], timeout: float = 120) -> None:
+    for run_id in ids:
+        h.result(run_id, timeout=timeout)
+
+
+def decided_in(adm: Any, marker: str = "harvest.decide") -> list[str]:
+    """The workers whose log shows a decision task (a run's first decision goes to the queue)."""
+    return [
+        w.name
+        for w in adm.workers
+        if marker in w.log.read_text(errors="replace").rsplit("===== start", 1)[-1]
+    ]
+
+
+# ── order and overlap ────────────────────────────────────────────────────────────────────────
+def test_per_customer_lifetimes_never_overlap_follow_admission_seq_and_customers_overlap(
+    adm, redis_client, tag
+):
+    h = adm.harvest
+    customers = {f"A-{tag}": [], f"B-{tag}": []}
+
+    def starter(customer: str) -> None:
+        for i in range(20):
+            customers[customer].append(start(h, customer, f"{customer}-{i:02d}"))
+
+    threads = [threading.Thread(target=starter, args=(c,)) for c in customers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ids = [run_id for runs in customers.values() for run_id in runs]
+    finish(h, ids)
+    rows = run_rows(h, ids)
+    lifetimes = {}
+    for customer, runs in customers.items():
+        first_start = {}
+        for m in marks(redis_client, customer):
+            first_start.setdefault(m["label"], m["at"])
+        spans = sorted((first_start[r], rows[r].closed_at.timestamp(), r) for r in runs)
+        for (_s1, end1, _r1), (s2, _e2, _r2) in zip(spans, spans[1:], strict=False):
+            assert s2 >= end1  # per customer: the next run starts only after the previous closed
+        by_seq = sorted(runs, key=lambda r: rows[r].admission_seq)
+        assert [r for _s, _e, r in spans] == by_seq  # admitted in start order
+        lifetimes[customer] = (spans[0][0], spans[-1][1])
+    (a0, a1), (b0, b1) = lifetimes.values()
+    assert a0 < b1 and b0 < a1  # A's and B's runs did overlap
+    pids = {m["pid"] for c in customers for m in marks(redis_client, c)}
+    assert len(pids) == 2  # bodies ran in both processes
+    assert sorted(decided_in(adm)) == ["adm1", "adm2"]  # and decisions did
+
+
+# ── signals, cancels and terminates of a waiting run ─────────────────────────────────────────
+def test_a_signal_to_a_waiting_run_waits_in_its_history_until_admission(adm, redis_client, tag):
+    h, customer = adm.harvest, f"S-{tag}"
+    holder = hold(h, redis_client, customer, f"{customer}-hold")
+    waiting = start(h, customer, f"{customer}-w", wait_signal=True)
+    h.signal(waiting, "go", "early")
+    assert types(h, waiting) == ["WorkflowStarted", "SignalReceived"]
+    assert h.describe(waiting).display_status == "WAITING"
+    assert started_labels(redis_client, customer) == [f"{customer}-hold"]  # its probe has not run
+    release(redis_client, f"{customer}-hold")
+    finish(h, [holder])
+    assert h.result(waiting, timeout=60)["signal"] == "early"  # after admission the code saw it
+
+
+def test_cancel_cooperative_cancel_and_terminate_of_waiting_runs(adm, redis_client, tag):
+    h, customer = adm.harvest, f"C-{tag}"
+    holder = hold(h, redis_client, customer, f"{customer}-hold")
+    ids = [start(h, customer, f"{customer}-{i}") for i in range(5)]
+    h.cancel_workflow_execution(ids[0], "not needed")
+    h.request_cancellation(ids[1], "not needed")
+    h.terminate(ids[2], "not needed")
+    assert [h.describe(r).status for r in ids[:3]] == ["CANCELLED", "CANCELLED", "TERMINATED"]
+    for run_id in ids[:3]:
+        assert h.describe(run_id).closed_at is not None
+        assert "ActivityScheduled" not in types(h, run_id)  # no decision was taken
+    assert types(h, ids[0])[-1] == "WorkflowCancelled" and types(h, ids[1])[-1] == "WorkflowCancelled"
+    release(redis_client, f"{customer}-hold")
+    finish(h, [holder, ids[3], ids[4]])
+    assert started_labels(redis_client, customer) == [f"{customer}-hold", ids[3], ids[4]]
+    assert all("ActivityScheduled" not in types(h, r) for r in ids[:3])  # the code never ran
+
+
+# ── transactional starts ─────────────────────────────────────────────────────────────────────
+def test_a_rolled_back_start_is_never_admitted_and_never_blocks(adm, redis_client, tag):
+    h, customer = adm.harvest, f"R-{tag}"
+    with h.store.engine.connect() as conn:
+        with conn.begin() as trans:
+            h.start_workflow(
+                "adm_customer", {"customer": customer, "label": "rb"}, f"{customer}-rb", connection=conn
+            )
+            trans.rollback()
+    after = start(h, customer, f"{customer}-after")
+    finish(h, [after])
+    assert started_labels(redis_client, customer) == [f"{customer}-after"]
+    assert run_rows(h, [f"{customer}-rb"]) == {}
+
+
+def test_a_start_that_commits_late_is_admitted_among_the_committed_starts_in_number_order(
+    adm, redis_client, tag
+):
+    h, customer = adm.harvest, f"L-{tag}"
+    holder = hold(h, redis_client, customer, f"{customer}-hold")
+    late = f"{customer}-late"
+    with h.store.engine.connect() as conn:
+        trans = conn.begin()
+        h.start_workflow("adm_customer", {"customer": customer, "label": late}, late, connection=conn)
+        n1 = start(h, customer, f"{customer}-n1", hold=True)  # a higher number, committed first
+        n2 = start(h, customer, f"{customer}-n2")
+        release(redis_client, f"{customer}-hold")  # the late start is not committed: n1 is next
+        wait_for(lambda: n1 in started_labels(redis_client, customer), what="n1 to be admitted")
+        trans.commit()
+    release(redis_client, n1)
+    finish(h, [holder, n1, late, n2])
+    assert started_labels(redis_client, customer) == [f"{customer}-hold", n1, late, n2]
+    seqs = {r: row.admission_seq for r, row in run_rows(h, [n1, late, n2]).items()}
+    assert seqs[late] < seqs[n1] < seqs[n2]
+
+
+# ── paused holders, priority ─────────────────────────────────────────────────────────────────
+def test_stuck_of_a_waiting_run_names_a_paused_holder(adm, redis_client, tag):
+    h, customer = adm.harvest, f"P-{tag}"
+    holder = hold(h, redis_client, customer, f"{customer}-hold")
+    h.pause(holder)
+    waiting = start(h, customer, f"{customer}-w")
+    (hint,) = h.stuck(waiting)
+    assert hint["kind"] == "admission"
+    assert hint["holders"] == [{"execution_id": holder, "state": "paused"}]
+    assert f"slot held by run {holder}: paused" in hint["text"]
+    assert h.describe(waiting).admission["position"] == 1
+    h.resume(holder)
+    release(redis_client, f"{customer}-hold")
+    finish(h, [holder, waiting])
+
+
+def test_stuck_of_a_waiting_run_names_an_nd_blocked_holder(adm, redis_client, tag):
+    h, customer = adm.harvest, f"D-{tag}"
+    holder = start(h, customer, f"{customer}-hold", hold=True, nd=True)
+    wait_for(lambda: started_labels(redis_client, customer) == [holder], what="the holder's body")
+    waiting = start(h, customer, f"{customer}-w")
+    redis_client.set(f"nd:{holder}", 1)  # its next replay diverges from its history
+    release(redis_client, holder)
+    wait_for(lambda: h.describe(holder).nd_blocked_at is not None, what="the holder to be nd-blocked")
+    (hint,) = h.stuck(waiting)
+    assert hint["kind"] == "admission" and h.describe(waiting).display_status == "WAITING"
+    (held,) = hint["holders"]
+    assert held["execution_id"] == holder and held["state"].startswith("nd-blocked: ")
+    assert f"slot held by run {holder}: nd-blocked" in hint["text"]
+    assert started_labels(redis_client, customer) == [holder]  # the blocked holder keeps its slot
+    h.terminate(holder, "nd-blocked")
+    finish(h, [waiting])
+    assert started_labels(redis_client, customer) == [holder, waiting]
+
+
+def test_a_continue_as_new_chain_keeps_its_slot_down_its_links(adm, redis_client, tag):
+    h, customer = adm.harvest, f"N-{tag}"
+    chain = start(h, customer, f"{customer}-c", links=2)
+    others = [start(h, customer, f"{customer}-{i}") for i in range(2)]
+    finish(h, others)
+    links = [chain]
+    while h.describe(links[-1]).continued_to:
+        links.append(h.describe(links[-1]).continued_to)
+    assert len(links) == 3 and h.describe(links[-1]).status == "COMPLETED"
+    labels = started_labels(redis_client, customer)
+    assert labels == [chain, f"{chain}-l1", f"{chain}-l2", *others]  # no other run cut in
+    first_start = {}
+    for m in marks(redis_client, customer):
+        first_start.setdefault(m["label"], m["at"])
+    assert first_start[others[0]] >= h.describe(links[-1]).closed_at.timestamp()  # never overlapped
+
+
+def test_a_priority_9_start_is_admitted_before_ten_earlier_priority_0_starts(adm, redis_client, tag):
+    h, customer = adm.harvest, f"Q-{tag}"
+    holder = hold(h, redis_client, customer, f"{customer}-hold")
+    low = [start(h, customer, f"{customer}-p0-{i}") for i in range(10)]
+    place = h.describe(low[-1]).admission
+    assert (place["in_use"], place["concurrency"], place["waiting"]) == (1, 1, 10)  # the slot is busy
+    high = start(h, customer, f"{customer}-p9", priority=9)
+    release(redis_client, f"{customer}-hold")
+    finish(h, [holder, high, *low])
+    assert started_labels(redis_client, customer)[:3] == [f"{customer}-hold", high, low[0]]
+    assert h.result(high, timeout=5)["priority"] == 9
+
+
+# ── metrics ──────────────────────────────────────────────────────────────────────────────────
+def sample(name: str, labels: str) -> float:
+    """One sample of the first worker's exposition (0 when absent)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    found = re.search(rf"^{re.escape(name)}{{{re.escape(labels)}}} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_the_admission_gauges_and_the_admission_fallback_as_a_worker_serves_them(adm, redis_client, tag):
+    h, customer = adm.harvest, f"G-{tag}"
+    holder = hold(h, redis_client, customer, f"{customer}-hold")
+    waiting = [start(h, customer, f"{customer}-{i}") for i in range(2)]
+    label = 'workflow="adm_customer"'
+    assert sample("harvest_admission_waiting", label) >= 2  # read from Postgres at scrape time
+    assert sample("harvest_admission_in_use", label) >= 1
+    release(redis_client, holder)
+    finish(h, [holder, *waiting])
+    closes = [holder, *waiting]
+    for i in range(10):  # the counter is the first worker's: closes there leave the one statement
+        if sample("harvest_decision_fallbacks_total", 'reason="admission"') > 0:
+            break
+        closes.append(start(h, customer, f"{customer}-more-{i}"))
+        finish(h, closes[-1:])
+    assert sample("harvest_decision_fallbacks_total", 'reason="admission"') > 0
+
+
+# ── erasure ──────────────────────────────────────────────────────────────────────────────────
+def test_erasure_of_a_closed_run_tombstones_its_stored_key(adm, redis_client, tag):
+    h, customer = adm.harvest, f"E-{tag}"
+    run_id = start(h, customer, f"{customer}-1")
+    finish(h, [run_id])
+    assert not is_erased(run_rows(h, [run_id])[run_id].limit_key)
+    h.erase_payloads(run_id)
+    stored = run_rows(h, [run_id])[run_id].limit_key
+    assert is_erased(stored) and customer not in json.dumps(stored)
+
+
+def test_no_event_was_appended_to_a_run_refused_at_start(adm):
+    with adm.harvest.store.engine.connect() as conn:
+        before = conn.execute(sa.select(sa.func.count()).select_from(events_table)).scalar_one()
+    with pytest.raises(ValueError):
+        adm.harvest.start_workflow(
+            "adm_customer", {"customer": "x", "label": "x"}, "bad-priority", priority=10
+        )
+    with adm.harvest.store.engine.connect() as conn:
+        after = conn.execute(sa.select(sa.func.count()).select_from(events_table)).scalar_one()
+    assert after == before and run_rows(adm.harvest, ["bad-priority"]) == {}
+
+
+# ── kill -9 (last: it restarts a worker) ─────────────────────────────────────────────────────
+def test_kill_9_of_the_worker_running_an_admitted_run_gives_no_second_slot(adm, redis_client, tag):
+    h, customer = adm.harvest, f"K-{tag}"
+    holder = hold(h, redis_client, customer, f"{customer}-hold")
+    (pid,) = {m["pid"] for m in marks(redis_client, customer)}
+    # the threads pool runs the body in the worker process itself
+    victim = next(w for w in adm.workers if w.proc is not None and w.proc.pid == pid)
+    waiting = [start(h, customer, f"{customer}-{i}") for i in range(3)]
+    victim.kill9()
+    # the lease expires, attempt 2 runs in the other worker (it sees the release flag)
+    release(redis_client, f"{customer}-hold")
+    finish(h, [holder, *waiting], timeout=180)
+    labels = started_labels(redis_client, customer)
+    assert labels == [f"{customer}-hold", *waiting]  # the order held
+    starts = [m for m in marks(redis_client, customer) if m["what"] == "start"]
+    assert len({m["pid"] for m in starts if m["label"] == f"{customer}-hold"}) == 2  # it finished elsewhere
+    rows = run_rows(h, waiting)
+    first_start = {}
+    for m in starts:
+        first_start.setdefault(m["label"], m["at"])
+    closes = [h.describe(holder).closed_at.timestamp(), *(rows[r].closed_at.timestamp() for r in waiting)]
+    assert all(first_start[r] >= closes[i] for i, r in enumerate(waiting))  # never two at once
+    victim.start()
