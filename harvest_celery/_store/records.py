@@ -49,6 +49,9 @@ class RunRow:
     cancel_requested_at: datetime | None = None  # an open cooperative cancellation request
     decision_queue: str | None = None  # the starting app's decision queue (NULL before 0013)
     timed_out_at: datetime | None = None  # a deadline's timeout request was recorded
+    # tracing's stored context (not state: written once at start), already in the locked row's
+    # columns: a decision's span needs no read of its own (``_runtime.tracing``)
+    traceparent: str | None = None
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> RunRow:
@@ -72,6 +75,7 @@ class RunRow:
             m.get("cancel_requested_at"),
             m.get("decision_queue"),
             m.get("timed_out_at"),
+            m.get("traceparent"),
         )
 
     @classmethod
