@@ -289,8 +289,9 @@ def phase_rows(res: dict[str, Any]) -> list[Row]:
 
 
 def tracing_rows(res: dict[str, Any]) -> list[Row]:
-    """The tracing scenario: per topology, harvest's median ms per step off and on, on÷off, and
-    each segment's harvest÷raw Celery (the median of interleaved rounds)."""
+    """The tracing scenario: per topology, harvest's median ms per step off and on, on÷off, the
+    same against each segment's raw Celery (drift between the segments divided out), and each
+    segment's harvest÷raw Celery (the median of interleaved rounds)."""
     rows: list[Row] = []
     for t in (_get(res, "tracing", "topologies") or {}).values():
         r = t["ratios"]
@@ -300,6 +301,7 @@ def tracing_rows(res: dict[str, Any]) -> list[Row]:
                 fmt(_get(t, "off", "harvest", "per_step", "median_ms")),
                 fmt(_get(t, "on", "harvest", "per_step", "median_ms")),
                 x(r["on_over_off"]),
+                x(r.get("on_over_off_against_raw")),
                 xs(r["rounds_off_over_raw_celery"]),
                 xs(r["rounds_on_over_raw_celery"]),
                 str(t["on"].get("worker_spans")),
@@ -454,7 +456,16 @@ def tables(res: dict[str, Any], md: bool) -> str:
         ("In-process micro-benchmarks", ["", "value"], micro_rows(res)),
         (
             "B1 with tracing on against off (ms per step, median)",
-            ["topology", "off", "on", "on÷off", "off: harvest÷raw", "on: harvest÷raw", "spans (workers)"],
+            [
+                "topology",
+                "off",
+                "on",
+                "on÷off",
+                "on÷off against raw",
+                "off: harvest÷raw",
+                "on: harvest÷raw",
+                "spans (workers)",
+            ],
             tracing_rows(res),
         ),
         ("Activity limits (2 processes, each every queue)", ["", "value"], limits_rows(res)),

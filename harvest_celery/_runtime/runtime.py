@@ -62,7 +62,9 @@ class Tracer(Protocol):
     """What the runtime asks of tracing (``_runtime.tracing``, imported only when it is on):
     records taken inside a transaction are plain data; spans leave only after its commit."""
 
-    def decision(self, execution_id: str, workflow: str, path: str, started_ns: int) -> Any: ...
+    def decision(
+        self, execution_id: str, workflow: str, path: str, started_ns: int, row: RunRow | None = None
+    ) -> Any: ...
 
     def after_commit(self, tx: Tx) -> None: ...
 
@@ -191,13 +193,20 @@ class Runtime:
         return self.tracer.run_context(execution_id)
 
     def observe_decision(
-        self, tx: Tx, execution_id: str, workflow: str, decision: Decision, path: str, started_ns: int
+        self,
+        tx: Tx,
+        execution_id: str,
+        workflow: str,
+        decision: Decision,
+        path: str,
+        started_ns: int,
+        row: RunRow | None = None,
     ) -> None:
         """A live decision's span and, if it fails the run, its error report: both acted on once
         ``tx`` commits, on every completion path (a replay alone, a probe or a query never gets
-        here)."""
+        here). ``row``: the run's row, when the decision locked it (its stored trace context)."""
         if self.tracer is not None:
-            tx.spans.append(self.tracer.decision(execution_id, workflow, path, started_ns))
+            tx.spans.append(self.tracer.decision(execution_id, workflow, path, started_ns, row))
         failed = decision.outcome
         if isinstance(failed, Failed) and not failed.interrupt and sentry.sdk() is not None:
             report = sentry.WorkflowFailure(
@@ -342,7 +351,7 @@ class Runtime:
             )
         tx.metrics.append(("decisions", {"workflow": row.workflow_type, "path": path}))
         if not session.replay.sealed:  # a post-cancel decision replays a sealed run: no span
-            self.observe_decision(tx, row.id, row.workflow_type, decision, path, started_ns)
+            self.observe_decision(tx, row.id, row.workflow_type, decision, path, started_ns, row)
         if decision.nd is not None:
             log.warning(
                 "execution %s is nd-blocked: expected %s, got %s",

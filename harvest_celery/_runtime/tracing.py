@@ -59,7 +59,7 @@ from harvest_celery._runtime.messages import activity_task_id
 from harvest_celery._runtime.outcomes import for_celery
 from harvest_celery._runtime.runtime import Runtime
 from harvest_celery._store import starts
-from harvest_celery._store.records import Claim
+from harvest_celery._store.records import Claim, RunRow
 from harvest_celery._store.redaction import redacted
 from harvest_celery._store.tx import Tx
 
@@ -108,12 +108,16 @@ class StartTrace:
 
 @dataclass(frozen=True)
 class DecisionRecord:
-    """A live decision, as its transaction records it (plain data until the commit)."""
+    """A live decision, as its transaction records it (plain data until the commit).
+    ``read``: the decision locked the run's row, so ``stored`` is its stored traceparent (the
+    row's own column: no read of its own); else (the one-statement path) it is looked up."""
 
     execution_id: str
     workflow: str
     path: str
     started_ns: int
+    read: bool = False
+    stored: str | None = None
 
 
 @dataclass(frozen=True)
@@ -211,15 +215,24 @@ class Tracing:
         with self._lock:
             if execution_id in self._known:
                 return self._known[execution_id]
-        with self.runtime.store.begin() as tx:
-            found = starts.trace_context(tx, execution_id)
+        found = self._read(starts.trace_context, execution_id)  # one statement: autocommit
         if found is None:
             return None  # not (or no longer) a run: asked again next time
-        span = parse_traceparent(found.traceparent)
-        # started with tracing off: its steps are not traced (remembered as such)
-        run = RunContext(span, found.workflow_type) if span is not None else None
+        return self._stored(execution_id, found.workflow_type, found.traceparent)
+
+    def _stored(self, execution_id: str, workflow: str, stored: str | None) -> RunContext | None:
+        """The run's context from its stored traceparent, remembered (one a run started with
+        tracing off is None: its steps are not traced, and it is remembered as such)."""
+        span = parse_traceparent(stored)
+        run = RunContext(span, workflow) if span is not None else None
         self._remember(execution_id, run)
         return run
+
+    def _read(self, query: Any, *args: Any) -> Any:
+        """One read-only statement of ``_store``, in its own autocommit transaction (one round
+        trip on Postgres: no BEGIN, no COMMIT)."""
+        found, _tx = self.runtime.store.transaction(lambda tx: query(tx, *args), one_statement=True)
+        return found
 
     @contextmanager
     def run_context(self, execution_id: str) -> Iterator[None]:
@@ -272,8 +285,13 @@ class Tracing:
         return start.traceparent
 
     # ── after a commit ───────────────────────────────────────────────────────────────────────
-    def decision(self, execution_id: str, workflow: str, path: str, started_ns: int) -> DecisionRecord:
-        return DecisionRecord(execution_id, workflow, path, started_ns)
+    def decision(
+        self, execution_id: str, workflow: str, path: str, started_ns: int, row: RunRow | None = None
+    ) -> DecisionRecord:
+        """A live decision's record; ``row``: the run's row as the decision locked it."""
+        if row is None:
+            return DecisionRecord(execution_id, workflow, path, started_ns)
+        return DecisionRecord(execution_id, workflow, path, started_ns, True, row.traceparent)
 
     def after_commit(self, tx: Tx) -> None:
         """What a committed transaction did: its decisions' spans, then its closed runs'."""
@@ -292,7 +310,7 @@ class Tracing:
             log.warning("tracing: spans of a committed transaction were lost", exc_info=True)
 
     def _decision_span(self, record: DecisionRecord) -> None:
-        run = self.run_of(record.execution_id)
+        run = self._context_of(record)
         if run is None:
             return
         attributes = {
@@ -303,17 +321,27 @@ class Tracing:
         name = f"harvest.decision {record.path}"
         self._emit(name, self._child(run.span), run.span, record.started_ns, time.time_ns(), attributes)
 
+    def _context_of(self, record: DecisionRecord) -> RunContext | None:
+        """A decision's run context: remembered, else from the row it locked (committed now),
+        else read (``run_of``). A stored context never changes, so the row's is the run's."""
+        if not record.read:
+            return self.run_of(record.execution_id)
+        with self._lock:
+            if record.execution_id in self._known:
+                return self._known[record.execution_id]
+        return self._stored(record.execution_id, record.workflow, record.stored)
+
     def _run_span(self, execution_id: str) -> None:
-        with self.runtime.store.begin() as tx:
-            found = starts.trace_context(tx, execution_id)
-            run = parse_traceparent(found.traceparent if found is not None else None)
-            if found is None or run is None:
-                return
-            waits = _waits(tx.raw_history(execution_id))
-            chained = found.continued_from is not None
-            root = parse_traceparent(
-                starts.chain_root_traceparent(tx, found.continued_from) if chained else None
-            )
+        # a closed run changes no more: each read is a statement of its own (autocommit)
+        found = self._read(starts.trace_context, execution_id)
+        run = parse_traceparent(found.traceparent if found is not None else None)
+        if found is None or run is None:
+            return
+        waits = _waits(self._read(starts.wait_events, execution_id, _MAX_EVENTS))
+        chained = found.continued_from is not None
+        root = parse_traceparent(
+            self._read(starts.chain_root_traceparent, found.continued_from) if chained else None
+        )
         parent, links = self._run_parent(run, found, root)
         created, closed = _ns(found.created_at), _ns(found.closed_at) or time.time_ns()
         run = SpanContext(run.trace_id, run.span_id, False, run.trace_flags)
@@ -415,24 +443,20 @@ class Tracing:
         return Status(StatusCode.ERROR, description), (Event("exception", attributes, time.time_ns()),)
 
 
-def _waits(history: Sequence[tuple[int, dict[str, Any], datetime]]) -> tuple[Event, ...]:
+def _waits(rows: Sequence[Any]) -> tuple[Event, ...]:
     """The run's timer and signal waits as events, at their recorded times: ids, durations and
-    signal names only, never a payload (the first ``_MAX_EVENTS``)."""
+    signal names only, never a payload (``starts.wait_events``: the first ``_MAX_EVENTS``, and
+    only those fields are read)."""
     out: list[Event] = []
-    for _seq, data, at in history:
-        kind, when = data.get("type"), _ns(at)
+    for row in rows:
+        kind, when = row.type, _ns(row.recorded_at)
         if kind == "TimerStarted":
-            attributes = {
-                "harvest.timer_id": str(data.get("timer_id")),
-                "harvest.seconds": data.get("seconds"),
-            }
+            attributes = {"harvest.timer_id": str(row.timer_id), "harvest.seconds": row.seconds}
             out.append(Event("harvest.timer_started", attributes, when))
         elif kind == "TimerFired":
-            out.append(Event("harvest.timer_fired", {"harvest.timer_id": str(data.get("timer_id"))}, when))
+            out.append(Event("harvest.timer_fired", {"harvest.timer_id": str(row.timer_id)}, when))
         elif kind == "SignalReceived":
-            out.append(Event("harvest.signal", {"harvest.signal": str(data.get("name"))}, when))
-        if len(out) >= _MAX_EVENTS:
-            break
+            out.append(Event("harvest.signal", {"harvest.signal": str(row.name)}, when))
     return tuple(out)
 
 

@@ -55,6 +55,9 @@ class RunRow:
     limit_digest: str | None = None  # its harvest_limits row's key digest; None: not limited
     priority: int = 0  # its start priority, the default of its activities'
     limit_key: Any = None  # its admission key, encoded (a payload: erasure tombstones it)
+    # tracing's stored context (not state: written once at start), already in the locked row's
+    # columns: a decision's span needs no read of its own (``_runtime.tracing``)
+    traceparent: str | None = None
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> RunRow:
@@ -82,6 +85,7 @@ class RunRow:
             m.get("limit_digest"),
             int(m.get("priority") or 0),
             m.get("limit_key"),
+            m.get("traceparent"),
         )
 
     @classmethod

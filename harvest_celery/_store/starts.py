@@ -36,7 +36,7 @@ import logging
 import secrets
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 
@@ -48,8 +48,8 @@ from harvest_celery._payloads.digest import input_digest
 from harvest_celery._payloads.erasure import is_erased
 from harvest_celery._store import admission, sql
 from harvest_celery._store.predicates import operator_live
-from harvest_celery._store.records import Dispatch, RunRow
-from harvest_celery._store.schema import executions
+from harvest_celery._store.records import Dispatch, RunRow, aware
+from harvest_celery._store.schema import events, executions
 from harvest_celery._store.tx import Tx
 
 log = logging.getLogger("harvest_celery")
@@ -239,6 +239,37 @@ def chain_root_traceparent(tx: Tx, execution_id: str) -> str | None:
     ids = {r.id for r in rows}
     first = next((r for r in rows if r.continued_from not in ids), None)
     return first.traceparent if first is not None else None
+
+
+WAIT_EVENTS = ("TimerStarted", "TimerFired", "SignalReceived")
+
+
+class WaitEvent(NamedTuple):
+    type: str
+    timer_id: str | None
+    seconds: float | None
+    name: str | None
+    recorded_at: datetime | None
+
+
+def wait_events(tx: Tx, execution_id: str, limit: int) -> list[WaitEvent]:
+    """A run's timer and signal events, in order (the first ``limit``): their type, timer id,
+    seconds, signal name and time, never a payload field (tracing's run span events)."""
+    data = events.c.data
+    kind = data["type"].as_string()
+    rows = tx.conn.execute(
+        sa.select(
+            kind.label("type"),
+            data["timer_id"].as_string().label("timer_id"),
+            data["seconds"].as_float().label("seconds"),
+            data["name"].as_string().label("name"),
+            events.c.recorded_at,
+        )
+        .where((events.c.execution_id == execution_id) & kind.in_(WAIT_EVENTS))
+        .order_by(events.c.seq)
+        .limit(limit)
+    ).all()
+    return [WaitEvent(r.type, r.timer_id, r.seconds, r.name, aware(r.recorded_at)) for r in rows]
 
 
 def inherited_traceparent(tx: Tx, source_id: str, *, new_trace: bool = False) -> str | None:
