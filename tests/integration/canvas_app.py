@@ -33,4 +33,15 @@ for name in (*ADOPTED, "cv.unbig", "cv.lengths", "cv.grow", "cv.as_set"):  # def
     harvest.adopt_task(name, queue=QUEUE)
 for name in ("cv.decline", "cv.errback", "cv.collect", "cv.slow"):
     harvest.adopt_task(name, queue=QUEUE, retry=ONCE)
+# the compile-once test restarts the worker with a compiler that orders every group (and chain)
+# reversed: a decision that recompiled the canvas would dispatch and return in another order
+if os.environ.get("HARVEST_TEST_CV_REVERSED") == "1":
+    import redis
+
+    from harvest_celery._dag import canvas_compile
+
+    canvas_compile._members = lambda tasks: list(reversed(list(tasks)))
+    redis.Redis.from_url(os.environ["HARVEST_TEST_REDIS_URL"]).rpush(
+        f"cv:compiler{os.environ.get('HARVEST_TEST_CV_SUFFIX', '')}", "reversed"
+    )
 __all__ = ["BROKER_URL", "DATABASE_URL", "DECIDE", "QUEUE", "app", "harvest"]

@@ -346,6 +346,33 @@ def test_a_countdown_is_a_durable_timer_across_a_worker_restart(cv, redis_client
     assert cv.harvest.result(rid, timeout=60) == 6
 
 
+def test_a_worker_whose_compiler_changed_mid_run_finishes_by_the_stored_graph(cv, redis_client):
+    """Compile once: the worker restarts mid-run (the first node waits on its countdown) with a
+    compiler that orders every group and chain reversed; the run still follows its stored
+    graph. A decision that recompiled would dispatch the group's members in the other order and
+    return its list reversed."""
+    t = tasks()
+    make = lambda: chain(t.add.si(1, 2).set(countdown=3), group(t.add.s(10), t.add.s(20), t.add.s(30)))  # noqa: E731
+    rid = cv.harvest.start_canvas(make())
+    wait_for(lambda: any(e.type == "TimerStarted" for e in events(cv, rid)), timeout=30)
+    cv.worker.stop()
+    flag = f"cv:compiler{os.environ['HARVEST_TEST_CV_SUFFIX']}"
+    redis_client.delete(flag)
+    cv.worker.extra_env["HARVEST_TEST_CV_REVERSED"] = "1"
+    try:
+        cv.worker.start()
+        marks = [m if isinstance(m, str) else m.decode() for m in redis_client.lrange(flag, 0, -1)]
+        assert marks == ["reversed"]  # the worker runs the patched compiler
+        durable = cv.harvest.result(rid, timeout=60)
+    finally:
+        cv.worker.stop()
+        del cv.worker.extra_env["HARVEST_TEST_CV_REVERSED"]
+        cv.worker.start()
+    assert durable == make().apply_async().get(timeout=60) == [13, 23, 33]
+    group_nodes = [e for e in scheduled(cv, rid) if e.node != "0"]
+    assert [e.input["args"] for e in group_nodes] == [[3, 10], [3, 20], [3, 30]]
+
+
 # ── limits: a large header settles, the body's cap, kill -9 mid header ────────────────────────
 def test_a_1000_task_header_with_one_early_failure_runs_all_1000_then_unwinds(cv, redis_client):
     """A level settles only when every member has a result: the early failure does not stop

@@ -407,6 +407,7 @@ def _stored(h: Harvest, execution_id: str) -> dict[str, Any]:
         "recorded_at",
         "retry_at",
         "at",
+        "admitted_at",  # workflow admission: the start's own time
     }
     out: dict[str, Any] = {}
     with h.store.engine.connect() as conn:
