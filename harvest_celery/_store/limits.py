@@ -35,7 +35,7 @@ from sqlalchemy.engine import Connection
 from harvest_celery._core.limits import Limits, RateLimit
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
-from harvest_celery._store import rates
+from harvest_celery._store import rates, sql
 from harvest_celery._store.dialect import Dialect
 from harvest_celery._store.schema import activity_tasks, limits
 
@@ -105,11 +105,27 @@ def _locked(tx: Tx, name: str, digest: str, *, skip_locked: bool = False) -> sa.
 
 
 def settle(tx: Tx, name: str, digest: str, now: datetime) -> int:
-    """Recount the limit's slots and release what fits (see the module); the rows released."""
-    ensure(tx, name, digest)
-    held = _locked(tx, name, digest)
-    assert held is not None
-    return _settle_locked(tx, name, digest, held, now)
+    """Recount the limit's slots and release what fits (see the module); the rows released.
+
+    On Postgres, under a concurrency limit, the whole settle is one statement sent right after
+    the lock (``sql.SETTLE_CONCURRENCY``), with psycopg2 in the same round trip as the lock: the
+    lock is held for that round trip and the commit, with no Python work between them."""
+    if not tx.dialect.dml_ctes:
+        ensure(tx, name, digest)
+        held = _locked(tx, name, digest)
+        assert held is not None
+        return _settle_locked(tx, name, digest, held, now)
+    params = {"name": name, "digest": digest, "now": now}
+    if tx.conn.dialect.driver == "psycopg2":
+        released = tx.conn.exec_driver_sql(sql.SETTLE_IN_ONE, params).all()
+    else:
+        if tx.conn.exec_driver_sql(sql.LOCK_LIMIT, params).first() is None:
+            tx.conn.exec_driver_sql(sql.ENSURE_LIMIT, params)  # the key's first dispatch
+            tx.conn.exec_driver_sql(sql.LOCK_LIMIT, params)
+        released = tx.conn.exec_driver_sql(sql.SETTLE_CONCURRENCY, params).all()
+    if released[0].rate is not None:  # a rate in force: its steps, under the lock held
+        return _settle_locked(tx, name, digest, released[0], now)
+    return _dispatch(tx, [row for row in released if row.execution_id is not None])
 
 
 def wake(tx: Tx, name: str, digest: str, now: datetime) -> int | None:
@@ -152,6 +168,11 @@ def _settle_locked(tx: Tx, name: str, digest: str, held: sa.Row[Any], now: datet
         .where((limits.c.name == name) & (limits.c.key_digest == digest))
         .values(in_use=in_use + len(released), updated_at=now, **values)
     )
+    return _dispatch(tx, released)
+
+
+def _dispatch(tx: Tx, released: list[sa.Row[Any]]) -> int:
+    """The released rows' messages, staged (sent after commit)."""
     for row in released:
         tx.dispatch_activity(
             row.execution_id,
