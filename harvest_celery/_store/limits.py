@@ -18,6 +18,14 @@ in (name, key digest) order:
    and only with a token; the next row whose turn has come gets the token's due time, which a
    sweeper's waker keeps (``_store.rates``).
 
+On Postgres, under a concurrency limit, steps 2 and 3 are one statement sent right after the
+lock, in the same round trip with psycopg2 (``sql.SETTLE_IN_ONE``): a statement of its own, so
+its snapshot, taken once the lock is held, sees every slot the lock's previous holders took or
+freed. The lock is then held for one round trip and the commit, with no Python work between
+statements: every limited step settles the one row of its (name, key) twice (its dispatch and
+its completion), so that window bounds a hot limit's steps per second. Under a rate, and on
+SQLite, the steps go one by one.
+
 Freeing a slot without the lock (a completion marks its row completed first) only lowers the
 count the next settle sees: the limit errs toward fewer starts, never more. The sweeper settles
 every limit with waiting rows each pass, the backstop for a process that died between commit and
@@ -37,7 +45,7 @@ from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
 from harvest_celery._store import rates, sql
 from harvest_celery._store.dialect import Dialect
-from harvest_celery._store.schema import activity_tasks, limits
+from harvest_celery._store.schema import WAIT_SEQ, activity_tasks, limits
 
 
 class Tx(Protocol):
@@ -232,6 +240,20 @@ def waiting_limits(tx: Tx, limit: int = 100) -> list[tuple[str, str]]:
 
 def next_wait_seq(tx: Tx) -> int:
     return tx.dialect.next_wait_seq(tx.conn)
+
+
+def wait_in_line(tx: Tx, name: str, spec: Limits) -> int:
+    """A new limited row's wait order, its name's row declared first (``declare``): on
+    Postgres one statement (the insert a data-modifying CTE of the ``nextval``)."""
+    if not tx.dialect.dml_ctes:
+        declare(tx, name, spec)
+        return next_wait_seq(tx)
+    declared = (
+        tx.dialect.insert_ignore(limits)
+        .values(name=name, key_digest=NAME_ROW, in_use=0, **_declared(spec))
+        .cte("declared")
+    )
+    return int(tx.conn.execute(sa.select(WAIT_SEQ.next_value()).add_cte(declared)).scalar_one())
 
 
 def _declared(spec: Limits) -> dict[str, Any]:
