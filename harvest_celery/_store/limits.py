@@ -248,11 +248,13 @@ def wait_in_line(tx: Tx, name: str, spec: Limits) -> int:
     if not tx.dialect.dml_ctes:
         declare(tx, name, spec)
         return next_wait_seq(tx)
-    declared = (
-        tx.dialect.insert_ignore(limits)
-        .values(name=name, key_digest=NAME_ROW, in_use=0, **_declared(spec))
-        .cte("declared")
+    # only when the snapshot has no such row: ON CONFLICT on an existing one would wait for the
+    # transaction holding its lock (an unkeyed limit's row is its name's own)
+    values = {"name": name, "key_digest": NAME_ROW, "in_use": 0, **_declared(spec)}
+    new = sa.select(*(sa.literal(v, limits.c[k].type).label(k) for k, v in values.items())).where(
+        ~sa.exists().where((limits.c.name == name) & (limits.c.key_digest == NAME_ROW))
     )
+    declared = tx.dialect.insert_ignore(limits).from_select(list(values), new).cte("declared")
     return int(tx.conn.execute(sa.select(WAIT_SEQ.next_value()).add_cte(declared)).scalar_one())
 
 

@@ -129,8 +129,12 @@ FROM run
 # ── a limit's settle (``_store.limits``) ─────────────────────────────────────────────────────
 LIMITS = limits.name
 
-# A limit row, created on its first use (a key's row appears on its first dispatch).
-ENSURE_LIMIT = f"""INSERT INTO {LIMITS} (name, key_digest, in_use) VALUES (%(name)s, %(digest)s, 0)
+# A limit row, created on its first use (a key's row appears on its first dispatch). Only when
+# the snapshot has none: ON CONFLICT on an existing row would wait for the transaction holding
+# its lock (it has updated the row), before the lock's own queue.
+ENSURE_LIMIT = f"""INSERT INTO {LIMITS} (name, key_digest, in_use)
+SELECT %(name)s, %(digest)s, 0
+WHERE NOT EXISTS (SELECT 1 FROM {LIMITS} WHERE name = %(name)s AND key_digest = %(digest)s)
 ON CONFLICT DO NOTHING"""
 
 # Lock a limit row (``limits.settle``): its GCRA ``tat`` and the database's clock.
