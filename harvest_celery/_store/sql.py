@@ -133,7 +133,7 @@ LIMITS = limits.name
 # the snapshot has none: ON CONFLICT on an existing row would wait for the transaction holding
 # its lock (it has updated the row), before the lock's own queue.
 ENSURE_LIMIT = f"""INSERT INTO {LIMITS} (name, key_digest, in_use)
-SELECT %(name)s, %(digest)s, 0
+SELECT CAST(%(name)s AS VARCHAR), CAST(%(digest)s AS VARCHAR), 0
 WHERE NOT EXISTS (SELECT 1 FROM {LIMITS} WHERE name = %(name)s AND key_digest = %(digest)s)
 ON CONFLICT DO NOTHING"""
 
