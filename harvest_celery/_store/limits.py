@@ -19,7 +19,7 @@ in (name, key digest) order:
    sweeper's waker keeps (``_store.rates``).
 
 On Postgres, under a concurrency limit, steps 2 and 3 are one statement sent right after the
-lock, in the same round trip with psycopg2 (``sql.SETTLE_IN_ONE``): a statement of its own, so
+lock, in the same round trip with psycopg2 (``sql.SETTLE_STEPS``): a statement of its own, so
 its snapshot, taken once the lock is held, sees every slot the lock's previous holders took or
 freed. The lock is then held for one round trip and the commit, with no Python work between
 statements: every limited step settles the one row of its (name, key) twice (its dispatch and
@@ -113,27 +113,26 @@ def _locked(tx: Tx, name: str, digest: str, *, skip_locked: bool = False) -> sa.
 
 
 def settle(tx: Tx, name: str, digest: str, now: datetime) -> int:
-    """Recount the limit's slots and release what fits (see the module); the rows released.
+    """Recount the limit's slots and release what fits (see the module); the rows released."""
+    return tx.dialect.one_statement(_settle_in_one, _settle_stepwise)(tx, name, digest, now)
 
-    On Postgres, under a concurrency limit, the whole settle is one statement sent right after
-    the lock (``sql.SETTLE_CONCURRENCY``), with psycopg2 in the same round trip as the lock: the
-    lock is held for that round trip and the commit, with no Python work between them."""
-    if not tx.dialect.dml_ctes:
-        ensure(tx, name, digest)
-        held = _locked(tx, name, digest)
-        assert held is not None
-        return _settle_locked(tx, name, digest, held, now)
+
+def _settle_in_one(tx: Tx, name: str, digest: str, now: datetime) -> int:
+    """Postgres: under a concurrency limit the whole settle is one statement sent right after
+    the lock (``sql.SETTLE_STEPS``), in the same round trip with psycopg2: the lock is held for
+    that round trip and the commit, with no Python work between statements."""
     params = {"name": name, "digest": digest, "now": now}
-    if tx.conn.dialect.driver == "psycopg2":
-        released = tx.conn.exec_driver_sql(sql.SETTLE_IN_ONE, params).all()
-    else:
-        if tx.conn.exec_driver_sql(sql.LOCK_LIMIT, params).first() is None:
-            tx.conn.exec_driver_sql(sql.ENSURE_LIMIT, params)  # the key's first dispatch
-            tx.conn.exec_driver_sql(sql.LOCK_LIMIT, params)
-        released = tx.conn.exec_driver_sql(sql.SETTLE_CONCURRENCY, params).all()
+    released = tx.dialect.in_one_trip(tx.conn, sql.SETTLE_STEPS, params).all()
     if released[0].rate is not None:  # a rate in force: its steps, under the lock held
         return _settle_locked(tx, name, digest, released[0], now)
     return _dispatch(tx, [row for row in released if row.execution_id is not None])
+
+
+def _settle_stepwise(tx: Tx, name: str, digest: str, now: datetime) -> int:
+    ensure(tx, name, digest)
+    held = _locked(tx, name, digest)
+    assert held is not None
+    return _settle_locked(tx, name, digest, held, now)
 
 
 def wake(tx: Tx, name: str, digest: str, now: datetime) -> int | None:
@@ -245,9 +244,10 @@ def next_wait_seq(tx: Tx) -> int:
 def wait_in_line(tx: Tx, name: str, spec: Limits) -> int:
     """A new limited row's wait order, its name's row declared first (``declare``): on
     Postgres one statement (the insert a data-modifying CTE of the ``nextval``)."""
-    if not tx.dialect.dml_ctes:
-        declare(tx, name, spec)
-        return next_wait_seq(tx)
+    return tx.dialect.one_statement(_numbered_in_one, _numbered_stepwise)(tx, name, spec)
+
+
+def _numbered_in_one(tx: Tx, name: str, spec: Limits) -> int:
     # only when the snapshot has no such row: ON CONFLICT on an existing one would wait for the
     # transaction holding its lock (an unkeyed limit's row is its name's own)
     values = {"name": name, "key_digest": NAME_ROW, "in_use": 0, **_declared(spec)}
@@ -256,6 +256,11 @@ def wait_in_line(tx: Tx, name: str, spec: Limits) -> int:
     )
     declared = tx.dialect.insert_ignore(limits).from_select(list(values), new).cte("declared")
     return int(tx.conn.execute(sa.select(WAIT_SEQ.next_value()).add_cte(declared)).scalar_one())
+
+
+def _numbered_stepwise(tx: Tx, name: str, spec: Limits) -> int:
+    declare(tx, name, spec)
+    return next_wait_seq(tx)
 
 
 def _declared(spec: Limits) -> dict[str, Any]:

@@ -179,10 +179,9 @@ WITH cfg AS (
 SELECT (SELECT rate FROM cfg) AS rate, l.tat, clock_timestamp() AS clock, rel.*
 FROM {LIMITS} AS l LEFT JOIN rel ON true WHERE l.name = %(name)s AND l.key_digest = %(digest)s"""
 
-# psycopg2 sends a text with parameters as one simple query, which may hold several statements;
-# each still takes its own snapshot (READ COMMITTED), so the settle after the lock sees what the
-# lock's previous holders committed: the row, its lock and the settle in ONE round trip.
-SETTLE_IN_ONE = f"{ENSURE_LIMIT};\n{LOCK_LIMIT};\n{SETTLE_CONCURRENCY}"
+# A concurrency settle: the row, its lock, the settle (``Dialect.in_one_trip``: one round trip with
+# psycopg2; each statement its own snapshot, so the settle's is taken once the lock is held).
+SETTLE_STEPS = (ENSURE_LIMIT, LOCK_LIMIT, SETTLE_CONCURRENCY)
 
 
 # ── a run write as one statement (``pgwrite``), its text built once per shape ────────────────
