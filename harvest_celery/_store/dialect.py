@@ -101,6 +101,16 @@ class Dialect:
         Postgres, its one statement; SQLite, the same steps one by one."""
         return in_one
 
+    def in_one_trip(self, conn: Connection, texts: Sequence[str], params: dict[str, Any]) -> Any:
+        """Driver-level statements in order, the last one's result (``limits.settle``):
+        psycopg2 sends them as one simple query, one round trip, each statement still with its
+        own snapshot; psycopg 3 (server-side parameters) sends them one by one."""
+        if conn.dialect.driver == "psycopg2":
+            return conn.exec_driver_sql(";\n".join(texts), params)
+        for text in texts[:-1]:
+            conn.exec_driver_sql(text, params)
+        return conn.exec_driver_sql(texts[-1], params)
+
     def autocommits(self, one_statement: bool) -> bool:
         """A transaction of one statement runs in autocommit: one round trip, no BEGIN/COMMIT."""
         return one_statement

@@ -18,6 +18,14 @@ in (name, key digest) order:
    and only with a token; the next row whose turn has come gets the token's due time, which a
    sweeper's waker keeps (``_store.rates``).
 
+On Postgres, under a concurrency limit, steps 2 and 3 are one statement sent right after the
+lock, in the same round trip with psycopg2 (``sql.SETTLE_STEPS``): a statement of its own, so
+its snapshot, taken once the lock is held, sees every slot the lock's previous holders took or
+freed. The lock is then held for one round trip and the commit, with no Python work between
+statements: every limited step settles the one row of its (name, key) twice (its dispatch and
+its completion), so that window bounds a hot limit's steps per second. Under a rate, and on
+SQLite, the steps go one by one.
+
 Freeing a slot without the lock (a completion marks its row completed first) only lowers the
 count the next settle sees: the limit errs toward fewer starts, never more. The sweeper settles
 every limit with waiting rows each pass, the backstop for a process that died between commit and
@@ -35,9 +43,9 @@ from sqlalchemy.engine import Connection
 from harvest_celery._core.limits import Limits, RateLimit
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
-from harvest_celery._store import rates
+from harvest_celery._store import rates, sql
 from harvest_celery._store.dialect import Dialect
-from harvest_celery._store.schema import activity_tasks, limits
+from harvest_celery._store.schema import WAIT_SEQ, activity_tasks, limits
 
 
 class Tx(Protocol):
@@ -106,6 +114,21 @@ def _locked(tx: Tx, name: str, digest: str, *, skip_locked: bool = False) -> sa.
 
 def settle(tx: Tx, name: str, digest: str, now: datetime) -> int:
     """Recount the limit's slots and release what fits (see the module); the rows released."""
+    return tx.dialect.one_statement(_settle_in_one, _settle_stepwise)(tx, name, digest, now)
+
+
+def _settle_in_one(tx: Tx, name: str, digest: str, now: datetime) -> int:
+    """Postgres: under a concurrency limit the whole settle is one statement sent right after
+    the lock (``sql.SETTLE_STEPS``), in the same round trip with psycopg2: the lock is held for
+    that round trip and the commit, with no Python work between statements."""
+    params = {"name": name, "digest": digest, "now": now}
+    released = tx.dialect.in_one_trip(tx.conn, sql.SETTLE_STEPS, params).all()
+    if released[0].rate is not None:  # a rate in force: its steps, under the lock held
+        return _settle_locked(tx, name, digest, released[0], now)
+    return _dispatch(tx, [row for row in released if row.execution_id is not None])
+
+
+def _settle_stepwise(tx: Tx, name: str, digest: str, now: datetime) -> int:
     ensure(tx, name, digest)
     held = _locked(tx, name, digest)
     assert held is not None
@@ -152,6 +175,11 @@ def _settle_locked(tx: Tx, name: str, digest: str, held: sa.Row[Any], now: datet
         .where((limits.c.name == name) & (limits.c.key_digest == digest))
         .values(in_use=in_use + len(released), updated_at=now, **values)
     )
+    return _dispatch(tx, released)
+
+
+def _dispatch(tx: Tx, released: list[sa.Row[Any]]) -> int:
+    """The released rows' messages, staged (sent after commit)."""
     for row in released:
         tx.dispatch_activity(
             row.execution_id,
@@ -211,6 +239,28 @@ def waiting_limits(tx: Tx, limit: int = 100) -> list[tuple[str, str]]:
 
 def next_wait_seq(tx: Tx) -> int:
     return tx.dialect.next_wait_seq(tx.conn)
+
+
+def wait_in_line(tx: Tx, name: str, spec: Limits) -> int:
+    """A new limited row's wait order, its name's row declared first (``declare``): on
+    Postgres one statement (the insert a data-modifying CTE of the ``nextval``)."""
+    return tx.dialect.one_statement(_numbered_in_one, _numbered_stepwise)(tx, name, spec)
+
+
+def _numbered_in_one(tx: Tx, name: str, spec: Limits) -> int:
+    # only when the snapshot has no such row: ON CONFLICT on an existing one would wait for the
+    # transaction holding its lock (an unkeyed limit's row is its name's own)
+    values = {"name": name, "key_digest": NAME_ROW, "in_use": 0, **_declared(spec)}
+    new = sa.select(*(sa.literal(v, limits.c[k].type).label(k) for k, v in values.items())).where(
+        ~sa.exists().where((limits.c.name == name) & (limits.c.key_digest == NAME_ROW))
+    )
+    declared = tx.dialect.insert_ignore(limits).from_select(list(values), new).cte("declared")
+    return int(tx.conn.execute(sa.select(WAIT_SEQ.next_value()).add_cte(declared)).scalar_one())
+
+
+def _numbered_stepwise(tx: Tx, name: str, spec: Limits) -> int:
+    declare(tx, name, spec)
+    return next_wait_seq(tx)
 
 
 def _declared(spec: Limits) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from sqlalchemy.dialects import postgresql
 from harvest_celery._core import events as ev
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._store.predicates import TASK, accepts_results, colon, fast_path, literal
-from harvest_celery._store.schema import activity_tasks, blobs, events, executions, metadata, timers
+from harvest_celery._store.schema import activity_tasks, blobs, events, executions, limits, metadata, timers
 
 DIALECT = postgresql.psycopg2.dialect()  # type: ignore[attr-defined]
 
@@ -124,6 +124,64 @@ SELECT run.*, EXISTS (SELECT 1 FROM task) AS finished,
        (SELECT activity_name FROM task) AS task_name, (SELECT limit_digest FROM task) AS task_limit
 FROM run
 """)
+
+
+# ── a limit's settle (``_store.limits``) ─────────────────────────────────────────────────────
+LIMITS = limits.name
+
+# A limit row, created on its first use (a key's row appears on its first dispatch). Only when
+# the snapshot has none: ON CONFLICT on an existing row would wait for the transaction holding
+# its lock (it has updated the row), before the lock's own queue.
+ENSURE_LIMIT = f"""INSERT INTO {LIMITS} (name, key_digest, in_use)
+SELECT CAST(%(name)s AS VARCHAR), CAST(%(digest)s AS VARCHAR), 0
+WHERE NOT EXISTS (SELECT 1 FROM {LIMITS} WHERE name = %(name)s AND key_digest = %(digest)s)
+ON CONFLICT DO NOTHING"""
+
+# Lock a limit row (``limits.settle``): its GCRA ``tat`` and the database's clock.
+LOCK_LIMIT = f"""SELECT tat, clock_timestamp() AS clock FROM {LIMITS}
+WHERE name = %(name)s AND key_digest = %(digest)s FOR UPDATE"""
+
+# A settle under a concurrency limit, sent right after LOCK_LIMIT took the limit row's lock: a
+# new statement, so its snapshot sees every slot the lock's previous holders took or released.
+# Recount the limit's scheduled and running rows, release the next waiting ones that fit
+# (compensations, priority, FIFO; SKIP LOCKED), store in_use, in ONE round trip. With a rate in
+# force it releases and stores nothing (``rate`` comes back set: the caller takes the rate's
+# steps from ``tat`` and ``clock``, read with the lock). One row at least comes back: ``rate``,
+# ``tat``, ``clock``, then each released row's columns (NULL: none released).
+SETTLE_CONCURRENCY = f"""
+WITH cfg AS (
+    SELECT COALESCE(override_concurrency, declared_concurrency) AS lim,
+           COALESCE(override_rate_limit, declared_rate_limit) AS rate
+    FROM {LIMITS} WHERE name = %(name)s AND key_digest = ''
+), held AS (
+    SELECT count(*) AS n FROM {TASKS}
+    WHERE activity_name = %(name)s AND limit_digest = %(digest)s AND status IN ({SCHEDULED}, {RUNNING_TASK})
+), fits AS (
+    SELECT CASE WHEN cfg.rate IS NOT NULL THEN 0
+                WHEN cfg.lim IS NULL THEN NULL
+                ELSE GREATEST(0, cfg.lim - held.n) END AS free
+    FROM held LEFT JOIN cfg ON true
+), nxt AS (
+    SELECT execution_id, activity_id FROM {TASKS}
+    WHERE activity_name = %(name)s AND limit_digest = %(digest)s AND status = {WAITING}
+    ORDER BY compensation DESC, priority DESC, wait_seq
+    LIMIT (SELECT free FROM fits)
+    FOR UPDATE SKIP LOCKED
+), rel AS (
+    UPDATE {TASKS} AS t SET status = {SCHEDULED}, dispatched_at = %(now)s, due_at = NULL
+    FROM nxt WHERE t.execution_id = nxt.execution_id AND t.activity_id = nxt.activity_id
+    RETURNING t.execution_id, t.activity_id, t.activity_name, t.queue, t.attempt, t.adopted,
+              t.start_to_close
+), stored AS (
+    UPDATE {LIMITS} SET in_use = (SELECT n FROM held) + (SELECT count(*) FROM rel), updated_at = %(now)s
+    WHERE name = %(name)s AND key_digest = %(digest)s AND NOT EXISTS (SELECT 1 FROM cfg WHERE rate IS NOT NULL)
+)
+SELECT (SELECT rate FROM cfg) AS rate, l.tat, clock_timestamp() AS clock, rel.*
+FROM {LIMITS} AS l LEFT JOIN rel ON true WHERE l.name = %(name)s AND l.key_digest = %(digest)s"""
+
+# A concurrency settle: the row, its lock, the settle (``Dialect.in_one_trip``: one round trip with
+# psycopg2; each statement its own snapshot, so the settle's is taken once the lock is held).
+SETTLE_STEPS = (ENSURE_LIMIT, LOCK_LIMIT, SETTLE_CONCURRENCY)
 
 
 # ── a run write as one statement (``pgwrite``), its text built once per shape ────────────────

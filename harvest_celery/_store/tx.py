@@ -153,8 +153,7 @@ class Tx:
         for task in rows:
             if task.get("limit_digest") is not None:
                 name = task["activity_name"]
-                limits.declare(self, name, registry.activity(name).limits)
-                task["wait_seq"] = limits.next_wait_seq(self)
+                task["wait_seq"] = limits.wait_in_line(self, name, registry.activity(name).limits)
                 self.touch_limit(name, task["limit_digest"])
 
     # ── rows and history ─────────────────────────────────────────────────────────────────────
