@@ -395,11 +395,8 @@ def _lock_family(tx: Tx, execution_id: str) -> list[RunRow]:
     family = fork_family(tx, execution_id) | {execution_id}
     while family - set(locked) - gone:
         for run_id in sorted(family - set(locked) - gone):
-            row = (
-                tx.lock_existing(run_id, payloads=True)
-                if run_id == execution_id
-                else tx.lock(run_id, payloads=True)
-            )
+            lock = tx.lock_existing if run_id == execution_id else tx.lock
+            row = lock(run_id, payloads=True)  # the payload columns are what it erases
             if row is None:
                 gone.add(run_id)  # purged meanwhile
             else:

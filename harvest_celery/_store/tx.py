@@ -85,6 +85,10 @@ def _outcome_unknown(exc: BaseException) -> bool:
 UNSTARTED = (TaskStatus.SCHEDULED.value, TaskStatus.RETRY_WAIT.value, TaskStatus.WAITING.value)
 
 
+# the run row as a lock reads it by default: every column but the payload ones
+_RUN_ROW = [c for c in executions.c if c.name not in EXECUTION_PAYLOAD_COLUMNS]
+
+
 class Tx:
     """One transaction. Methods named for what they do to a run."""
 
@@ -136,7 +140,7 @@ class Tx:
         are read only with ``payloads=True`` (erasure, fork, purge): otherwise they are
         ``NOT_LOADED``. A canvas run's input is its whole graph, and every completion and
         decision locks the row, so reading it each time made a decision O(nodes)."""
-        columns = executions.c if payloads else [c for c in executions.c if c.name not in EXECUTION_PAYLOAD_COLUMNS]
+        columns = executions.c if payloads else _RUN_ROW
         q = self.dialect.lock(
             sa.select(*columns).where(executions.c.id == execution_id), skip_locked=skip_locked
         )
