@@ -26,6 +26,16 @@ def aware(value: datetime | None) -> datetime | None:
     return value
 
 
+class _NotLoaded:
+    """A payload column the lock did not read (``Tx.lock(payloads=False)``)."""
+
+    def __repr__(self) -> str:
+        return "NOT_LOADED"
+
+
+NOT_LOADED: Any = _NotLoaded()
+
+
 @dataclass(frozen=True)
 class RunRow:
     """The execution row as a locked transaction sees it (payload columns still encoded)."""
@@ -66,8 +76,8 @@ class RunRow:
             m["workflow_type"],
             m["status"],
             int(m["next_seq"]),
-            m["input"],
-            m["result"],
+            m.get("input", NOT_LOADED),
+            m.get("result", NOT_LOADED),
             m["error"],
             m["decision_requested_at"],
             m["cancelled_at"],

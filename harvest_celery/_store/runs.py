@@ -150,7 +150,7 @@ def _pass_on(tx: Tx, child_id: str, action: Any) -> None:
 def _seal_for_fork(tx: Tx, source_id: str, new_id: str, now: datetime, *, once: bool = False) -> RunRow:
     """Lock the source and recheck erasure under that lock, before a single event is copied:
     an erasure either committed before the lock (refused here) or queues behind it."""
-    row = tx.lock_existing(source_id)
+    row = tx.lock_existing(source_id, payloads=True)  # erasure is read from its input
     m = row
     if m.erased_at is not None or is_erased(m.input):
         raise erased_refusal(source_id)
@@ -394,7 +394,8 @@ def _lock_family(tx: Tx, execution_id: str) -> list[RunRow]:
     family = fork_family(tx, execution_id) | {execution_id}
     while family - set(locked) - gone:
         for run_id in sorted(family - set(locked) - gone):
-            row = tx.lock_existing(run_id) if run_id == execution_id else tx.lock(run_id)
+            lock = tx.lock_existing if run_id == execution_id else tx.lock
+            row = lock(run_id, payloads=True)  # the payload columns are what it erases
             if row is None:
                 gone.add(run_id)  # purged meanwhile
             else:
@@ -577,7 +578,7 @@ def delete_runs(tx: Tx, ids: Sequence[str]) -> tuple[int, list[tuple[str, str]]]
     refs: list[tuple[str, str]] = []
     removed = 0
     for execution_id in ids:
-        row = tx.lock(execution_id)
+        row = tx.lock(execution_id, payloads=True)
         if row is None:
             continue
         for column in EXECUTION_PAYLOAD_COLUMNS:

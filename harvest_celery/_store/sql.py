@@ -22,6 +22,7 @@ from sqlalchemy.dialects import postgresql
 
 from harvest_celery._core import events as ev
 from harvest_celery._core.names import TaskStatus
+from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._store.predicates import TASK, accepts_results, colon, fast_path, literal
 from harvest_celery._store.schema import activity_tasks, blobs, events, executions, limits, metadata, timers
 
@@ -100,11 +101,16 @@ FROM task CROSS JOIN started
 LEFT JOIN {EVENTS} AS s ON s.execution_id = :execution_id AND s.seq = task.event_seq
 """)
 
+# The run row as a lock reads it (``Tx.lock``): every column but the payload ones (``input``,
+# ``result``), which a canvas run's graph makes as large as the canvas.
+RUN_ROW = ", ".join(c.name for c in executions.c if c.name not in EXECUTION_PAYLOAD_COLUMNS)
+
 # Lock the run and mark its task row completed (``tasks.accepts_completion``); the run row comes
-# back with whether the task row was still open (False: a duplicate completion).
+# back (without its payload columns) with whether the task row was still open (False: a
+# duplicate completion).
 FINISH = sa.text(f"""
 WITH run AS (
-    SELECT * FROM {RUNS} WHERE id = :execution_id FOR UPDATE
+    SELECT {RUN_ROW} FROM {RUNS} WHERE id = :execution_id FOR UPDATE
 ), task AS (
     UPDATE {TASKS} AS t
     SET status = {COMPLETED_TASK}, finished_at = :now, lease_expires_at = NULL

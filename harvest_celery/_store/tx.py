@@ -22,6 +22,7 @@ from harvest_celery._core.lifecycle import CONTINUED_AS_NEW, TERMINAL_STATUSES
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
 from harvest_celery._errors import ExecutionNotFound
+from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._store import admission, limits, pgwrite
 from harvest_celery._store.dialect import Dialect
@@ -96,6 +97,10 @@ def _not_one_statement(w: RunWrite, row: RunRow, registry: Registry) -> str:
     return ""
 
 
+# the run row as a lock reads it by default: every column but the payload ones
+_RUN_ROW = [c for c in executions.c if c.name not in EXECUTION_PAYLOAD_COLUMNS]
+
+
 class Tx:
     """One transaction. Methods named for what they do to a run."""
 
@@ -157,15 +162,20 @@ class Tx:
                 self.touch_limit(name, task["limit_digest"])
 
     # ── rows and history ─────────────────────────────────────────────────────────────────────
-    def lock(self, execution_id: str, *, skip_locked: bool = False) -> RunRow | None:
+    def lock(self, execution_id: str, *, skip_locked: bool = False, payloads: bool = False) -> RunRow | None:
+        """``SELECT … FOR UPDATE`` of the run row. Its payload columns (``input``, ``result``)
+        are read only with ``payloads=True`` (erasure, fork, purge): otherwise they are
+        ``NOT_LOADED``. A canvas run's input is its whole graph, and every completion and
+        decision locks the row, so reading it each time made a decision O(nodes)."""
+        columns = executions.c if payloads else _RUN_ROW
         q = self.dialect.lock(
-            sa.select(executions).where(executions.c.id == execution_id), skip_locked=skip_locked
+            sa.select(*columns).where(executions.c.id == execution_id), skip_locked=skip_locked
         )
         row = self.conn.execute(q).first()
         return RunRow.from_mapping(row._mapping) if row is not None else None
 
-    def lock_existing(self, execution_id: str) -> RunRow:
-        row = self.lock(execution_id)
+    def lock_existing(self, execution_id: str, *, payloads: bool = False) -> RunRow:
+        row = self.lock(execution_id, payloads=payloads)
         if row is None:
             raise ExecutionNotFound(execution_id)
         return row

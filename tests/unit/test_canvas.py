@@ -399,6 +399,28 @@ def test_the_async_client_starts_a_canvas_as_the_sync_one_does(tmp_path):
     assert started.workflow_type == CANVAS and started.input == graph(sig)
 
 
+def test_a_run_lock_leaves_the_stored_graph_unread_unless_asked(tmp_path):
+    """Every completion and decision locks the run row: it must not read (and decode) the
+    canvas graph, which is as large as the canvas (B5 was O(nodes) per lock before)."""
+    from harvest_celery import Harvest
+    from harvest_celery._store.records import NOT_LOADED
+
+    local = Celery("canvas_lock", broker="memory://", set_as_current=False)
+    a, s = local.task(name="t.add")(add.run), local.task(name="t.tsum")(tsum.run)
+    h = Harvest(f"sqlite:///{tmp_path / 'lock.db'}", local)
+    h.migrate()
+    for task in (a, s):
+        h.adopt_task(task.name)
+    sig = chord([a.s(i, i) for i in range(20)], s.s())
+    rid = h.start_canvas(sig, execution_id="cv-lock")
+    with h.store.begin() as tx:
+        lean, full = tx.lock(rid), tx.lock(rid, payloads=True)
+    assert lean is not None and full is not None
+    assert lean.input is NOT_LOADED and lean.result is NOT_LOADED
+    assert h.store.payloads.decode_value(full.input) == graph(sig)
+    assert (lean.id, lean.status, lean.next_seq) == (full.id, full.status, full.next_seq)
+
+
 def test_each_node_records_its_policy_and_run_time_refusals_are_never_retried():
     given = graph(add.s(1, 2), retry={"t.add": RetryPolicy(max_attempts=2)})["nodes"][0]["retry"]
     adopted = graph(add.s(1, 2))["nodes"][0]["retry"]  # no canvas policy: the task's adopted one
