@@ -94,7 +94,7 @@ class RunRow:
             m.get("admitted_at", predicates.ADMITTED),
             m.get("limit_digest"),
             int(m.get("priority") or 0),
-            m.get("limit_key"),
+            m.get("limit_key", NOT_LOADED),
             m.get("traceparent"),
         )
 

@@ -102,7 +102,7 @@ LEFT JOIN {EVENTS} AS s ON s.execution_id = :execution_id AND s.seq = task.event
 """)
 
 # The run row as a lock reads it (``Tx.lock``): every column but the payload ones (``input``,
-# ``result``), which a canvas run's graph makes as large as the canvas.
+# ``result``, ``limit_key``); a canvas run's graph makes its input as large as the canvas.
 RUN_ROW = ", ".join(c.name for c in executions.c if c.name not in EXECUTION_PAYLOAD_COLUMNS)
 
 # Lock the run and mark its task row completed (``tasks.accepts_completion``); the run row comes

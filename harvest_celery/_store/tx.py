@@ -163,8 +163,8 @@ class Tx:
 
     # ── rows and history ─────────────────────────────────────────────────────────────────────
     def lock(self, execution_id: str, *, skip_locked: bool = False, payloads: bool = False) -> RunRow | None:
-        """``SELECT … FOR UPDATE`` of the run row. Its payload columns (``input``, ``result``)
-        are read only with ``payloads=True`` (erasure, fork, purge): otherwise they are
+        """``SELECT … FOR UPDATE`` of the run row. Its payload columns (``input``, ``result``,
+        ``limit_key``) are read only with ``payloads=True`` (erasure, fork, purge): otherwise they are
         ``NOT_LOADED``. A canvas run's input is its whole graph, and every completion and
         decision locks the row, so reading it each time made a decision O(nodes)."""
         columns = executions.c if payloads else _RUN_ROW

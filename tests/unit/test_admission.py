@@ -361,7 +361,7 @@ def test_erasure_of_a_closed_run_tombstones_its_key(h):
     start(h, "a1")
     drain(h)
     with h.store.begin() as tx:
-        assert h.store.payloads.decode_value(tx.lock("a1").limit_key) == "A"
+        assert h.store.payloads.decode_value(tx.lock("a1", payloads=True).limit_key) == "A"
     h.terminate("a1", "done")
     h.erase_payloads("a1")
     with h.store.begin() as tx:
