@@ -132,6 +132,12 @@ CHANGES: dict[str, Any] = {
     # erasure is for terminal runs only (_store/runs.py): a completion never meets an erased
     # run; the guard's refusal of one is pinned by tests/unit/test_completion_paths.py
     "run:erased_at": UNREACHABLE,
+    # admission sets admitted_at once and never clears it (_store/admission.py), and a waiting
+    # run has no decision, so no activity to claim (save the reset bug docs/flow-control.md
+    # names): a completion never meets one; the guard's
+    # refusal of a waiting run is pinned by tests/unit/test_admission.py
+    # (test_the_predicates_refuse_a_waiting_row)
+    "run:admitted_at": UNREACHABLE,
     "run:nd_blocked_at": _update(nd_blocked_at=lambda _rid: utcnow()),
     "run:nd_retry_at": _update(nd_retry_at=lambda _rid: utcnow() + timedelta(hours=1)),
     "run:next_seq": _update(next_seq=executions.c.next_seq + 1),
