@@ -30,8 +30,9 @@ from harvest_celery._dag.folds import fold_dispatches
 from harvest_celery._runtime.adopt import _call
 from harvest_celery.testing import Simulator, registry_of
 
+# plain Celery only as the reference: ``Signature.apply()`` runs a canvas in this process (no
+# broker, no worker); dispatch is covered on real workers by tests/integration/test_canvas.py
 app = Celery("canvas_unit", set_as_current=False)
-app.conf.task_always_eager = True
 
 
 @app.task(name="t.add")
