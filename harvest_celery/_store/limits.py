@@ -284,11 +284,13 @@ def sync_declared(tx: Tx, registry: Registry, now: datetime) -> None:
         if not definition.limits.limited:
             continue
         declare(tx, name, definition.limits)
+        before = in_force(tx, name)[1]
         tx.conn.execute(
             limits.update()
             .where((limits.c.name == name) & (limits.c.key_digest == NAME_ROW))
             .values(updated_at=now, **_declared(definition.limits))
         )
+        _rate_changed(tx, name, before, in_force(tx, name)[1])
 
 
 # ── run-time overrides (``harvest.set_limit``, ``harvest limits``) ───────────────────────────
@@ -319,13 +321,15 @@ def set_override(
         if rate_limit is not None:
             values["override_rate_limit"] = rate_limit
     tx.conn.execute(limits.update().where(where).values(**values))
-    _respace(tx, name, before, in_force(tx, name)[1])
+    _rate_changed(tx, name, before, in_force(tx, name)[1])
 
 
-def _respace(tx: Tx, name: str, before: RateLimit | None, after: RateLimit | None) -> None:
+def _rate_changed(tx: Tx, name: str, before: RateLimit | None, after: RateLimit | None) -> None:
     """A changed rate re-spaces each key's next token from its last start (``tat`` minus the
     old interval): a raised rate does not wait out the old spacing, a lowered one follows the
-    new spacing from the last start on."""
+    new spacing from the last start on. A rate gone leaves no waiting row a due time."""
+    if before is not None and after is None:
+        rates.clear_due(tx, name)
     if before is None or after is None or before.interval == after.interval:
         return
     shift = timedelta(seconds=after.interval - before.interval)

@@ -124,6 +124,23 @@ def _due(tx: Any, name: str, digest: str, row: Any, due: datetime | None) -> Non
         tx.dialect.notify_due(tx.conn, due.timestamp())
 
 
+def clear_due(tx: Any, name: str) -> None:
+    """No rate is in force for ``name`` any more (an override cleared, a rate dropped from the
+    decorator): its waiting rows keep no due time, or the wakers would keep finding them due
+    and release nothing. Rows another transaction holds are skipped: it is releasing or
+    abandoning them, and either clears their due time."""
+    held = tx.conn.execute(
+        tx.dialect.lock(
+            sa.select(_T.execution_id, _T.activity_id).where(
+                (_T.activity_name == name) & (_T.status == WAITING) & _T.due_at.is_not(None)
+            ),
+            skip_locked=True,
+        )
+    ).all()
+    for row in held:
+        tx.conn.execute(activity_tasks.update().where(_pk(row)).values(due_at=None))
+
+
 # ── the waker's reads ────────────────────────────────────────────────────────────────────────
 def earliest_due(tx: Any) -> tuple[float, float] | None:
     """The earliest due time of a waiting row: seconds from the database's clock to it

@@ -241,3 +241,32 @@ def test_the_throttled_seconds_counter_is_registered_with_the_limit_label_only()
     before = METRICS.value("limit_throttled", {"limit": "unit-rate"})
     METRICS.inc("limit_throttled", {"limit": "unit-rate"}, 1.5)
     assert METRICS.value("limit_throttled", {"limit": "unit-rate"}) == before + 1.5
+
+
+@activity(name="burst", concurrency=1)
+def burst(label):
+    return label
+
+
+@workflow(name="bursts")
+async def bursts(ctx: WorkflowContext, label):
+    return await ctx.execute_activity(burst, label)
+
+
+def test_a_rate_gone_leaves_no_waiting_row_due_so_the_waker_idles(tmp_path):
+    harvest = Harvest(f"sqlite:///{tmp_path / 'b.db'}").register(bursts, burst)
+    harvest.migrate()
+    harvest._inline = None
+    harvest.runtime.dispatcher = InlineDispatcher()
+    start(harvest, "bursts", "a")  # takes the one slot
+    harvest.set_limit("burst", rate_limit="1/h")  # an override adds a rate to the slot limit
+    second = start(harvest, "bursts", "b")
+    messages(harvest)
+    with harvest.store.begin() as tx:  # as its turn had come under the rate: a due time
+        tx.conn.execute(
+            activity_tasks.update().where(activity_tasks.c.execution_id == second).values(due_at=utcnow())
+        )
+    harvest.set_limit("burst", clear=True)  # no rate now; the one slot is still taken
+    assert status(harvest, second) == "waiting" and row(harvest, second)["due_at"] is None
+    assert harvest.runtime.sweeper.waker.release_due() == (IDLE, None)  # not a 5 ms retry loop
+    assert_in_use_matches(harvest)
