@@ -100,7 +100,12 @@ def encode(dispatch: Dispatch) -> Message:
                 dispatch.priority,
             )
         return Message(
-            dispatch.activity_name, dispatch.queue, [dispatch.input], task_id, headers, priority=dispatch.priority
+            dispatch.activity_name,
+            dispatch.queue,
+            [dispatch.input],
+            task_id,
+            headers,
+            priority=dispatch.priority,
         )
     return Message(
         dispatch.activity_name,

@@ -65,6 +65,7 @@ class Tx(Protocol):
         attempt: int,
         adopted: bool,
         deadline: float | None,
+        *,
         priority: int = 0,
     ) -> None: ...
 

@@ -17,7 +17,10 @@ from .app import r
 @activity(queue="beta")  # w2 consumes it and w1 decides, so its message is always sent
 def priority_probe(data: dict[str, Any]) -> None:
     delivery = current_task.request.delivery_info or {}
-    r.rpush(f"priorities:{data['tag']}", json.dumps({"label": data["label"], "priority": delivery.get("priority")}))
+    r.rpush(
+        f"priorities:{data['tag']}",
+        json.dumps({"label": data["label"], "priority": delivery.get("priority")}),
+    )
 
 
 @workflow

@@ -16,12 +16,17 @@ PRIORITIES = (0, 2, 9)
 
 def _received(harvest: Any, redis_client: Any, tag: str) -> dict[int, Any]:
     runs = {
-        p: harvest.start_workflow("priority_call", {"tag": tag, "label": p, "priority": p}) for p in PRIORITIES
+        p: harvest.start_workflow("priority_call", {"tag": tag, "label": p, "priority": p})
+        for p in PRIORITIES
     }
     for run in runs.values():
         harvest.result(run, timeout=60)
     found = wait_for(
-        lambda: (rows := redis_client.lrange(f"priorities:{tag}", 0, -1)) and len(rows) == len(PRIORITIES) and rows,
+        lambda: (
+            (rows := redis_client.lrange(f"priorities:{tag}", 0, -1))
+            and len(rows) == len(PRIORITIES)
+            and rows
+        ),
         what="every probe ran",
     )
     return {json.loads(x)["label"]: json.loads(x)["priority"] for x in found}

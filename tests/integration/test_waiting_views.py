@@ -47,14 +47,20 @@ def adm(harvest: Any, redis_client: Any) -> Iterator[Any]:
 def _started(redis_client: Any, customer: str) -> list[str]:
     import json
 
-    return [m["label"] for m in map(json.loads, redis_client.lrange(f"adm:{customer}", 0, -1)) if m["what"] == "start"]
+    return [
+        m["label"]
+        for m in map(json.loads, redis_client.lrange(f"adm:{customer}", 0, -1))
+        if m["what"] == "start"
+    ]
 
 
 def test_a_waiting_run_shows_its_place_everywhere(adm, redis_client, tag, capsys, monkeypatch):
     monkeypatch.delenv("HARVEST_API_TOKEN", raising=False)
     h = adm.harvest
     customer = f"c-{tag}"
-    holder = h.start_workflow("adm_customer", {"customer": customer, "label": f"{tag}-0", "hold": True}, f"{tag}-0")
+    holder = h.start_workflow(
+        "adm_customer", {"customer": customer, "label": f"{tag}-0", "hold": True}, f"{tag}-0"
+    )
     wait_for(lambda: _started(redis_client, customer) == [f"{tag}-0"], what="the holder's body to start")
     waiting = [
         h.start_workflow("adm_customer", {"customer": customer, "label": f"{tag}-{i}"}, f"{tag}-{i}")
@@ -79,7 +85,9 @@ def test_a_waiting_run_shows_its_place_everywhere(adm, redis_client, tag, capsys
             "in_use": 1,
             "concurrency": 1,
         }
-        listed = client.get("/workflows", params={"status": "WAITING", "workflow": "adm_customer", "limit": 1000})
+        listed = client.get(
+            "/workflows", params={"status": "WAITING", "workflow": "adm_customer", "limit": 1000}
+        )
         ids = {r["execution_id"] for r in listed.json()["workflows"]}
         assert set(waiting) <= ids and holder not in ids
 

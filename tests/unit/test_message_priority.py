@@ -43,7 +43,11 @@ def test_any_other_transport_gets_no_message_priority(driver: str) -> None:
 
 @pytest.mark.parametrize(
     ("broker", "sent"),
-    [("amqp://guest@localhost//", [0, 2, 9]), ("redis://localhost:6379/0", [9, 7, 0]), ("memory://", [None] * 3)],
+    [
+        ("amqp://guest@localhost//", [0, 2, 9]),
+        ("redis://localhost:6379/0", [9, 7, 0]),
+        ("memory://", [None] * 3),
+    ],
 )
 def test_on_each_attempt_message_carries_its_mapped_priority(broker: str, sent: list[int | None]) -> None:
     app = RecordingApp(broker)
@@ -72,7 +76,9 @@ def test_a_decision_request_never_carries_a_priority() -> None:
 
 
 def test_an_adopted_tasks_message_carries_its_priority_too() -> None:
-    dispatch = Dispatch(Dispatch.ACTIVITY, "r", "q", "1", "legacy.send", 1, adopted=True, input={"a": 1}, priority=6)
+    dispatch = Dispatch(
+        Dispatch.ACTIVITY, "r", "q", "1", "legacy.send", 1, adopted=True, input={"a": 1}, priority=6
+    )
     message = encode(dispatch)
     assert message.args == [{"a": 1}] and message.priority == 6
 
@@ -89,7 +95,10 @@ def test_the_apps_configuration_and_queues_are_never_changed() -> None:
 def test_the_setting_is_off_by_default_and_read_from_the_environment() -> None:
     assert checked({}, environ={})["message_priority"] is False
     assert checked({}, environ={"HARVEST_MESSAGE_PRIORITY": "1"})["message_priority"] is True
-    assert checked({"message_priority": False}, environ={"HARVEST_MESSAGE_PRIORITY": "1"})["message_priority"] is False
+    assert (
+        checked({"message_priority": False}, environ={"HARVEST_MESSAGE_PRIORITY": "1"})["message_priority"]
+        is False
+    )
 
 
 @pytest.mark.parametrize("bad", ["yes", 1, "redis"])

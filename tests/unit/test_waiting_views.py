@@ -71,7 +71,12 @@ def test_harvest_show_with_the_app_adds_why_the_run_waits(h, capsys):
 
 def test_harvest_show_and_stuck_name_the_slot_an_activity_waits_for(h, capsys):
     (hint,) = h.stuck("p2")
-    assert (hint["kind"], hint["activity"], hint["in_use"], hint["concurrency"]) == ("slot", "wv_charge", 1, 1)
+    assert (hint["kind"], hint["activity"], hint["in_use"], hint["concurrency"]) == (
+        "slot",
+        "wv_charge",
+        1,
+        1,
+    )
     assert main(["--database-url", h.database_url, "--app", APP, "show", "p2"]) == 0
     assert re.search(rf"  waiting: {re.escape(SLOT)} for \d+s\n", capsys.readouterr().out)
     assert main(["--database-url", h.database_url, "--app", APP, "show", "p1"]) == 0
