@@ -1,7 +1,8 @@
 """``HARVEST_MESSAGE_PRIORITY`` on real workers: with it on, an activity's message carries its
-priority mapped for the broker (Redis: ``9 - p``; RabbitMQ: as is), as the worker receives it;
-off, harvest sends none (the message has the transport's own default: kombu's Redis transport
-fills in 0, RabbitMQ leaves it unset). docs/flow-control.md, "Message priority"."""
+priority mapped for the broker (Redis: ``9 - p``; RabbitMQ, classic or quorum: as is), as the
+worker receives it; off, harvest passes none and every message has kombu's default, 0, whatever
+the activity's priority (found on the RabbitMQ leg: py-amqp sends 0 too, not an unset
+property). docs/flow-control.md, "Message priority"."""
 
 from __future__ import annotations
 
@@ -41,5 +42,4 @@ def test_on_each_message_carries_the_mapped_priority(harvest, workers, redis_cli
 
 def test_off_harvest_sends_no_priority(harvest, workers, redis_client, tag):
     received = _received(harvest, redis_client, tag)
-    default = None if is_amqp(BROKER_URL) else 0  # what the transport gives a message with none
-    assert received == dict.fromkeys(PRIORITIES, default)
+    assert received == dict.fromkeys(PRIORITIES, 0)  # kombu's default, on Redis and on RabbitMQ
