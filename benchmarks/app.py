@@ -12,8 +12,9 @@ One app carries every side of the comparison:
     ``fan_undo`` → ``fan_fail``, which always fails, so the mapped node is unwound) — B4;
   - ``bench_wait`` (waits for the signal ``go``) — the memory scenario;
   - ``bench_seq16`` (``bench_seq`` over ``bench_step16``, ``concurrency=16``) and
-    ``bench_rate_call`` (one call of ``bench_rated``, ``rate_limit="20/s"``) — the limits
-    scenario (docs/flow-control.md);
+    ``bench_rate_call`` (one call of ``bench_rated``, ``rate_limit="20/s"``) and
+    ``bench_seq_keyed`` (``bench_seq`` over ``bench_step_keyed``, ``limit_key`` with a per-key
+    ``concurrency=4``) — the limits scenario (docs/flow-control.md);
   - ``bench_adm`` (``bench_seq`` at most 16 admitted runs per key) and ``bench_hot`` (one step,
     at most 4 runs of one key) — the admission scenario (workflow admission);
 
@@ -94,6 +95,21 @@ async def bench_seq16(ctx: WorkflowContext, n: int) -> int:
     for _ in range(n):
         x = await ctx.execute_activity(bench_step16, x)
     return x
+
+
+@activity(queue="bench", concurrency=4, limit_key=lambda i: i["key"])
+def bench_step_keyed(i: dict[str, Any]) -> dict[str, Any]:
+    return {"x": i["x"] + 1, "key": i["key"]}
+
+
+@workflow
+async def bench_seq_keyed(ctx: WorkflowContext, data: dict[str, Any]) -> int:
+    """``bench_seq`` over ``bench_step_keyed``: every step under a per-key ``concurrency=4``
+    (the limits scenario spreads its runs over 4 keys: 16 slots in all, as ``bench_seq16``)."""
+    i = {"x": 0, "key": data["key"]}
+    for _ in range(data["n"]):
+        i = await ctx.execute_activity(bench_step_keyed, i)
+    return int(i["x"])
 
 
 @activity(queue="bench", rate_limit="20/s")
@@ -178,6 +194,8 @@ harvest.register(
     bench_seq,
     bench_step16,
     bench_seq16,
+    bench_step_keyed,
+    bench_seq_keyed,
     bench_rated,
     bench_rate_call,
     bench_loop,

@@ -407,6 +407,15 @@ def limits_rows(res: dict[str, Any]) -> list[list[str]]:
                 f"{c['open_steps_per_s']:.0f} ÷ {c['unlimited_steps_per_s']:.0f} = {c['open_over_unlimited']:.2f}",
             ]
         )
+    if "keyed_over_unlimited" in c:
+        rows.append(
+            [
+                f"limit_key, {c['keyed_keys']} keys at concurrency={c['keyed_concurrency_per_key']} each "
+                "÷ unlimited (steps/s; ÷ one key)",
+                f"{c['keyed_steps_per_s']:.0f} ÷ {c['unlimited_steps_per_s']:.0f} = "
+                f"{c['keyed_over_unlimited']:.2f} ({c['keyed_over_one_key']:.2f}× one key)",
+            ]
+        )
     if "achieved_per_s" in r:
         late = r["release_lateness_ms"]
         rows += [

@@ -91,6 +91,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
         listen_url: str | None = None,
         log_format: Literal["text", "json"] | None = None,
         tracing: bool | None = None,
+        message_priority: bool | None = None,
     ) -> None:
         """Every keyword is a row of docs/configuration.md (None: its documented default). A bad
         value (or ``fast_paths=False`` beside a fast value) raises ``ValueError``, before connecting;

@@ -7,7 +7,9 @@ wakers racing on the one limit row).
   limited ÷ unlimited. A limited step completes through the ordinary transaction (no
   one-statement completion), and its slot is settled in the lock order. A third arm runs
   ``bench_seq16`` with an override of 1000 (no row ever waits): the limited path's cost
-  without the wait.
+  without the wait. A fourth arm, ``bench_seq_keyed``, puts every step under ``limit_key``
+  with a per-key ``concurrency=4`` and spreads its runs over 4 keys round-robin: the same 16
+  slots in all, on 4 limit rows instead of one (the keyed row).
 * rate: 300 workflows of one ``bench_rated`` call (``rate_limit="20/s"``, one key: the hot limit
   row) started back to back. From the task rows: the release span (first to last
   ``dispatched_at``), the achieved rate (299 ÷ span) over the configured 20/s, each release's
@@ -20,6 +22,7 @@ Nothing here is asserted: the numbers go to the JSON and the table.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from typing import Any
@@ -32,16 +35,23 @@ RATE = 20.0
 CALLS = 300
 
 
-def seq_job(workflow: str, steps: int) -> None:
+KEYS = 4  # the keyed arm's keys: 4 x concurrency=4 = the 16 slots of bench_seq16
+
+
+def seq_job(workflow: str, steps: int, key: str | None = None) -> None:
     harvest = harvest_client()
-    run_id = harvest.start_workflow(workflow, steps)
+    run_id = harvest.start_workflow(workflow, steps if key is None else {"n": steps, "key": key})
     assert harvest.result(run_id, timeout=max(120.0, steps * 5.0)) == steps
 
 
 OPEN = "bench_seq16 open"  # the same limited workflow with an override no run reaches: no row waits
+KEYED = "bench_seq_keyed"
 
 
 def _round(name: str, steps: int, inflight: int, total: int) -> dict[str, Any]:
+    if name == KEYED:
+        keys = itertools.count()  # round-robin over the keys (next() is atomic under the GIL)
+        return closed_loop(lambda: seq_job(KEYED, steps, f"k{next(keys) % KEYS}"), inflight, total)
     if name != OPEN:
         return closed_loop(lambda: seq_job(name, steps), inflight, total)
     harvest_client().set_limit("bench_step16", 1000)
@@ -52,16 +62,18 @@ def _round(name: str, steps: int, inflight: int, total: int) -> dict[str, Any]:
 
 
 def concurrency(steps: int, inflight: int, total: int, repeats: int) -> dict[str, Any]:
-    arms = ("bench_seq", "bench_seq16", OPEN)
+    arms = ("bench_seq", "bench_seq16", OPEN, KEYED)
     rates: dict[str, list[float]] = {name: [] for name in arms}
     for i in range(repeats):
-        for name in arms[i % 3 :] + arms[: i % 3]:  # rotated each round
+        for name in arms[i % len(arms) :] + arms[: i % len(arms)]:  # rotated each round
             row = _round(name, steps, inflight, total)
             if "error" in row:
                 return {"error": f"{name}: {row['error']}"}
             rates[name].append(total * steps / row["wall_s"])
     per_round = [ratio(a, b) for a, b in zip(rates["bench_seq16"], rates["bench_seq"], strict=True)]
     per_round_open = [ratio(a, b) for a, b in zip(rates[OPEN], rates["bench_seq"], strict=True)]
+    per_round_keyed = [ratio(a, b) for a, b in zip(rates[KEYED], rates["bench_seq"], strict=True)]
+    keyed_over_one = [ratio(a, b) for a, b in zip(rates[KEYED], rates["bench_seq16"], strict=True)]
     return {
         "inflight": inflight,
         "jobs": total,
@@ -73,6 +85,13 @@ def concurrency(steps: int, inflight: int, total: int, repeats: int) -> dict[str
         "open_steps_per_s": statistics.median(rates[OPEN]),
         "open_over_unlimited": statistics.median(per_round_open),
         "repeats_open_over_unlimited": spread(per_round_open),
+        # limit_key over 4 keys at concurrency=4 each: the same 16 slots on 4 limit rows
+        "keyed_keys": KEYS,
+        "keyed_concurrency_per_key": 4,
+        "keyed_steps_per_s": statistics.median(rates[KEYED]),
+        "keyed_over_unlimited": statistics.median(per_round_keyed),
+        "repeats_keyed_over_unlimited": spread(per_round_keyed),
+        "keyed_over_one_key": statistics.median(keyed_over_one),
     }
 
 
@@ -118,10 +137,14 @@ def rate() -> dict[str, Any]:
 def run(args: Any, _dbos: dict[str, Any]) -> dict[str, Any]:
     steps = args.steps
     total = max(args.min_jobs, 128)
-    log(f"limits: concurrency=16 vs unlimited at 64 in flight ({total} workflows), then {CALLS} at 20/s…")
+    log(
+        f"limits: concurrency=16, one key and {KEYS} keys, vs unlimited at 64 in flight ({total} workflows), "
+        f"then {CALLS} at 20/s…"
+    )
     with Cluster("pair", args.worker_concurrency, "limits"):
         seq_job("bench_seq", steps)  # warm-up
         seq_job("bench_seq16", steps)
+        seq_job(KEYED, steps, "k0")
         out = {
             "topology": "2 processes, each every queue",
             "steps": steps,
@@ -133,7 +156,9 @@ def run(args: Any, _dbos: dict[str, Any]) -> dict[str, Any]:
         log(
             f"   concurrency=16: {c['limited_steps_per_s']:.0f} steps/s vs unlimited "
             f"{c['unlimited_steps_per_s']:.0f} ({c['limited_over_unlimited']:.2f}×); never waiting "
-            f"{c['open_steps_per_s']:.0f} ({c['open_over_unlimited']:.2f}×)"
+            f"{c['open_steps_per_s']:.0f} ({c['open_over_unlimited']:.2f}×); {KEYS} keys at "
+            f"concurrency=4 each {c['keyed_steps_per_s']:.0f} ({c['keyed_over_unlimited']:.2f}×, "
+            f"{c['keyed_over_one_key']:.2f}× the one key)"
         )
     log(
         f"   rate 20/s: achieved {r['achieved_per_s']:.2f}/s ({r['achieved_over_configured']:.3f}×), "

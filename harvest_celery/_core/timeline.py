@@ -161,7 +161,8 @@ def render_status(execution: Any) -> list[str]:
     """The status block of ``harvest show`` for an ``Execution``."""
     x = execution
     requested = getattr(x, "cancel_requested_at", None)
-    status = display_status(x.status, x.cancelled_at is not None, requested is not None, x.error)
+    waiting = bool(getattr(x, "waiting", False))  # not yet admitted: WAITING, as describe() says
+    status = display_status(x.status, x.cancelled_at is not None, requested is not None, x.error, waiting)
     lines = [f"{x.id}  {x.workflow_type}  {status}"]
     created = f"  created   {_when(x.created_at)}"
     if x.closed_at is not None:

@@ -22,7 +22,7 @@ from harvest_celery._errors import StartToCloseTimeout
 from harvest_celery._runtime import claim as claims
 from harvest_celery._runtime import eager, sentry
 from harvest_celery._runtime.celery_compat import is_eager
-from harvest_celery._runtime.messages import DECIDE_TASK, Message
+from harvest_celery._runtime.messages import DECIDE_TASK, Message, broker_priority
 from harvest_celery._runtime.metrics import serve
 from harvest_celery._runtime.outcomes import settle, stops_the_worker
 from harvest_celery._runtime.runtime import Runtime
@@ -39,11 +39,16 @@ class CeleryDispatcher:
     def __init__(self, app: Celery, settings: Settings | None = None) -> None:
         self.app = app
         self.settings = settings or Settings()
+        self._driver: str | None = None  # the broker's kombu transport, read at the first mapping
 
     def send(self, message: Message) -> None:
         queue: Any = message.queue
         if is_sticky(queue, self.settings.decision_queue):  # declared as its consumer declares it
             queue = sticky_queue(self.app, queue, self.settings.sticky_queue_expires)
+        options = dict(message.time_limits)
+        priority = self.message_priority(message)
+        if priority is not None:
+            options["priority"] = priority
         self.app.send_task(
             message.task_name,
             args=message.args,
@@ -52,8 +57,35 @@ class CeleryDispatcher:
             task_id=message.task_id,
             headers=message.headers or None,
             ignore_result=True,
-            **message.time_limits,
+            **options,
         )
+
+    def message_priority(self, message: Message) -> int | None:
+        """The message's ``priority`` option: None (Celery's default) unless
+        ``message_priority`` is on and the message is an activity attempt's, then its priority
+        mapped for this app's broker (``broker_priority``). The app's queues are never touched."""
+        if not self.settings.message_priority or message.priority is None:
+            return None
+        if self._driver is None:
+            self._driver = broker_driver(self.app)
+            if broker_priority(0, self._driver) is None:
+                log.warning(
+                    "message_priority is on, but broker transport %r has no message priority "
+                    "harvest maps: messages are sent without one",
+                    self._driver,
+                )
+        return broker_priority(message.priority, self._driver)
+
+
+def broker_driver(app: Celery) -> str:
+    """The kombu transport of ``app``'s broker (``amqp``, ``redis``, ...), without connecting;
+    ``""`` when it cannot be resolved."""
+    try:
+        with app.connection_for_write() as connection:  # not connected: its transport class only
+            return str(connection.transport.driver_type)
+    except Exception:  # noqa: BLE001 - an unresolvable transport maps to no priority, loudly
+        log.warning("cannot resolve the broker transport of %r", app.main, exc_info=True)
+        return ""
 
 
 class ActivityTask(Task):  # type: ignore[misc]

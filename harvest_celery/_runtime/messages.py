@@ -11,6 +11,9 @@
   body still gets the recorded values). The ids travel in the ``harvest`` header.
 * A deadline (start_to_close) travels in the ``harvest_time_limit`` header and as the message's
   Celery time limits.
+* An activity attempt's priority (0..9, 9 first) becomes the message's ``priority`` only under
+  ``Harvest(message_priority=True)``, mapped for the broker (``broker_priority``); a decision
+  request never carries one.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from harvest_celery._core.limits import PRIORITY_MAX
 from harvest_celery._core.names import CallConvention
 from harvest_celery._store.records import Dispatch, RelayedMessage
 
@@ -34,6 +38,7 @@ class Message:
     task_id: str
     headers: dict[str, Any] | None = None
     kwargs: dict[str, Any] | None = None
+    priority: int | None = None  # harvest's (0..9, 9 first): an activity attempt's, else None
 
     @property
     def time_limits(self) -> dict[str, float]:
@@ -41,6 +46,25 @@ class Message:
         if not deadline:  # honoured by prefork pools; the lease sweep covers the others
             return {}
         return {"soft_time_limit": float(deadline), "time_limit": float(deadline) + 5}
+
+
+# The broker's order of a message priority, by kombu transport (``driver_type``): RabbitMQ
+# (classic queues with ``x-max-priority``, and quorum queues from RabbitMQ 4.0, which take 0-4 as
+# normal and 5-9 as high) delivers higher first, as harvest orders; Celery's Redis transport
+# delivers 0 first. Any other transport: no message priority.
+HIGHER_FIRST = frozenset({"amqp"})
+LOWER_FIRST = frozenset({"redis"})
+
+
+def broker_priority(priority: int, driver_type: str) -> int | None:
+    """Harvest's priority (0..9, 9 first) as the message priority ``driver_type``'s broker
+    orders the same way: as is on RabbitMQ, ``9 - priority`` on Redis, None (none sent) on any
+    other transport."""
+    if driver_type in HIGHER_FIRST:
+        return priority
+    if driver_type in LOWER_FIRST:
+        return PRIORITY_MAX - priority
+    return None
 
 
 def activity_task_id(execution_id: str, activity_id: str, attempt: int) -> str:
@@ -73,14 +97,23 @@ def encode(dispatch: Dispatch) -> Message:
                 task_id,
                 headers,
                 dict(call["kwargs"]),
+                dispatch.priority,
             )
-        return Message(dispatch.activity_name, dispatch.queue, [dispatch.input], task_id, headers)
+        return Message(
+            dispatch.activity_name,
+            dispatch.queue,
+            [dispatch.input],
+            task_id,
+            headers,
+            priority=dispatch.priority,
+        )
     return Message(
         dispatch.activity_name,
         dispatch.queue,
         [dispatch.execution_id, dispatch.activity_id, dispatch.attempt],
         task_id,
         headers or None,
+        priority=dispatch.priority,
     )
 
 

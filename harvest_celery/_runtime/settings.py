@@ -59,6 +59,10 @@ class Settings:
     # OpenTelemetry spans (docs/observability.md, "Tracing"): the tracer module is imported only
     # when on, and needs the ``otel`` extra
     tracing: bool = False
+    # an activity's priority (0..9, 9 first) as its message's priority, mapped for the broker
+    # (``messages.broker_priority``; docs/flow-control.md, "Message priority"): off, harvest
+    # orders only what waits in Postgres and its messages carry no priority
+    message_priority: bool = False
 
     def __post_init__(self) -> None:
         if not self.fast_paths:
@@ -180,6 +184,14 @@ KEYWORDS: tuple[Keyword, ...] = (
         "True or False (HARVEST_TRACING: 1 or 0)",
         _flag,
         env="HARVEST_TRACING",
+        parse=_yes_no,
+    ),
+    Keyword(
+        "message_priority",
+        Settings.message_priority,
+        "True or False (HARVEST_MESSAGE_PRIORITY: 1 or 0)",
+        _flag,
+        env="HARVEST_MESSAGE_PRIORITY",
         parse=_yes_no,
     ),
 )

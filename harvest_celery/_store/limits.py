@@ -65,6 +65,8 @@ class Tx(Protocol):
         attempt: int,
         adopted: bool,
         deadline: float | None,
+        *,
+        priority: int = 0,
     ) -> None: ...
 
 
@@ -189,6 +191,7 @@ def _dispatch(tx: Tx, released: list[sa.Row[Any]]) -> int:
             row.attempt,
             row.adopted,
             row.start_to_close,
+            priority=row.priority,
         )
     return len(released)
 

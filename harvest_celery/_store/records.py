@@ -154,6 +154,7 @@ class TaskRow:
     call_convention: str | None = None
     limit_digest: str | None = None  # its harvest_limits row's key digest; None: not limited
     compensation: bool = False  # dispatched by an unwind
+    priority: int = 0  # 0..9, 9 first (``execute_activity(priority=)``)
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, Any] | Any) -> TaskRow:
@@ -172,6 +173,7 @@ class TaskRow:
             m.get("call_convention"),
             m.get("limit_digest"),
             bool(m.get("compensation") or False),
+            int(m.get("priority") or 0),
         )
 
 
@@ -197,6 +199,9 @@ class Dispatch:
     # is sent for it; the worker thread that took the decision runs it next
     claimed: Claim | None = None
     call_convention: str | None = None  # an adopted task's (``names.CallConvention``)
+    # the task row's priority (0..9, 9 first): the message's own only when the dispatcher maps
+    # it (``Harvest(message_priority=True)``, ``_runtime.celery.message_priority``)
+    priority: int = 0
 
     DECIDE = "decide"
     ACTIVITY = "activity"

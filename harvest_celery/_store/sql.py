@@ -177,7 +177,7 @@ WITH cfg AS (
     UPDATE {TASKS} AS t SET status = {SCHEDULED}, dispatched_at = %(now)s, due_at = NULL
     FROM nxt WHERE t.execution_id = nxt.execution_id AND t.activity_id = nxt.activity_id
     RETURNING t.execution_id, t.activity_id, t.activity_name, t.queue, t.attempt, t.adopted,
-              t.start_to_close
+              t.start_to_close, t.priority
 ), stored AS (
     UPDATE {LIMITS} SET in_use = (SELECT n FROM held) + (SELECT count(*) FROM rel), updated_at = %(now)s
     WHERE name = %(name)s AND key_digest = %(digest)s AND NOT EXISTS (SELECT 1 FROM cfg WHERE rate IS NOT NULL)

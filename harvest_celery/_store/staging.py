@@ -385,6 +385,7 @@ def activity_dispatch(execution_id: str, command: ScheduleActivity, registry: Re
         command.input if definition.adopted else None,
         deadline,
         call_convention=command.call_convention,
+        priority=command.priority,
     )
 
 

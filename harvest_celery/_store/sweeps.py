@@ -228,6 +228,7 @@ def stale_scheduled(tx: Tx, now: datetime, timings: Timings, limit: int = 100, k
             t.adopted,
             t.start_to_close,
             call_convention=t.call_convention,
+            priority=t.priority,
         )
 
 

@@ -374,4 +374,5 @@ def redispatch_next_attempt(tx: Tx, execution_id: str, activity_id: str, now: da
         task.adopted,
         task.start_to_close,
         call_convention=task.call_convention,
+        priority=task.priority,
     )

@@ -495,6 +495,7 @@ class Tx:
         deadline: float | None,
         input: Any = UNKNOWN,
         call_convention: str | None = None,
+        priority: int = 0,
     ) -> None:
         if adopted and input is UNKNOWN:
             # an existing task keeps its signature: its input is its argument (or its whole call,
@@ -512,6 +513,7 @@ class Tx:
                 input if adopted else None,
                 deadline,
                 call_convention=call_convention if adopted else None,
+                priority=priority,
             )
         )
 

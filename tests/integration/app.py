@@ -422,3 +422,8 @@ harvest.register(*queries.ALL)
 from . import updates  # noqa: E402  (they need record() from this module)
 
 harvest.register(*updates.ALL)
+
+# ── message priority (test_message_priority.py) ──────────────────────────────────────────────
+from . import priorities  # noqa: E402  (they need r from this module)
+
+harvest.register(*priorities.ALL)
