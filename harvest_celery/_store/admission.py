@@ -73,6 +73,8 @@ class Tx(Protocol):
 
     def decide_admitted(self, execution_id: str, queue: str, now: datetime) -> None: ...
 
+    def release_held(self, execution_id: str, now: datetime) -> None: ...
+
 
 _c = executions.c
 
@@ -241,6 +243,7 @@ def _admit(tx: Tx, name: str, digest: str, free: int, now: datetime) -> list[str
             .values(admitted_at=now, decision_requested_at=now, updated_at=now)
         )
         tx.decide_admitted(r.id, r.decision_queue or "harvest", now)
+        tx.release_held(r.id, now)  # a reset's re-dispatched rows, held until now
     return [r.id for r in rows]
 
 
