@@ -48,7 +48,9 @@ async def ap_bad_key(ctx: WorkflowContext, data):
 @workflow(name="ap_parent")
 async def ap_parent(ctx: WorkflowContext, data):
     kids = [
-        ctx.start_child_workflow(ap_limited, {"label": label, "customer": "A"}, id=label, **data.get("kw", {}))
+        ctx.start_child_workflow(
+            ap_limited, {"label": label, "customer": "A"}, id=label, **data.get("kw", {})
+        )
         for label in data["labels"]
     ]
     return [(await kid)["label"] for kid in kids]
