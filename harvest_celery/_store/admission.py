@@ -73,8 +73,6 @@ class Tx(Protocol):
 
     def decide_admitted(self, execution_id: str, queue: str, now: datetime) -> None: ...
 
-    def release_held(self, execution_id: str, now: datetime) -> None: ...
-
 
 _c = executions.c
 
@@ -243,7 +241,7 @@ def _admit(tx: Tx, name: str, digest: str, free: int, now: datetime) -> list[str
             .values(admitted_at=now, decision_requested_at=now, updated_at=now)
         )
         tx.decide_admitted(r.id, r.decision_queue or "harvest", now)
-        tx.release_held(r.id, now)  # a reset's re-dispatched rows, held until now
+        limits.release_held(tx, r.id, now)  # type: ignore[arg-type]  # a reset's held rows
     return [r.id for r in rows]
 
 

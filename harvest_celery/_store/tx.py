@@ -22,7 +22,6 @@ from harvest_celery._core.lifecycle import CONTINUED_AS_NEW, TERMINAL_STATUSES
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
 from harvest_celery._errors import ExecutionNotFound
-from harvest_celery._payloads.digest import limit_digest
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._store import admission, limits, pgwrite
@@ -488,7 +487,7 @@ class Tx:
         """A new task row, and its first message (sent after commit). ``held``: the run waits
         for admission (a reset's re-dispatch), so the row is *held*: WAITING under no limit (no
         ``limit_digest``: no limit's settle releases it), no message; its run's admission
-        releases it (``release_held``)."""
+        releases it (``limits.release_held``)."""
         row = task_row(execution_id, command, event_seq, registry, now, self.payloads, execution_id)
         self._wait_in_line([row], registry)
         if held:
@@ -496,44 +495,6 @@ class Tx:
         self.conn.execute(activity_tasks.insert().values(**row))
         if row["limit_digest"] is None and not held:  # a limited one is sent when its settle releases it
             self.dispatches.append(activity_dispatch(execution_id, command, registry))
-
-    def release_held(self, execution_id: str, now: datetime) -> None:
-        """A run just admitted: its held rows (``insert_task(held=True)``) go on. An unlimited
-        one (no ``wait_seq``) is SCHEDULED and its message staged; a limited one gets back its
-        limit's digest and waits in its line, released by that limit's next settle (the
-        sweeper's pass at the latest: settling it here would lock an activity's limit row after
-        the workflow's, against the one lock order)."""
-        t = activity_tasks.c
-        rows = self.conn.execute(
-            sa.select(t.activity_id, t.activity_name, t.queue, t.attempt, t.adopted)
-            .add_columns(t.start_to_close, t.call_convention, t.wait_seq, t.limit_key)
-            .where(
-                (t.execution_id == execution_id)
-                & (t.status == TaskStatus.WAITING.value)
-                & t.limit_digest.is_(None)
-            )
-        ).all()
-        for r in rows:
-            which = (t.execution_id == execution_id) & (t.activity_id == r.activity_id)
-            if r.wait_seq is not None:
-                key = None if r.limit_key is None else self.payloads.decode_value(r.limit_key)
-                self.conn.execute(
-                    activity_tasks.update().where(which).values(limit_digest=limit_digest(r.activity_name, key))
-                )
-                continue
-            self.conn.execute(
-                activity_tasks.update().where(which).values(status=TaskStatus.SCHEDULED.value, dispatched_at=now)
-            )
-            self.dispatch_activity(
-                execution_id,
-                r.activity_id,
-                r.activity_name,
-                r.queue,
-                r.attempt,
-                r.adopted,
-                r.start_to_close,
-                call_convention=r.call_convention,
-            )
 
     def dispatch_activity(
         self,

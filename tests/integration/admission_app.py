@@ -8,7 +8,9 @@ run on the same broker can take this run's decision requests. Each body stamps i
 end (time, pid, label) in Redis under the run's customer, so the test reads lifetimes from the
 bodies' own clocks; a body asked to hold blocks until the test raises its flag. A run started
 with ``nd`` diverges from its history once the test sets ``nd:<label>`` (nd-blocked), and one
-started with ``links=n`` continues as new n times."""
+started with ``links=n`` continues as new n times. ``adm_parent`` starts children of it (and
+one of ``adm_bad_key``, whose key raises); ``adm_dag`` is a DAG limited the same way, for
+``retry_dag_run``."""
 
 from __future__ import annotations
 

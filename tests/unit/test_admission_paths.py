@@ -227,6 +227,7 @@ def test_a_reset_that_waits_sends_its_open_activities_only_once_admitted(h):
     with h.store.engine.connect() as conn:
         held = conn.execute(sa.select(activity_tasks).where(activity_tasks.c.execution_id == new)).one()
     assert (held.status, held.limit_digest) == ("waiting", None)
+    assert h.store.held_activities(new) == {held.activity_id: "held until the run is admitted"}
     drain(h)
     assert PROBED == ["a2"]  # a2's code; nothing of the reset ran
     h.signal("a2", "go", "x")
