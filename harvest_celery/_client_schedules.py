@@ -17,12 +17,14 @@ from harvest_celery._core.schedule import MAX_SECONDS, OVERLAP, Spec, check_name
 from harvest_celery._errors import (
     BeatImportRefused,
     HarvestError,
+    InvalidLimitKey,
     InvalidSchedule,
     PayloadCodecError,
     PayloadNotSerializable,
 )
 from harvest_celery._payloads.digest import input_digest
 from harvest_celery._runtime import scheduler
+from harvest_celery._store import admission
 from harvest_celery._store import schedules as rows
 from harvest_celery._store.appconn import payloads_on
 from harvest_celery._store.records import utcnow
@@ -72,6 +74,10 @@ class Schedules(ClientBase):
             raise InvalidSchedule(f"input of schedule {name!r}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - a codec's own refusal, one error type
             raise InvalidSchedule(f"input of schedule {name!r}: {type(exc).__name__}: {exc}") from None
+        try:  # a limited workflow's key, as its ticks will compute it: refused now, not per tick
+            admission.prepare(self.registry, workflow, payload, 0)
+        except InvalidLimitKey as exc:
+            raise InvalidSchedule(f"input of schedule {name!r}: {exc}") from exc
         values.update(end_at=end, max_runs=max_runs, decision_queue=self.runtime.settings.decision_queue)
         with self.store.begin() as tx:
             tx.payloads = payloads_on(self.store, tx.conn)
@@ -137,6 +143,10 @@ class Schedules(ClientBase):
         with self.store.begin() as tx:
             return rows.edit(tx, name, {k: v for k, v in values.items() if k not in ("name", "workflow")})
 
+    def _admit(self, kind: str, data: Any) -> admission.Prepared:
+        """A trigger's or backfill's run passes admission as a tick's does."""
+        return admission.prepare(self.registry, kind, data, 0)
+
     def pause_schedule(self, name: str, note: str = "") -> None:
         with self.store.begin() as tx:
             rows.pause(tx, name, note)
@@ -159,7 +169,9 @@ class Schedules(ClientBase):
             raise InvalidSchedule(f"overlap must be one of {', '.join(OVERLAP)}, not {overlap!r}")
         with self.store.begin() as tx:
             tx.payloads = payloads_on(self.store, tx.conn)
-            run_id = rows.trigger(tx, name, manual_id(name), self.runtime.settings.decision_queue, overlap)
+            run_id = rows.trigger(
+                tx, name, manual_id(name), self.runtime.settings.decision_queue, overlap, self._admit
+            )
         self._after(tx)
         return run_id
 
@@ -183,7 +195,9 @@ class Schedules(ClientBase):
         for tick in rows.spec_of(row).ticks(cursor, end_at):
             with self.store.begin() as tx:
                 tx.payloads = payloads_on(self.store, tx.conn)
-                started = rows.backfill_tick(tx, name, tick, self.runtime.settings.decision_queue)
+                started = rows.backfill_tick(
+                    tx, name, tick, self.runtime.settings.decision_queue, self._admit
+                )
             self._after(tx)
             out["started" if started else "already_ran"].append(rows.tick_id(name, tick))
         with self.store.begin() as tx:

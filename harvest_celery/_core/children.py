@@ -14,6 +14,7 @@ from collections.abc import Callable, Generator
 from typing import Any, NoReturn, Protocol
 
 from harvest_celery._core import events as ev
+from harvest_celery._core.admission import key_of, start_priority
 from harvest_celery._core.commands import StartChildWorkflow
 from harvest_celery._core.futures import Future
 from harvest_celery._core.ids import check_execution_id, child_id, derived_id
@@ -81,10 +82,12 @@ class Children:
         self.futures: dict[str, Future] = {}
         self.answers: dict[str, ev.Event] = {}  # child id → its refusal or close, once delivered
 
-    def start(self, name: str, input: Any, user_id: str | None, queue: str, policy: str) -> ChildHandle:
+    def start(
+        self, name: str, input: Any, user_id: str | None, queue: str, policy: str, priority: object = None
+    ) -> ChildHandle:
         """Issue one child command; bad input raises before anything is numbered or recorded."""
         replay = self.replay
-        replay.registry.workflow(name)  # UnknownWorkflow
+        definition = replay.registry.workflow(name)  # UnknownWorkflow
         if policy not in POLICIES:
             raise ValueError(f"parent_close_policy must be one of {', '.join(POLICIES)}, not {policy!r}")
         if user_id is not None:
@@ -94,6 +97,10 @@ class Children:
         if not isinstance(queue, str):
             raise TypeError(f"queue is a string, not {type(queue).__name__}")
         payload = check_json(input, f"input of child workflow {name!r}")
+        # admission, as a start decides it (``ValueError``, ``InvalidLimitKey``): on every replay,
+        # before the command cursor moves, so a refused start is refused alike each time
+        level = self._parent_priority() if priority is None else start_priority(priority)
+        key = key_of(name, definition.admission, payload)
         self.seq += 1
         recorded = replay.match(
             ev.ChildWorkflowScheduled, f"ChildWorkflowScheduled({name})", lambda e: e.workflow_type == name
@@ -102,7 +109,16 @@ class Children:
             made = user_id if user_id is not None else child_id(replay.activation.execution_id, self.seq)
             replay.commands.append(
                 StartChildWorkflow(
-                    made, name, payload, queue, policy, replay.compensating > 0, user_id is not None
+                    made,
+                    name,
+                    payload,
+                    queue,
+                    policy,
+                    replay.compensating > 0,
+                    user_id is not None,
+                    level,
+                    definition.admission.concurrency,
+                    key,
                 )
             )
         else:
@@ -113,6 +129,11 @@ class Children:
         if made in self.answers:
             self._resolve(self.answers[made])
         return ChildHandle(made, future)
+
+    def _parent_priority(self) -> int:
+        """A child's default start priority: its parent run's (its ``WorkflowStarted``'s)."""
+        first = self.replay.events[0] if self.replay.events else None
+        return first.priority if isinstance(first, ev.WorkflowStarted) else 0
 
     def deliver(self, event: ev.Event) -> None:
         if isinstance(event, (ev.ChildWorkflowStartRefused, ev.ChildWorkflowClosed)):

@@ -56,6 +56,12 @@ class StartChildWorkflow:
     compensation: bool = False
     # the id was given by the workflow (``id=``): one that exists is refused, never reused
     user_id: bool = False
+    # its admission, decided at the parent's decision (``_core.admission``): its start priority
+    # (the parent's unless given) and, for a limited child workflow, its declared concurrency
+    # and the key its ``limit_key`` gave (None: one global limit). Never recorded in an event.
+    priority: int = 0
+    concurrency: int | None = None
+    limit_key: str | None = None
 
 
 @dataclass(frozen=True)

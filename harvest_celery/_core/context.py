@@ -86,7 +86,9 @@ class ReplayPort(Protocol):
 
     def saga_unwind_failed(self, seq: int) -> None: ...
 
-    def start_child(self, name: str, input: Any, child_id: str | None, queue: str, policy: str) -> Any: ...
+    def start_child(
+        self, name: str, input: Any, child_id: str | None, queue: str, policy: str, priority: object = None
+    ) -> Any: ...
 
     def continue_as_new(self, input: Any) -> NoReturn: ...
 
@@ -232,19 +234,22 @@ class WorkflowContext:
         queue: str = "",
         *,
         parent_close_policy: str = "terminate",
+        priority: int | None = None,
     ) -> Future:
         """Start a child workflow (a ``@workflow`` function or its name) and return an awaitable
         of its result. ``id``: the child's id (default ``<parent>-c<n>``); ``queue``: its
         decision queue; ``parent_close_policy``: ``"terminate"``, ``"request_cancel"`` or
-        ``"abandon"``.
+        ``"abandon"``; ``priority``: its start priority, 0–9 (default: this run's). A child of
+        a limited workflow passes admission as any start does (docs/flow-control.md): it may
+        wait for a slot, and this await waits with it.
 
-        Raises ``UnknownWorkflow``, ``InvalidExecutionId``, ``ValueError`` (a policy) or
-        ``PayloadNotSerializable`` before anything is recorded; awaiting raises
-        ``ChildWorkflowFailed`` if the child did not complete, ``ExecutionAlreadyExists`` if a
-        given ``id`` names another run.
+        Raises ``UnknownWorkflow``, ``InvalidExecutionId``, ``ValueError`` (a policy, a
+        priority), ``InvalidLimitKey`` (the child's ``limit_key``) or ``PayloadNotSerializable``
+        before anything is recorded; awaiting raises ``ChildWorkflowFailed`` if the child did
+        not complete, ``ExecutionAlreadyExists`` if a given ``id`` names another run.
         """
         return self.start_child_workflow(
-            workflow, input, id, queue, parent_close_policy=parent_close_policy
+            workflow, input, id, queue, parent_close_policy=parent_close_policy, priority=priority
         )._future
 
     def start_child_workflow(
@@ -255,11 +260,14 @@ class WorkflowContext:
         queue: str = "",
         *,
         parent_close_policy: str = "terminate",
+        priority: int | None = None,
     ) -> Any:
         """As ``execute_child_workflow``, but returns a handle at once: its ``.id``, and awaiting
         it gives the child's result."""
         self._replay.check_running("ctx.start_child_workflow")
-        return self._replay.start_child(workflow_name(workflow), input, id, queue, parent_close_policy)
+        return self._replay.start_child(
+            workflow_name(workflow), input, id, queue, parent_close_policy, priority
+        )
 
     def continue_as_new(self, input: Any = None) -> NoReturn:
         """End this run as CONTINUED_AS_NEW and start the next run of the chain with ``input``

@@ -328,9 +328,9 @@ class Replay:
         )
 
     def start_child(
-        self, name: str, input: Any, child_id: str | None, queue: str, policy: str
+        self, name: str, input: Any, child_id: str | None, queue: str, policy: str, priority: object = None
     ) -> kids.ChildHandle:
-        return self.children.start(name, input, child_id, queue, policy)
+        return self.children.start(name, input, child_id, queue, policy, priority)
 
     def continue_as_new(self, input: Any) -> NoReturn:
         kids.continue_as_new(self, input)

@@ -18,6 +18,7 @@ from typing import Any
 from prometheus_client import Gauge
 
 from harvest_celery._core.lifecycle import FAILED
+from harvest_celery._store import admission
 from harvest_celery._store import schedules as rows
 from harvest_celery._store.appconn import payloads_on
 
@@ -92,6 +93,7 @@ def _fire_one(runtime: Any, failed: list[str], since: datetime) -> rows.Fired | 
             failed,
             adopted(runtime),
             seen=since,
+            admit=partial(admission.prepare, runtime.registry, priority=0),  # ticks pass admission
         )
         for f in found:
             for outcome, count in (("fired", len(f.fired)), ("skipped", f.skipped), ("missed", f.missed)):

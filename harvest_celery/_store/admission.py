@@ -241,6 +241,7 @@ def _admit(tx: Tx, name: str, digest: str, free: int, now: datetime) -> list[str
             .values(admitted_at=now, decision_requested_at=now, updated_at=now)
         )
         tx.decide_admitted(r.id, r.decision_queue or "harvest", now)
+        limits.release_held(tx, r.id, now)  # type: ignore[arg-type]  # a reset's held rows
     return [r.id for r in rows]
 
 

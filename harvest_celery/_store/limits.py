@@ -43,6 +43,7 @@ from sqlalchemy.engine import Connection
 from harvest_celery._core.limits import Limits, RateLimit
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
+from harvest_celery._payloads.digest import limit_digest
 from harvest_celery._store import rates, sql
 from harvest_celery._store.dialect import Dialect
 from harvest_celery._store.schema import WAIT_SEQ, activity_tasks, limits
@@ -55,6 +56,7 @@ class Tx(Protocol):
     conn: Connection
     dialect: Dialect
     amounts: list[tuple[str, dict[str, str], float]]
+    payloads: Any
 
     def dispatch_activity(
         self,
@@ -67,6 +69,7 @@ class Tx(Protocol):
         deadline: float | None,
         *,
         priority: int = 0,
+        call_convention: str | None = None,
     ) -> None: ...
 
 
@@ -194,6 +197,47 @@ def _dispatch(tx: Tx, released: list[sa.Row[Any]]) -> int:
             priority=row.priority,
         )
     return len(released)
+
+
+def release_held(tx: Tx, execution_id: str, now: datetime) -> None:
+    """A run just admitted (``_store.admission``): its *held* rows go on. A reset whose new run
+    waits for admission writes the activities it re-dispatches held (``Tx.insert_task(held=
+    True)``: WAITING under no limit, so no settle releases them, and no message). An unlimited
+    one (no ``wait_seq``) is SCHEDULED and its message staged; a limited one gets back its
+    limit's digest and waits in its line, released by that limit's next settle (the sweeper's
+    pass at the latest: settling it here would lock an activity's limit row after the
+    workflow's, against the one lock order)."""
+    t = activity_tasks.c
+    rows = tx.conn.execute(
+        sa.select(t.activity_id, t.activity_name, t.queue, t.attempt, t.adopted)
+        .add_columns(t.start_to_close, t.call_convention, t.wait_seq, t.limit_key, t.priority)
+        .where(
+            (t.execution_id == execution_id)
+            & (t.status == TaskStatus.WAITING.value)
+            & t.limit_digest.is_(None)
+        )
+    ).all()
+    for r in rows:
+        which = (t.execution_id == execution_id) & (t.activity_id == r.activity_id)
+        if r.wait_seq is not None:
+            key = None if r.limit_key is None else tx.payloads.decode_value(r.limit_key)
+            digest = limit_digest(r.activity_name, key)
+            tx.conn.execute(activity_tasks.update().where(which).values(limit_digest=digest))
+            continue
+        tx.conn.execute(
+            activity_tasks.update().where(which).values(status=TaskStatus.SCHEDULED.value, dispatched_at=now)
+        )
+        tx.dispatch_activity(
+            execution_id,
+            r.activity_id,
+            r.activity_name,
+            r.queue,
+            r.attempt,
+            r.adopted,
+            r.start_to_close,
+            priority=r.priority,
+            call_convention=r.call_convention,
+        )
 
 
 # the wait order: compensations first, then priority descending, then arrival (FIFO)

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from harvest_celery._core import events as ev
 from harvest_celery._core.commands import ContinuedAsNew, Decision, StartChildWorkflow
 from harvest_celery._core.lifecycle import CONTINUED_AS_NEW, TERMINAL_STATUSES
-from harvest_celery._payloads.digest import input_digest
+from harvest_celery._payloads.digest import input_digest, limit_digest
 from harvest_celery._store import admission
 from harvest_celery._store.records import RunRow, aware
 from harvest_celery._store.schema import child_notices, events, executions
@@ -65,9 +65,16 @@ def _start_child(tx: Tx, parent_id: str, command: StartChildWorkflow, now: datet
     )
     # a traced parent's child runs in its trace, its run span under the parent's
     traced = inherited_traceparent(tx, parent_id)
+    admitting = _admission_of(command)  # decided at the parent's decision, before any write
+    admitting.declare(tx, command.workflow_type)
     inserted = tx.conn.execute(
         tx.dialect.insert_ignore(executions)
-        .values(**values, parent_id=parent_id, traceparent=traced)
+        .values(
+            **values,
+            parent_id=parent_id,
+            traceparent=traced,
+            **admitting.columns(tx.dialect, tx.payloads, command.child_id),
+        )
         .returning(*executions.c)
     ).first()
     if inserted is None:
@@ -77,9 +84,24 @@ def _start_child(tx: Tx, parent_id: str, command: StartChildWorkflow, now: datet
         return ev.ChildWorkflowStartRefused(command.child_id, str(existing or ""))
     child = RunRow.from_mapping(inserted._mapping)
     encoded = tx.payloads.encode_value(command.input, f"{command.child_id}/input")
-    started = ev.WorkflowStarted(command.workflow_type, command.input, parent_id=parent_id)
+    started = ev.WorkflowStarted(
+        command.workflow_type, command.input, parent_id=parent_id, priority=command.priority
+    )
+    # a child past its limit is written waiting: no decision is requested (``Tx.append``), and
+    # this transaction's settle admits it if a slot is free (lock order: parent, child, limit)
     tx.append(child, [started], now, decide_on=command.queue or queue, input=encoded)
+    if child.waiting:
+        tx.touch_admission(child.workflow_type, child.limit_digest)
     return ev.ChildWorkflowStarted(command.child_id)
+
+
+def _admission_of(command: StartChildWorkflow) -> admission.Prepared:
+    """A child's admission as its parent's decision decided it (``_core.children``): its
+    priority, and for a limited workflow its key and the key's salted digest."""
+    if command.concurrency is None:
+        return admission.Prepared(command.priority)
+    digest = limit_digest(command.workflow_type, command.limit_key)
+    return admission.Prepared(command.priority, True, command.limit_key, digest, command.concurrency)
 
 
 def _continue(

@@ -255,7 +255,8 @@ def reset(
                 priority=priority,
                 limit_key=key,
             )
-            tx.insert_task(new_id, command, dispatch.seq, registry, now)
+            # a new run that waits for admission holds them: sent only once it is admitted
+            tx.insert_task(new_id, command, dispatch.seq, registry, now, held=row.waiting)
     fired = {e.timer_id for e in prefix if isinstance(e, ev.TimerFired)}
     for event in prefix:
         if isinstance(event, ev.TimerStarted) and event.timer_id not in fired:

@@ -11,7 +11,7 @@ row with plain ``FOR UPDATE``, so they wait for a firing in flight.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -23,7 +23,7 @@ from harvest_celery._core.lifecycle import TERMINAL_STATUSES
 from harvest_celery._core.schedule import Spec, fire_at, plan, tick_id
 from harvest_celery._errors import ScheduleAlreadyExists, ScheduleNotFound
 from harvest_celery._payloads.stores import is_reference
-from harvest_celery._store import links, starts
+from harvest_celery._store import admission, links, starts
 from harvest_celery._store.schema import executions, schedules
 from harvest_celery._store.tx import Tx
 
@@ -288,6 +288,7 @@ def fire_due(
     exclude: Sequence[str] = (),
     tasks: Sequence[str] = (),
     seen: datetime | None = None,
+    admit: Admit | None = None,
 ) -> list[Fired]:
     """Fire up to ``limit`` due rows (not in ``exclude``), in this one transaction. A row that
     fails raises ``FiringFailed`` naming it (the transaction is then rolled back). ``seen``:
@@ -295,7 +296,7 @@ def fire_due(
     out = []
     for row in due(tx, decision_queue, kinds, limit, exclude, tasks):
         try:
-            out.append(_fire_row(tx, row, decision_queue, seen))
+            out.append(_fire_row(tx, row, decision_queue, seen, admit))
         except Exception as exc:  # noqa: BLE001 - named, so the pass can go on without it
             raise FiringFailed(row.name) from exc
     return out
@@ -309,7 +310,42 @@ class FiringFailed(Exception):
         self.name = name
 
 
-def _fire_row(tx: Tx, row: Any, decision_queue: str, seen: datetime | None = None) -> Fired:
+# a tick's admission (``_store.admission.prepare`` over the firing process's registry): its
+# workflow and input → ``Prepared``; a limited workflow's tick is written waiting
+Admit = Callable[[str, Any], admission.Prepared]
+
+
+def _start_tick(
+    tx: Tx,
+    run_id: str,
+    kind: str,
+    data: Any,
+    now: datetime,
+    decision_queue: str,
+    tick: datetime,
+    admit: Admit | None,
+) -> bool:
+    """Start a tick's run as ``start_workflow`` would: through admission (a limited workflow's
+    run waits for a slot, and the overlap policies count it open while it waits)."""
+    admitting = admit(kind, data) if admit is not None else None  # InvalidLimitKey: nothing written
+    if admitting is not None:
+        admitting.declare(tx, kind)
+    return starts.start(
+        tx,
+        run_id,
+        kind,
+        data,
+        now,
+        decision_queue,
+        id_reuse="use_existing",
+        scheduled_for=tick,
+        admission=admitting.columns(tx.dialect, tx.payloads, run_id) if admitting is not None else None,
+    )
+
+
+def _fire_row(
+    tx: Tx, row: Any, decision_queue: str, seen: datetime | None = None, admit: Admit | None = None
+) -> Fired:
     now = db_now(tx)
     spec = spec_of(row)
     p = plan(
@@ -331,16 +367,7 @@ def _fire_row(tx: Tx, row: Any, decision_queue: str, seen: datetime | None = Non
         kind, data = run_of(row, tx.payloads.decode_value(row.input))
         for tick in p.fire:
             run_id = tick_id(row.name, tick)
-            starts.start(
-                tx,
-                run_id,
-                kind,
-                data,
-                now,
-                decision_queue,
-                id_reuse="use_existing",
-                scheduled_for=tick,
-            )
+            _start_tick(tx, run_id, kind, data, now, decision_queue, tick, admit)
             done.fired.append(run_id)
     tx.conn.execute(
         schedules.update()
@@ -360,7 +387,9 @@ def _fire_row(tx: Tx, row: Any, decision_queue: str, seen: datetime | None = Non
     return done
 
 
-def trigger(tx: Tx, name: str, run_id: str, decision_queue: str, overlap: str | None) -> str | None:
+def trigger(
+    tx: Tx, name: str, run_id: str, decision_queue: str, overlap: str | None, admit: Admit | None = None
+) -> str | None:
     """Trigger-now: the schedule's overlap policy (or ``overlap``) judges; the run counts toward
     neither ``max_runs`` nor the catch-up window. Returns the run id, or None if skipped."""
     row = lock(tx, name)
@@ -370,7 +399,7 @@ def trigger(tx: Tx, name: str, run_id: str, decision_queue: str, overlap: str | 
         tx.conn.execute(schedules.update().where(t.name == name).values(skipped=t.skipped + 1))
         return None
     kind, data = run_of(row, tx.payloads.decode_value(row.input))
-    starts.start(tx, run_id, kind, data, now, decision_queue, id_reuse="use_existing", scheduled_for=now)
+    _start_tick(tx, run_id, kind, data, now, decision_queue, now, admit)
     tx.conn.execute(
         schedules.update().where(t.name == name).values(last_run_id=run_id, fired=t.fired + 1, updated_at=now)
     )
@@ -401,22 +430,13 @@ def backfill_end(tx: Tx, name: str) -> None:
     )
 
 
-def backfill_tick(tx: Tx, name: str, tick: datetime, decision_queue: str) -> bool:
+def backfill_tick(tx: Tx, name: str, tick: datetime, decision_queue: str, admit: Admit | None = None) -> bool:
     """Start one nominal tick of a backfill and move its cursor past it, in one transaction;
     False if its run still exists ("already ran")."""
     row = lock(tx, name)
     tx.conn.execute(schedules.update().where(t.name == name).values(backfill_cursor=tick))
     kind, data = run_of(row, tx.payloads.decode_value(row.input))
-    return starts.start(
-        tx,
-        tick_id(name, tick),
-        kind,
-        data,
-        db_now(tx),
-        decision_queue,
-        id_reuse="use_existing",
-        scheduled_for=tick,
-    )
+    return _start_tick(tx, tick_id(name, tick), kind, data, db_now(tx), decision_queue, tick, admit)
 
 
 def seconds_to_next(

@@ -379,6 +379,9 @@ class Store:
         usage = self.limit_usage({(r["activity_name"], r["limit_digest"] or "") for r in rows})
         texts = {}
         for r in rows:
+            if r["limit_digest"] is None:  # held: a reset's row, sent when its run is admitted
+                texts[r["activity_id"]] = "held until the run is admitted"
+                continue
             in_use, concurrency = usage[(r["activity_name"], r["limit_digest"] or "")]
             texts[r["activity_id"]] = slot_text(
                 {"activity": r["activity_name"], "in_use": in_use, "concurrency": concurrency}

@@ -475,13 +475,25 @@ class Tx:
         self.conn.execute(timers.insert().values(**timer_row(execution_id, timer_id, fire_at)))
 
     def insert_task(
-        self, execution_id: str, command: ScheduleActivity, event_seq: int, registry: Registry, now: datetime
+        self,
+        execution_id: str,
+        command: ScheduleActivity,
+        event_seq: int,
+        registry: Registry,
+        now: datetime,
+        *,
+        held: bool = False,
     ) -> None:
-        """A new task row, and its first message (sent after commit)."""
+        """A new task row, and its first message (sent after commit). ``held``: the run waits
+        for admission (a reset's re-dispatch), so the row is *held*: WAITING under no limit (no
+        ``limit_digest``: no limit's settle releases it), no message; its run's admission
+        releases it (``limits.release_held``)."""
         row = task_row(execution_id, command, event_seq, registry, now, self.payloads, execution_id)
         self._wait_in_line([row], registry)
+        if held:
+            row.update(status=TaskStatus.WAITING.value, limit_digest=None)
         self.conn.execute(activity_tasks.insert().values(**row))
-        if row["limit_digest"] is None:  # a limited one is sent when its settle releases it
+        if row["limit_digest"] is None and not held:  # a limited one is sent when its settle releases it
             self.dispatches.append(activity_dispatch(execution_id, command, registry))
 
     def dispatch_activity(

@@ -8,10 +8,13 @@ run on the same broker can take this run's decision requests. Each body stamps i
 end (time, pid, label) in Redis under the run's customer, so the test reads lifetimes from the
 bodies' own clocks; a body asked to hold blocks until the test raises its flag. A run started
 with ``nd`` diverges from its history once the test sets ``nd:<label>`` (nd-blocked), and one
-started with ``links=n`` continues as new n times."""
+started with ``links=n`` continues as new n times. ``adm_parent`` starts children of it (and
+one of ``adm_bad_key``, whose key raises); ``adm_dag`` is a DAG limited the same way, for
+``retry_dag_run``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -20,8 +23,19 @@ from typing import Any
 import redis
 from celery import Celery
 
-from harvest_celery import Harvest, RetryPolicy, Timings, WorkflowContext, activity, workflow
+from harvest_celery import (
+    DagBuilder,
+    Harvest,
+    InvalidLimitKey,
+    RetryPolicy,
+    Timings,
+    WorkflowContext,
+    activity,
+    dag,
+    workflow,
+)
 from harvest_celery._client import configure_dedicated_celery_app
+from harvest_celery._core.admission import declare_admission
 
 DATABASE_URL = os.environ.get(
     "HARVEST_TEST_DATABASE_URL", "postgresql+psycopg2://postgres@127.0.0.1:5432/harvest_it"
@@ -84,5 +98,49 @@ async def adm_customer(ctx: WorkflowContext, data: dict[str, Any]) -> Any:
     return {"label": data["label"], "pid": pid, "priority": ctx.info.priority}
 
 
-harvest.register(adm_body, adm_other, adm_customer)
+@workflow(name="adm_bad_key", concurrency=1, limit_key=lambda i: i["missing"])
+async def adm_bad_key(ctx: WorkflowContext, data: Any) -> Any:
+    return data  # never started: its key raises at the parent's decision
+
+
+@workflow(name="adm_parent")
+async def adm_parent(ctx: WorkflowContext, data: dict[str, Any]) -> Any:
+    """Starts a child whose key raises (``InvalidLimitKey`` into this code, nothing recorded),
+    then children of ``adm_customer`` for one customer, which wait for admission in order."""
+    errors = []
+    try:
+        ctx.start_child_workflow(adm_bad_key, {"x": 1})
+    except InvalidLimitKey as exc:
+        errors.append([type(exc).__name__, str(exc)])
+    kids = [
+        ctx.start_child_workflow(adm_customer, {"customer": data["customer"], "label": label}, id=label)
+        for label in data["labels"]
+    ]
+    return {"errors": errors, "kids": [(await kid)["label"] for kid in kids]}
+
+
+@activity(queue=QUEUE, retry=RetryPolicy(max_attempts=1))
+def adm_dag_step(envelope: dict[str, Any]) -> int:
+    """``adm_dag``'s one node: stamps like ``adm_body`` (held while asked); fails while the
+    test's ``fail:<label>`` flag is set (a failed run, for ``retry_dag_run``)."""
+    conf = envelope["conf"]
+    pid = adm_body(conf)
+    if r.exists(f"fail:{conf['label']}"):
+        raise RuntimeError("failed by the test's flag")
+    return pid
+
+
+@dag(name="adm_dag")
+def adm_dag(g: DagBuilder) -> None:
+    g.activity(adm_dag_step)
+
+
+# ``@dag`` takes no ``concurrency=`` (only ``@workflow`` does): the definition is given one as
+# ``@workflow(concurrency=1, limit_key=...)`` would, so a DAG retry of a limited run can be shown
+adm_dag.__harvest_workflow__ = dataclasses.replace(  # type: ignore[attr-defined]
+    adm_dag.__harvest_workflow__,  # type: ignore[attr-defined]
+    admission=declare_admission(1, lambda conf: conf["customer"]),
+)
+
+harvest.register(adm_body, adm_other, adm_customer, adm_bad_key, adm_parent, adm_dag_step, adm_dag)
 __all__ = ["DECIDE", "QUEUE", "app", "harvest"]

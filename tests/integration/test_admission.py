@@ -13,11 +13,14 @@ import threading
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
+from harvest_celery import WorkflowFailed
+from harvest_celery._payloads.digest import limit_digest
 from harvest_celery._payloads.erasure import is_erased
 from harvest_celery._store.schema import events as events_table
 from harvest_celery._store.schema import executions
@@ -334,6 +337,160 @@ def test_no_event_was_appended_to_a_run_refused_at_start(adm):
     with adm.harvest.store.engine.connect() as conn:
         after = conn.execute(sa.select(sa.func.count()).select_from(events_table)).scalar_one()
     assert after == before and run_rows(adm.harvest, ["bad-priority"]) == {}
+
+
+# ── every way a run is created passes admission: children, schedule ticks, reset, DAG retry ──
+def sequence(redis_client: Any, customer: str) -> list[tuple[str, str]]:
+    """The customer's body stamps in the order Redis got them: (what, label)."""
+    return [(m["what"], m["label"]) for m in marks(redis_client, customer)]
+
+
+def retarget(h: Any, run_id: str, workflow: str, key: str) -> None:
+    """Store another key for a closed run (as if its ``limit_key`` had given ``key``): a run made
+    from it that recomputed its key from its input would not find this one."""
+    with h.store.engine.begin() as conn:
+        conn.execute(
+            executions.update()
+            .where(executions.c.id == run_id)
+            .values(
+                limit_key=h.store.payloads.encode_value(key, f"{run_id}/limit_key"),
+                limit_digest=limit_digest(workflow, key),
+            )
+        )
+
+
+def stored_key(h: Any, run_id: str) -> tuple[Any, str | None]:
+    row = run_rows(h, [run_id])[run_id]
+    with h.store.engine.connect() as conn:
+        digest = conn.execute(sa.select(executions.c.limit_digest).where(executions.c.id == run_id)).scalar()
+    return h.store.payloads.decode_value(row.limit_key), digest
+
+
+def test_children_of_a_limited_workflow_wait_for_admission_in_start_order(adm, redis_client, tag):
+    h, customer = adm.harvest, f"CH-{tag}"
+    holder = hold(h, redis_client, customer, f"{customer}-hold")
+    kids = [f"{customer}-k{i}" for i in range(3)]
+    parent = h.start_workflow(
+        "adm_parent", {"customer": customer, "labels": kids}, f"{customer}-p", priority=4
+    )
+    wait_for(lambda: len(run_rows(h, kids)) == 3, what="the children's rows")
+    assert all(row.admitted_at is None for row in run_rows(h, kids).values())  # written waiting
+    assert [h.describe(k).admission["position"] for k in kids] == [1, 2, 3]
+    assert {h.describe(k).parent_id for k in kids} == {parent}
+    assert h.describe(kids[0]).display_status == "WAITING"
+    assert started_labels(redis_client, customer) == [holder]  # no child's code ran
+    release(redis_client, holder)
+    out = h.result(parent, timeout=120)
+    assert out["kids"] == kids  # the parent awaited its waiting children as usual
+    ((error, message),) = out["errors"]  # the bad key raised into the parent's code
+    assert error == "InvalidLimitKey" and "adm_bad_key" in message
+    assert sequence(redis_client, customer) == [  # one at a time, in start order
+        (what, label) for label in [holder, *kids] for what in ("start", "end")
+    ]
+    assert [h.result(k, timeout=5)["priority"] for k in kids] == [4, 4, 4]  # the parent's priority
+    with h.store.engine.connect() as conn:
+        bad = conn.execute(
+            sa.select(sa.func.count()).where(
+                (executions.c.parent_id == parent) & (executions.c.workflow_type == "adm_bad_key")
+            )
+        ).scalar_one()
+    assert bad == 0 and "ChildWorkflowScheduled(adm_bad_key)" not in [
+        f"{e.event.type}({getattr(e.event, 'workflow_type', '')})" for e in h.history(parent)
+    ]
+
+
+def test_a_schedules_tick_of_a_limited_workflow_waits_for_admission_and_counts_open(adm, redis_client, tag):
+    h, customer = adm.harvest, f"SC-{tag}"
+    holder = hold(h, redis_client, customer, f"{customer}-hold")
+    name = f"adm-sched-{tag}"
+    h.create_schedule(
+        name,
+        workflow="adm_customer",
+        every=timedelta(seconds=1),
+        input={"customer": customer, "label": f"{customer}-tick"},
+        overlap="skip",
+    )
+    try:  # fired by the workers' sweepers
+        wait_for(lambda: h.describe_schedule(name)["last_run_id"] is not None, what="a tick")
+        tick = h.describe_schedule(name)["last_run_id"]
+        assert h.describe(tick).display_status == "WAITING"
+        wait_for(lambda: h.describe_schedule(name)["skipped"] >= 1, what="a tick skipped as overlapping")
+        assert h.describe_schedule(name)["last_run_id"] == tick  # the waiting tick counted open
+        assert h.describe(tick).display_status == "WAITING"
+        assert started_labels(redis_client, customer) == [holder]
+    finally:
+        h.delete_schedule(name)
+    release(redis_client, holder)
+    finish(h, [holder, tick])
+    assert sequence(redis_client, customer) == [
+        ("start", holder),
+        ("end", holder),
+        ("start", f"{customer}-tick"),
+        ("end", f"{customer}-tick"),
+    ]
+
+
+def test_a_reset_that_waits_runs_nothing_before_admission_and_copies_the_stored_key(adm, redis_client, tag):
+    h, customer = adm.harvest, f"RS-{tag}"
+    source = hold(h, redis_client, customer, f"{customer}-src")  # admitted; its activity open
+    waiting = start(h, customer, f"{customer}-w", hold=True)
+    kinds = types(h, source)
+    # reset to just after ActivityScheduled: its activity is open at the reset point
+    new = h.reset(source, kinds.index("ActivityScheduled") + 1)  # `source` terminated: `waiting` next
+    assert h.describe(source).status == "TERMINATED"
+    wait_for(lambda: waiting in started_labels(redis_client, customer), what="the next run's body")
+    assert h.describe(new).display_status == "WAITING"
+    assert stored_key(h, new) == stored_key(h, source)  # the source's key, copied
+    release(redis_client, source)  # the terminated source's body ends; the reset's would not hold
+    wait_for(lambda: ("end", source) in sequence(redis_client, customer), what="the old body's end")
+    starts_of_source = [m for m in sequence(redis_client, customer) if m == ("start", source)]
+    assert len(starts_of_source) == 1  # the reset's re-dispatched activity has not run
+    assert h.describe(new).display_status == "WAITING"
+    release(redis_client, waiting)
+    out = h.result(new, timeout=120)  # admitted when `waiting` closed; its activity ran then
+    assert out["label"] == source
+    seq = sequence(redis_client, customer)
+    second_start = [i for i, m in enumerate(seq) if m == ("start", source)][1]
+    assert seq.index(("end", waiting)) < second_start  # never beside the admitted run
+    assert [e.event.type for e in h.history(new)].count("ActivityStarted") == 1
+
+
+def test_a_reset_of_a_closed_run_copies_its_stored_key_never_recomputed(adm, redis_client, tag):
+    h, customer, other = adm.harvest, f"RC-{tag}", f"RC2-{tag}"
+    source = start(h, customer, f"{customer}-src")
+    finish(h, [source])
+    holder = hold(h, redis_client, other, f"{other}-hold")
+    retarget(h, source, "adm_customer", other)  # its stored key now names the held customer
+    new = h.reset(source, 1)
+    assert stored_key(h, new) == (other, limit_digest("adm_customer", other))
+    assert h.describe(new).display_status == "WAITING"  # behind `other`'s holder, not `customer`'s free slot
+    release(redis_client, holder)
+    finish(h, [holder, new])
+    assert [e.event.type for e in h.history(new)].count("ActivityStarted") == 1
+
+
+def test_a_dag_retry_copies_its_sources_stored_key_and_waits_for_admission(adm, redis_client, tag):
+    h, customer, other = adm.harvest, f"DG-{tag}", f"DG2-{tag}"
+    label = f"{customer}-dag"
+    redis_client.set(f"fail:{label}", 1)
+    source = h.start_workflow("adm_dag", {"customer": customer, "label": label}, label)
+    with pytest.raises(WorkflowFailed):
+        h.result(source, timeout=60)
+    redis_client.delete(f"fail:{label}")
+    holder_label = f"{other}-hold"
+    holder = h.start_workflow(
+        "adm_dag", {"customer": other, "label": holder_label, "hold": True}, holder_label
+    )
+    wait_for(lambda: started_labels(redis_client, other) == [holder_label], what="the holder's body")
+    retarget(h, source, "adm_dag", other)  # recomputed from its input, the key would be `customer`
+    new = h.retry_dag_run("adm_dag", source)["run_id"]
+    assert stored_key(h, new) == (other, limit_digest("adm_dag", other))
+    assert h.describe(new).display_status == "WAITING"  # behind the holder of the copied key
+    assert [m for m in sequence(redis_client, customer) if m[0] == "start"] == [("start", label)]
+    release(redis_client, holder_label)
+    finish(h, [holder, new])
+    assert [m for m in sequence(redis_client, customer) if m[0] == "start"] == [("start", label)] * 2
+    assert h.describe(new).status == "COMPLETED"
 
 
 # ── kill -9 (last: it restarts a worker) ─────────────────────────────────────────────────────

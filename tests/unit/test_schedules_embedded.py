@@ -110,11 +110,11 @@ def test_a_backfill_killed_mid_way_resumes_from_its_cursor(h, monkeypatch):
     start = end - timedelta(minutes=9)  # ten nominal ticks
     real, calls = rows.backfill_tick, []
 
-    def dies_after_four(tx, name, tick, queue):
+    def dies_after_four(tx, name, tick, queue, admit=None):
         if len(calls) == 4:
             raise KeyboardInterrupt  # the process is killed mid-way
         calls.append(tick)
-        return real(tx, name, tick, queue)
+        return real(tx, name, tick, queue, admit)
 
     monkeypatch.setattr(rows, "backfill_tick", dies_after_four)
     with pytest.raises(KeyboardInterrupt):
