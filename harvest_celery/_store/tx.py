@@ -45,6 +45,7 @@ from harvest_celery._store.schema import (
 )
 from harvest_celery._store.staging import (
     Blob,
+    EagerTake,
     RunWrite,
     Staged,
     activity_dispatch,
@@ -116,6 +117,8 @@ class Tx:
         self.closed_children: list[str] = []
         self.touched: set[tuple[str, str]] = set()  # limits to settle before commit
         self.admissions: set[tuple[str, str]] = set()  # workflow admissions to settle, too
+        # a limited activity the deciding thread runs if its settle releases it (``EagerTake``)
+        self.eager_take: EagerTake | None = None
         # tracing (on only): the spans of what this transaction did, and the runs it closed
         # (their run spans), emitted once it commits (``Runtime._after_commit``)
         self.spans: list[Any] = []
@@ -321,6 +324,8 @@ class Tx:
         """Write a staged decision: its blobs, then its statement; then what it asks for (its
         messages and counts, acted on after commit) is handed to this transaction."""
         self._wait_in_line(staged.write.tasks, registry)
+        if staged.taking is not None:
+            self.eager_take = staged.taking
         self._put_blobs(staged.blobs)
         self._written_or_undone(staged.blobs, lambda: self.write(staged.write))
         self._take(staged)
