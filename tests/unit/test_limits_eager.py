@@ -9,6 +9,7 @@ equals the scheduled and running rows of its limit."""
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime, timezone
 from typing import Any
 
@@ -153,7 +154,7 @@ def folded(h: Harvest, run_id: str) -> list[str]:
     history = h.history(run_id)
     return [
         b.event.activity_id
-        for a, b in zip(history, history[1:])
+        for a, b in itertools.pairwise(history)
         if a.event.type == "ActivityScheduled"
         and b.event.type == "ActivityStarted"
         and a.event.activity_id == b.event.activity_id
