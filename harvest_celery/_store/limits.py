@@ -16,7 +16,10 @@ in (name, key digest) order:
    waits for another run's lock, and changes only those rows' status and ``dispatched_at``;
    their messages are staged and sent after commit. Under a rate limit at most one row moves,
    and only with a token; the next row whose turn has come gets the token's due time, which a
-   sweeper's waker keeps (``_store.rates``).
+   sweeper's waker keeps (``_store.rates``). A released row the deciding thread wants
+   (``Tx.eager_take``: a new limited row of this transaction's decision) is claimed for it
+   instead (``take_eagerly``): its slot and token were taken in this very write, so it runs
+   eagerly; a row that is not released waits, and the thread gets nothing.
 
 On Postgres, under a concurrency limit, steps 2 and 3 are one statement sent right after the
 lock, in the same round trip with psycopg2 (``sql.SETTLE_STEPS``): a statement of its own, so
