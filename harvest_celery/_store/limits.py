@@ -37,6 +37,7 @@ send.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -130,11 +131,27 @@ def _settle_in_one(tx: Tx, name: str, digest: str, now: datetime) -> int:
     """Postgres: under a concurrency limit the whole settle is one statement sent right after
     the lock (``sql.SETTLE_STEPS``), in the same round trip with psycopg2: the lock is held for
     that round trip and the commit, with no Python work between statements."""
-    params = {"name": name, "digest": digest, "now": now}
+    params = {"name": name, "digest": digest, "now": now, **_candidate(tx.eager_take)}
     released = tx.dialect.in_one_trip(tx.conn, sql.SETTLE_STEPS, params).all()
     if released[0].rate is not None:  # a rate in force: its steps, under the lock held
         return _settle_locked(tx, name, digest, released[0], now)
     return _dispatch(tx, [row for row in released if row.execution_id is not None])
+
+
+def _candidate(taking: EagerTake | None) -> dict[str, Any]:
+    """``SETTLE_CONCURRENCY``'s parameters of the row the deciding thread wants (all None: none)."""
+    if taking is None:
+        return dict.fromkeys(("c_run", "c_act", "c_worker", "c_at", "c_lease", "c_data"))
+    c = taking.claim
+    started = ev.ActivityStarted(c.activity_id, c.attempt, c.worker_id).to_data()
+    return {
+        "c_run": c.execution_id,
+        "c_act": c.activity_id,
+        "c_worker": c.worker_id,
+        "c_at": c.started_at,
+        "c_lease": taking.lease_expires_at,
+        "c_data": json.dumps(started),
+    }
 
 
 def _settle_stepwise(tx: Tx, name: str, digest: str, now: datetime) -> int:
@@ -194,7 +211,8 @@ def _dispatch(tx: Tx, released: list[sa.Row[Any]]) -> int:
     for row in released:
         if taking is not None and (row.execution_id, row.activity_id) == taking.key and row.attempt == 1:
             tx.eager_take = None
-            take_eagerly(tx, taking)
+            taken = getattr(row, "started_seq", None)  # taken by the settle statement itself
+            take_eagerly(tx, taking, taken)
             continue
         tx.dispatch_activity(
             row.execution_id,
@@ -208,13 +226,15 @@ def _dispatch(tx: Tx, released: list[sa.Row[Any]]) -> int:
     return len(released)
 
 
-def take_eagerly(tx: Tx, taking: EagerTake) -> None:
+def take_eagerly(tx: Tx, taking: EagerTake, started_seq: int | None = None) -> None:
     """Claim a row this settle just released (its slot, and its token, taken in this write) for
     the deciding thread: ``running`` under its lease, its ``ActivityStarted`` appended at the
     run's next seq (the run row is this transaction's own, locked first), as the claim
     statement would, so ActivityStarted still commits before the body. Its message is not sent:
     the thread runs it (``Runtime.send`` holds the claimed dispatch)."""
-    seq = tx.dialect.one_statement(_take_in_one, _take_stepwise)(tx, taking)
+    seq = started_seq
+    if seq is None:  # not taken by the settle's own statement (a rate's steps, SQLite)
+        seq = tx.dialect.one_statement(_take_in_one, _take_stepwise)(tx, taking)
     claim = replace(taking.claim, started_seq=seq)
     tx.dispatches.append(replace(taking.dispatch, claimed=claim))
 

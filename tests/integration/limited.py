@@ -72,11 +72,12 @@ async def limited_call(ctx: WorkflowContext, data: dict[str, Any]) -> str:
 
 @workflow
 async def limited_pair(ctx: WorkflowContext, data: dict[str, Any]) -> str:
-    """A step of ``limited_three``, then one of ``limited_one``: the second is decided by the
+    """A step of ``limited_three``, then one of ``limited_one`` (or ``data["second"]``): the second is decided by the
     worker that completed the first (a process consuming the limited queue), so it may run
     there eagerly, if its slot is free in that very write."""
     await ctx.execute_activity(limited_three, {**data, "label": f"{data['label']}-first"})
-    result: str = await ctx.execute_activity(limited_one, {**data, "label": f"{data['label']}-second"})
+    second = data.get("second", "limited_one")
+    result: str = await ctx.execute_activity(second, {**data, "label": f"{data['label']}-second"})
     return result
 
 

@@ -319,10 +319,16 @@ def test_a_limited_activity_runs_eagerly_only_when_its_slot_is_free(
     harvest.result(holder, timeout=60)
     assert claimed_in_its_write(harvest, busy) == []  # claimed later, on its own
     assert in_use(harvest, "limited_one") == 0
+    # under a rate limit, with its token free: taken in the write as well
+    before = eager_runs()
+    (rated,) = start_calls_of(harvest, "limited_pair", tag, "rated", second="limited_rate")
+    assert harvest.result(rated, timeout=60) == "rated-second"
+    assert eager_runs() - before == 1
+    assert claimed_in_its_write(harvest, rated) == [harvest.store.activity_rows(rated)[1]["activity_id"]]
 
 
-def start_calls_of(harvest: Any, workflow: str, tag: str, label: str) -> list[str]:
-    return [harvest.start_workflow(workflow, {"tag": tag, "label": label, "sleep": 0.0})]
+def start_calls_of(harvest: Any, workflow: str, tag: str, label: str, **extra: Any) -> list[str]:
+    return [harvest.start_workflow(workflow, {"tag": tag, "label": label, "sleep": 0.0, **extra})]
 
 
 def statuses_all(harvest: Any, run_id: str) -> list[str]:
