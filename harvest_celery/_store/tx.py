@@ -324,10 +324,10 @@ class Tx:
         """Write a staged decision: its blobs, then its statement; then what it asks for (its
         messages and counts, acted on after commit) is handed to this transaction."""
         self._wait_in_line(staged.write.tasks, registry)
-        if staged.taking is not None:
-            self.eager_take = staged.taking
         self._put_blobs(staged.blobs)
         self._written_or_undone(staged.blobs, lambda: self.write(staged.write))
+        if staged.taking is not None:  # written: its settle may claim it for this thread
+            self.eager_take = staged.taking
         self._take(staged)
 
     def _take(self, staged: Staged) -> None:
