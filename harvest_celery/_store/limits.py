@@ -16,7 +16,10 @@ in (name, key digest) order:
    waits for another run's lock, and changes only those rows' status and ``dispatched_at``;
    their messages are staged and sent after commit. Under a rate limit at most one row moves,
    and only with a token; the next row whose turn has come gets the token's due time, which a
-   sweeper's waker keeps (``_store.rates``).
+   sweeper's waker keeps (``_store.rates``). A released row the deciding thread wants
+   (``Tx.eager_take``: a new limited row of this transaction's decision) is claimed for it
+   instead (``take_eagerly``): its slot and token were taken in this very write, so it runs
+   eagerly; a row that is not released waits, and the thread gets nothing.
 
 On Postgres, under a concurrency limit, steps 2 and 3 are one statement sent right after the
 lock, in the same round trip with psycopg2 (``sql.SETTLE_STEPS``): a statement of its own, so
@@ -34,19 +37,24 @@ send.
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from harvest_celery._core import events as ev
 from harvest_celery._core.limits import Limits, RateLimit
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._core.registry import Registry
 from harvest_celery._payloads.digest import limit_digest
 from harvest_celery._store import rates, sql
 from harvest_celery._store.dialect import Dialect
-from harvest_celery._store.schema import WAIT_SEQ, activity_tasks, limits
+from harvest_celery._store.records import Dispatch
+from harvest_celery._store.schema import WAIT_SEQ, activity_tasks, events, executions, limits
+from harvest_celery._store.staging import EagerTake
 
 
 class Tx(Protocol):
@@ -57,6 +65,8 @@ class Tx(Protocol):
     dialect: Dialect
     amounts: list[tuple[str, dict[str, str], float]]
     payloads: Any
+    dispatches: list[Dispatch]
+    eager_take: EagerTake | None
 
     def dispatch_activity(
         self,
@@ -126,11 +136,27 @@ def _settle_in_one(tx: Tx, name: str, digest: str, now: datetime) -> int:
     """Postgres: under a concurrency limit the whole settle is one statement sent right after
     the lock (``sql.SETTLE_STEPS``), in the same round trip with psycopg2: the lock is held for
     that round trip and the commit, with no Python work between statements."""
-    params = {"name": name, "digest": digest, "now": now}
+    params = {"name": name, "digest": digest, "now": now, **_candidate(tx.eager_take)}
     released = tx.dialect.in_one_trip(tx.conn, sql.SETTLE_STEPS, params).all()
     if released[0].rate is not None:  # a rate in force: its steps, under the lock held
         return _settle_locked(tx, name, digest, released[0], now)
     return _dispatch(tx, [row for row in released if row.execution_id is not None])
+
+
+def _candidate(taking: EagerTake | None) -> dict[str, Any]:
+    """``SETTLE_CONCURRENCY``'s parameters of the row the deciding thread wants (all None: none)."""
+    if taking is None:
+        return dict.fromkeys(("c_run", "c_act", "c_worker", "c_at", "c_lease", "c_data"))
+    c = taking.claim
+    started = ev.ActivityStarted(c.activity_id, c.attempt, c.worker_id).to_data()
+    return {
+        "c_run": c.execution_id,
+        "c_act": c.activity_id,
+        "c_worker": c.worker_id,
+        "c_at": c.started_at,
+        "c_lease": taking.lease_expires_at,
+        "c_data": json.dumps(started),
+    }
 
 
 def _settle_stepwise(tx: Tx, name: str, digest: str, now: datetime) -> int:
@@ -184,8 +210,15 @@ def _settle_locked(tx: Tx, name: str, digest: str, held: sa.Row[Any], now: datet
 
 
 def _dispatch(tx: Tx, released: list[sa.Row[Any]]) -> int:
-    """The released rows' messages, staged (sent after commit)."""
+    """The released rows' messages, staged (sent after commit); the row the deciding thread
+    wants (``Tx.eager_take``), released in this very transaction, is claimed for it instead."""
+    taking = tx.eager_take
     for row in released:
+        if taking is not None and (row.execution_id, row.activity_id) == taking.key and row.attempt == 1:
+            tx.eager_take = None
+            taken = getattr(row, "started_seq", None)  # taken by the settle statement itself
+            take_eagerly(tx, taking, taken)
+            continue
         tx.dispatch_activity(
             row.execution_id,
             row.activity_id,
@@ -238,6 +271,80 @@ def release_held(tx: Tx, execution_id: str, now: datetime) -> None:
             priority=r.priority,
             call_convention=r.call_convention,
         )
+
+
+def take_eagerly(tx: Tx, taking: EagerTake, started_seq: int | None = None) -> None:
+    """Claim a row this settle just released (its slot, and its token, taken in this write) for
+    the deciding thread: ``running`` under its lease, its ``ActivityStarted`` appended at the
+    run's next seq (the run row is this transaction's own, locked first), as the claim
+    statement would, so ActivityStarted still commits before the body. Its message is not sent:
+    the thread runs it (``Runtime.send`` holds the claimed dispatch)."""
+    seq = started_seq
+    if seq is None:  # not taken by the settle's own statement (a rate's steps, SQLite)
+        seq = tx.dialect.one_statement(_take_in_one, _take_stepwise)(tx, taking)
+    claim = replace(taking.claim, started_seq=seq)
+    tx.dispatches.append(replace(taking.dispatch, claimed=claim))
+
+
+def _taken(tx: Tx, taking: EagerTake) -> tuple[Any, Any, dict[str, Any]]:
+    c = taking.claim
+    task = (
+        activity_tasks.update()
+        .where(
+            (activity_tasks.c.execution_id == c.execution_id)
+            & (activity_tasks.c.activity_id == c.activity_id)
+            & (activity_tasks.c.status == TaskStatus.SCHEDULED.value)
+        )
+        .values(
+            status=TaskStatus.RUNNING.value,
+            worker_id=c.worker_id,
+            started_at=c.started_at,
+            lease_expires_at=taking.lease_expires_at,
+        )
+    )
+    bump = executions.update().values(next_seq=executions.c.next_seq + 1)
+    started = ev.ActivityStarted(c.activity_id, c.attempt, c.worker_id).to_data()
+    event = {
+        "execution_id": c.execution_id,
+        "type": started["type"],
+        "data": started,
+        "recorded_at": c.started_at,
+    }
+    return task, bump, event
+
+
+def _take_in_one(tx: Tx, taking: EagerTake) -> int:
+    """Postgres: the claim, the seq and the event in one statement (the task row is locked by
+    this transaction's release, the run row by its own lock)."""
+    task, bump, event = _taken(tx, taking)
+    took = task.returning(activity_tasks.c.execution_id).cte("took")
+    seq = (
+        bump.where(executions.c.id == took.c.execution_id)
+        .returning((executions.c.next_seq - 1).label("seq"))
+        .cte("seq")
+    )
+    row = sa.select(
+        sa.literal(event["execution_id"], events.c.execution_id.type),
+        seq.c.seq,
+        sa.literal(event["type"], events.c.type.type),
+        sa.literal(event["data"], events.c.data.type),
+        sa.literal(event["recorded_at"], events.c.recorded_at.type),
+    )
+    insert = events.insert().from_select(["execution_id", "seq", "type", "data", "recorded_at"], row)
+    return int(tx.conn.execute(insert.returning(events.c.seq).add_cte(took, seq)).scalar_one())
+
+
+def _take_stepwise(tx: Tx, taking: EagerTake) -> int:
+    task, bump, event = _taken(tx, taking)
+    assert tx.conn.execute(task).rowcount == 1
+    run = taking.claim.execution_id
+    seq = int(
+        tx.conn.execute(
+            bump.where(executions.c.id == run).returning((executions.c.next_seq - 1).label("seq"))
+        ).scalar_one()
+    )
+    tx.conn.execute(events.insert().values(seq=seq, **event))
+    return seq
 
 
 # the wait order: compensations first, then priority descending, then arrival (FIFO)

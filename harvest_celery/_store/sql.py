@@ -154,6 +154,11 @@ WHERE name = %(name)s AND key_digest = %(digest)s FOR UPDATE"""
 # force it releases and stores nothing (``rate`` comes back set: the caller takes the rate's
 # steps from ``tat`` and ``clock``, read with the lock). One row at least comes back: ``rate``,
 # ``tat``, ``clock``, then each released row's columns (NULL: none released).
+# The released row the deciding thread wants (``c_run``/``c_act``, attempt 1; NULL: none) is
+# claimed for it in the same statement (``limits.take_eagerly``'s steps): ``running`` under its
+# lease, ``ActivityStarted`` appended at its run's next seq (the run row is this transaction's
+# own, locked first), that seq returned as ``started_seq`` (``taken`` marks its row).
+_MINE = "(t.execution_id = %(c_run)s AND t.activity_id = %(c_act)s AND t.attempt = 1)"
 SETTLE_CONCURRENCY = f"""
 WITH cfg AS (
     SELECT COALESCE(override_concurrency, declared_concurrency) AS lim,
@@ -174,15 +179,30 @@ WITH cfg AS (
     LIMIT (SELECT free FROM fits)
     FOR UPDATE SKIP LOCKED
 ), rel AS (
-    UPDATE {TASKS} AS t SET status = {SCHEDULED}, dispatched_at = %(now)s, due_at = NULL
+    UPDATE {TASKS} AS t SET status = CASE WHEN {_MINE} THEN {RUNNING_TASK} ELSE {SCHEDULED} END,
+        worker_id = CASE WHEN {_MINE} THEN %(c_worker)s ELSE t.worker_id END,
+        started_at = CASE WHEN {_MINE} THEN CAST(%(c_at)s AS TIMESTAMPTZ) ELSE t.started_at END,
+        lease_expires_at = CASE WHEN {_MINE} THEN CAST(%(c_lease)s AS TIMESTAMPTZ)
+                                ELSE t.lease_expires_at END,
+        dispatched_at = %(now)s, due_at = NULL
     FROM nxt WHERE t.execution_id = nxt.execution_id AND t.activity_id = nxt.activity_id
     RETURNING t.execution_id, t.activity_id, t.activity_name, t.queue, t.attempt, t.adopted,
-              t.start_to_close, t.priority
+              t.start_to_close, t.priority, t.status = {RUNNING_TASK} AS taken
+), bumped AS (
+    UPDATE {RUNS} AS r SET next_seq = r.next_seq + 1 FROM rel
+    WHERE rel.taken AND r.id = rel.execution_id
+    RETURNING r.id, r.next_seq - 1 AS seq
+), began AS (
+    INSERT INTO {EVENTS} (execution_id, seq, type, data, recorded_at)
+    SELECT bumped.id, bumped.seq, {STARTED}, CAST(%(c_data)s AS JSONB), CAST(%(c_at)s AS TIMESTAMPTZ)
+    FROM bumped
+    RETURNING seq
 ), stored AS (
     UPDATE {LIMITS} SET in_use = (SELECT n FROM held) + (SELECT count(*) FROM rel), updated_at = %(now)s
     WHERE name = %(name)s AND key_digest = %(digest)s AND NOT EXISTS (SELECT 1 FROM cfg WHERE rate IS NOT NULL)
 )
-SELECT (SELECT rate FROM cfg) AS rate, l.tat, clock_timestamp() AS clock, rel.*
+SELECT (SELECT rate FROM cfg) AS rate, l.tat, clock_timestamp() AS clock, rel.*,
+       (SELECT seq FROM began) AS started_seq
 FROM {LIMITS} AS l LEFT JOIN rel ON true WHERE l.name = %(name)s AND l.key_digest = %(digest)s"""
 
 # A concurrency settle: the row, its lock, the settle (``Dialect.in_one_trip``: one round trip with

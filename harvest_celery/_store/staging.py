@@ -84,12 +84,34 @@ class Staged:
     metrics: list[Metric] = field(default_factory=list)
     blobs: list[Blob] = field(default_factory=list)
     claimed: Claim | None = None
+    # a limited activity this thread would run: claimed at its settle only if it takes its
+    # slot (and token) there, in this transaction (``EagerTake``); else it waits as any other
+    taking: EagerTake | None = None
     wake: bool = False  # a post-cancel decision may settle the cancel branch, an update end: wake waiters
     nd: bool = False
 
     def written(self) -> list[ev.HistoryEvent]:
         """The events its commands wrote (a warm replay absorbs them once committed)."""
         return [ev.HistoryEvent(self.first + i, e, self.now) for i, e in enumerate(self.new_events)]
+
+
+@dataclass(frozen=True)
+class EagerTake:
+    """A limited activity of a decision, wanted by the deciding thread (``EagerClaim``): its row
+    is written ``waiting`` like any limited row. If the settle of its limit, before this
+    transaction commits, releases it — its slot free, its token (under a rate) free, and
+    nothing of equal or higher rank (compensations, priority, FIFO) waiting ahead — it is
+    claimed there for this thread (``limits.take_eagerly``): ``running`` under ``lease_expires_at``,
+    its ``ActivityStarted`` appended, ``claim`` given that event's seq. Else it stays waiting and
+    is released later as any other (no message now)."""
+
+    dispatch: Dispatch
+    claim: Claim  # ``started_seq`` is set when taken
+    lease_expires_at: datetime
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.claim.execution_id, self.claim.activity_id)
 
 
 def deferred(payloads: Payloads) -> tuple[Payloads, list[Blob]]:
@@ -215,7 +237,8 @@ def _stage_commands(
                 task_row(row.id, command, staged.first + i, registry, staged.now, payloads, key)
             )
             if not registry.activity(command.activity_name).limits.limited:
-                # a limited one is sent once a settle gives it its slot (never eagerly here)
+                # a limited one is sent once a settle gives it its slot (``EagerTake``: or run
+                # here, claimed at that settle)
                 staged.dispatches.append(activity_dispatch(row.id, command, registry))
         elif isinstance(command, StartTimer):
             write.timers.append(timer_row(row.id, command.timer_id, command.fire_at))
@@ -240,7 +263,9 @@ def _claim_eagerly(
     staged: Staged, row: RunRow, decision: Decision, eager: EagerClaim, payloads: Payloads, key: str
 ) -> None:
     """Claim the first activity of this decision that ``eager`` wants (``EagerClaim``): its
-    task row is written ``running`` and its ``ActivityStarted`` follows the decision's events."""
+    task row is written ``running`` and its ``ActivityStarted`` follows the decision's events.
+    With none among its unlimited ones, the first limited one it wants is staged to be taken
+    at its limit's settle (``EagerTake``): run eagerly only if its slot is had in this write."""
     write, now = staged.write, staged.now
     inputs = {c.activity_id: c.input for c in decision.commands if isinstance(c, ScheduleActivity)}
     for i, d in enumerate(staged.dispatches):
@@ -256,22 +281,60 @@ def _claim_eagerly(
         )
         started = ev.ActivityStarted(d.activity_id, d.attempt, eager.worker_id)
         seq = stage_events(write, row, [started], now, payloads, key)
-        staged.claimed = Claim(
-            row.id,
-            d.activity_id,
-            d.activity_name,
-            d.attempt,
-            inputs[d.activity_id],
-            task["start_to_close"],
-            eager.worker_id,
-            seq,
-            now,
-            queue=d.queue,
-            scheduled_at=now,  # scheduled in this very write
-            compensation=bool(task["compensation"]),
-        )
+        staged.claimed = _claim(row, d, task, inputs[d.activity_id], eager, now, seq)
         staged.dispatches[i] = replace(d, claimed=staged.claimed)
         return
+    for task in write.tasks:
+        if task["limit_digest"] is None or task["adopted"]:
+            continue
+        d = _limited_dispatch(row.id, task)
+        if not eager.wants(d):
+            continue
+        lease = (task["start_to_close"] or eager.lease) + 5
+        claim = _claim(row, d, task, inputs[d.activity_id], eager, now, None)
+        staged.taking = EagerTake(d, claim, now + timedelta(seconds=lease))
+        return
+
+
+def _limited_dispatch(execution_id: str, task: dict[str, Any]) -> Dispatch:
+    """The message a limited row would be released with (``limits._dispatch``'s)."""
+    return Dispatch(
+        Dispatch.ACTIVITY,
+        execution_id,
+        task["queue"],
+        task["activity_id"],
+        task["activity_name"],
+        task["attempt"],
+        False,
+        None,
+        task["start_to_close"],
+        priority=task["priority"],
+    )
+
+
+def _claim(
+    row: RunRow,
+    d: Dispatch,
+    task: dict[str, Any],
+    input: Any,
+    eager: EagerClaim,
+    now: datetime,
+    seq: int | None,
+) -> Claim:
+    return Claim(
+        row.id,
+        d.activity_id,
+        d.activity_name,
+        d.attempt,
+        input,
+        task["start_to_close"],
+        eager.worker_id,
+        seq,
+        now,
+        queue=d.queue,
+        scheduled_at=now,  # scheduled in this very write
+        compensation=bool(task["compensation"]),
+    )
 
 
 def _nd_block(

@@ -45,6 +45,7 @@ from harvest_celery._store.schema import (
 )
 from harvest_celery._store.staging import (
     Blob,
+    EagerTake,
     RunWrite,
     Staged,
     activity_dispatch,
@@ -116,6 +117,8 @@ class Tx:
         self.closed_children: list[str] = []
         self.touched: set[tuple[str, str]] = set()  # limits to settle before commit
         self.admissions: set[tuple[str, str]] = set()  # workflow admissions to settle, too
+        # a limited activity the deciding thread runs if its settle releases it (``EagerTake``)
+        self.eager_take: EagerTake | None = None
         # tracing (on only): the spans of what this transaction did, and the runs it closed
         # (their run spans), emitted once it commits (``Runtime._after_commit``)
         self.spans: list[Any] = []
@@ -323,6 +326,8 @@ class Tx:
         self._wait_in_line(staged.write.tasks, registry)
         self._put_blobs(staged.blobs)
         self._written_or_undone(staged.blobs, lambda: self.write(staged.write))
+        if staged.taking is not None:  # written: its settle may claim it for this thread
+            self.eager_take = staged.taking
         self._take(staged)
 
     def _take(self, staged: Staged) -> None:

@@ -397,11 +397,16 @@ def scrape_all(metric: str, **labels: str) -> float:
 def scrape(worker: str, metric: str, **labels: str) -> float:
     """A counter's value as the worker process serves it on /metrics, summed over the samples
     whose labels match (``path="inline"`` sums every workflow's; 0 if absent)."""
+    return scrape_port(METRICS_PORTS[worker], metric, **labels)
+
+
+def scrape_port(port: int, metric: str, **labels: str) -> float:
+    """``scrape`` of the worker process serving /metrics on ``port``."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORTS[worker]}/metrics", timeout=5) as resp:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
     return sum(
         float(sample.value)

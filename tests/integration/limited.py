@@ -70,6 +70,17 @@ async def limited_call(ctx: WorkflowContext, data: dict[str, Any]) -> str:
     return result
 
 
+@workflow
+async def limited_pair(ctx: WorkflowContext, data: dict[str, Any]) -> str:
+    """A step of ``limited_three``, then one of ``limited_one`` (or ``data["second"]``): the second is decided by the
+    worker that completed the first (a process consuming the limited queue), so it may run
+    there eagerly, if its slot is free in that very write."""
+    await ctx.execute_activity(limited_three, {**data, "label": f"{data['label']}-first"})
+    second = data.get("second", "limited_one")
+    result: str = await ctx.execute_activity(second, {**data, "label": f"{data['label']}-second"})
+    return result
+
+
 @activity(queue=QUEUE, retry=RetryPolicy(max_attempts=1))
 def fails_when_released(data: dict[str, Any]) -> str:
     body({**data, "hold": True})
@@ -99,6 +110,7 @@ ALL = (
     limited_one,
     limited_rate,
     limited_call,
+    limited_pair,
     fails_when_released,
     limited_saga,
 )

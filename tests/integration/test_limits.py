@@ -6,6 +6,7 @@ rows."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from bisect import bisect_left
@@ -18,13 +19,15 @@ import sqlalchemy as sa
 from harvest_celery import WorkflowFailed
 from harvest_celery._store.schema import activity_tasks, limits
 from tests.integration.app import harvest as _app  # noqa: F401  (imports limited after app)
-from tests.integration.conftest import Worker, wait_for
+from tests.integration.conftest import _PORT, Worker, scrape_port, wait_for
 from tests.integration.limited import QUEUE
+
+LIM_PORTS = [(1, _PORT + 2), (2, _PORT + 3)]  # the shared workers serve _PORT and _PORT + 1
 
 
 @pytest.fixture(scope="module")
 def limited_workers(workers: Any) -> Iterator[list[Worker]]:
-    started = [Worker(f"lim{i}", QUEUE) for i in (1, 2)]
+    started = [Worker(f"lim{i}", QUEUE, {"HARVEST_METRICS_PORT": str(port)}) for i, port in LIM_PORTS]
     try:
         for w in started:
             w.start()
@@ -274,3 +277,59 @@ def test_kill_9_of_a_worker_holding_a_slot_frees_it_only_at_lease_expiry(
         victim.start()
     assert max_overlap(stamps(redis_client, tag)) == 1
     assert in_use(harvest, "limited_one") == 0
+
+
+def eager_runs() -> float:
+    """harvest_activity_eager_total of the limited queue, over both processes consuming it."""
+    return sum(scrape_port(port, "harvest_activity_eager_total", queue=QUEUE) for _, port in LIM_PORTS)
+
+
+def claimed_in_its_write(harvest: Any, run_id: str) -> list[str]:
+    """The activities whose ActivityStarted directly follows their ActivityScheduled, stamped
+    with the same time: claimed in the write that scheduled them (the eager take)."""
+    history = harvest.history(run_id)
+    return [
+        b.event.activity_id
+        for a, b in itertools.pairwise(history)
+        if a.event.type == "ActivityScheduled"
+        and b.event.type == "ActivityStarted"
+        and a.event.activity_id == b.event.activity_id
+        and a.recorded_at == b.recorded_at
+    ]
+
+
+def test_a_limited_activity_runs_eagerly_only_when_its_slot_is_free(
+    harvest, limited_workers, redis_client, tag
+):
+    # its slot free: the worker that completed the first step takes it in that write and runs it
+    before = eager_runs()
+    (free,) = start_calls_of(harvest, "limited_pair", tag, "free")
+    assert harvest.result(free, timeout=60) == "free-second"
+    assert eager_runs() - before == 1  # the second step, run where the first completed
+    second = harvest.store.activity_rows(free)[1]["activity_id"]
+    assert claimed_in_its_write(harvest, free) == [second]  # no claim statement, no message
+    # its slot busy: it waits, nothing is run eagerly, then it is released like any other
+    holder = _hold_the_slot(harvest, redis_client, tag)
+    before = eager_runs()
+    (busy,) = start_calls_of(harvest, "limited_pair", tag, "busy")
+    wait_for(lambda: statuses_all(harvest, busy) == ["completed", "waiting"], what="the second step waiting")
+    assert eager_runs() - before == 0 and in_use(harvest, "limited_one") == 1
+    redis_client.set(f"release:{tag}-hold", 1)
+    assert harvest.result(busy, timeout=60) == "busy-second"
+    harvest.result(holder, timeout=60)
+    assert claimed_in_its_write(harvest, busy) == []  # claimed later, on its own
+    assert in_use(harvest, "limited_one") == 0
+    # under a rate limit, with its token free: taken in the write as well
+    before = eager_runs()
+    (rated,) = start_calls_of(harvest, "limited_pair", tag, "rated", second="limited_rate")
+    assert harvest.result(rated, timeout=60) == "rated-second"
+    assert eager_runs() - before == 1
+    assert claimed_in_its_write(harvest, rated) == [harvest.store.activity_rows(rated)[1]["activity_id"]]
+
+
+def start_calls_of(harvest: Any, workflow: str, tag: str, label: str, **extra: Any) -> list[str]:
+    return [harvest.start_workflow(workflow, {"tag": tag, "label": label, "sleep": 0.0, **extra})]
+
+
+def statuses_all(harvest: Any, run_id: str) -> list[str]:
+    return [r["status"] for r in harvest.store.activity_rows(run_id)]
