@@ -18,12 +18,15 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from fastapi.testclient import TestClient
 
 from harvest_celery import WorkflowFailed
+from harvest_celery._cli import main
 from harvest_celery._payloads.digest import limit_digest
 from harvest_celery._payloads.erasure import is_erased
 from harvest_celery._store.schema import events as events_table
 from harvest_celery._store.schema import executions
+from harvest_celery._web.api import create_app
 
 from .conftest import Worker, wait_for
 
@@ -494,6 +497,59 @@ def test_a_dag_retry_copies_its_sources_stored_key_and_waits_for_admission(adm, 
 
 
 # ── kill -9 (last: it restarts a worker) ─────────────────────────────────────────────────────
+def test_a_waiting_run_shows_its_place_everywhere(adm, redis_client, tag, capsys, monkeypatch):
+    """A waiting run as operators see it (issue 24, "Visibility"; docs/flow-control.md, "Seeing
+    it"): ``describe()``, ``harvest show``, the HTTP API (status, place, a list filtered on
+    WAITING) and the console's run page all give WAITING with its place. The embedded twins of
+    these checks (and the activity slot line) are tests/unit/test_waiting_views.py."""
+    monkeypatch.delenv("HARVEST_API_TOKEN", raising=False)
+    h = adm.harvest
+    customer = f"c-{tag}"
+    holder = h.start_workflow(
+        "adm_customer", {"customer": customer, "label": f"{tag}-0", "hold": True}, f"{tag}-0"
+    )
+    wait_for(
+        lambda: started_labels(redis_client, customer) == [f"{tag}-0"], what="the holder's body to start"
+    )
+    waiting = [
+        h.start_workflow("adm_customer", {"customer": customer, "label": f"{tag}-{i}"}, f"{tag}-{i}")
+        for i in (1, 2, 3)
+    ]
+    place = "waiting for admission to adm_customer: 3rd of 3 waiting; 1/1 in use"
+    try:
+        x = h.describe(waiting[2])
+        assert x.display_status == "WAITING" and (x.admission["position"], x.admission["waiting"]) == (3, 3)
+        assert h.describe(holder).display_status == "RUNNING" and h.describe(holder).admission is None
+
+        assert main(["--database-url", h.database_url, "show", waiting[2]]) == 0
+        out = capsys.readouterr().out
+        assert "WAITING" in out.splitlines()[0] and f"  {place}\n" in out
+
+        client = TestClient(create_app(h))
+        body = client.get(f"/workflows/{waiting[2]}").json()
+        assert body["display_status"] == "WAITING"
+        assert {k: body["admission"][k] for k in ("position", "waiting", "in_use", "concurrency")} == {
+            "position": 3,
+            "waiting": 3,
+            "in_use": 1,
+            "concurrency": 1,
+        }
+        listed = client.get(
+            "/workflows", params={"status": "WAITING", "workflow": "adm_customer", "limit": 1000}
+        )
+        ids = {r["execution_id"] for r in listed.json()["workflows"]}
+        assert set(waiting) <= ids and holder not in ids
+
+        page = client.get(f"/console/runs/{waiting[2]}").text
+        found = re.search(r'<span class="flag" id="run-admission">(.*?)</span>', page, re.S)
+        assert found and found.group(1).strip() == place
+    finally:
+        redis_client.set(f"release:{tag}-0", 1)
+        for run_id in (holder, *waiting):
+            h.result(run_id, timeout=120)
+    assert h.describe(waiting[2]).display_status == "COMPLETED"
+
+
 def test_kill_9_of_the_worker_running_an_admitted_run_gives_no_second_slot(adm, redis_client, tag):
     h, customer = adm.harvest, f"K-{tag}"
     holder = hold(h, redis_client, customer, f"{customer}-hold")
