@@ -27,7 +27,7 @@ from typing import Any, Protocol, TypeVar
 
 from harvest_celery._core import events as ev
 from harvest_celery._core import failures
-from harvest_celery._core.commands import Decision, Failed
+from harvest_celery._core.commands import Decision, Failed, StartChildWorkflow
 from harvest_celery._core.engine import Activation, Session
 from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.registry import Registry
@@ -78,6 +78,14 @@ _HOST = socket.gethostname()  # read once: a system call per attempt showed in a
 
 def worker_id() -> str:
     return f"{_HOST}:{os.getpid()}:{threading.get_ident()}"
+
+
+def _may_have_children(history: Sequence[ev.Event], decision: Decision) -> bool:
+    """Can a closing run have open children: one was scheduled in its history or by this
+    decision? Else its close reads no history back for their parent-close policies."""
+    return any(isinstance(c, StartChildWorkflow) for c in decision.commands) or any(
+        isinstance(e, ev.ChildWorkflowScheduled) for e in history
+    )
 
 
 class Runtime:
@@ -308,13 +316,20 @@ class Runtime:
         path: str,
         pending: Sequence[ev.HistoryEvent] = (),
         known: Sequence[ev.HistoryEvent] = (),
+        advanced: tuple[Session, Decision] | None = None,
     ) -> Decided:
         """Replay and write one decision on a locked, decidable run. ``pending``: events not
         yet written that the decision sees and writes first, in the same statement (the
         completion a worker decides on). ``known``: the last events already written, when the
-        caller knows them (the claim's ActivityStarted), so a warm replay need not read them."""
+        caller knows them (the claim's ActivityStarted), so a warm replay need not read them.
+        ``advanced``: a warm replay already advanced over ``pending`` and its decision (a
+        limited run's close refused by the one-statement path, ``completion.Advanced``)."""
         started_ns = time.time_ns() if self.tracer is not None else 0
-        session, decision = self._replay(tx, row, list(pending), list(known))
+        if advanced is not None:
+            session, decision = advanced
+            tx.metrics.append(("decision_replays", {"replay": "warm"}))
+        else:
+            session, decision = self._replay(tx, row, list(pending), list(known))
         if (
             isinstance(decision.outcome, Failed)
             and decision.outcome.interrupt
@@ -341,7 +356,8 @@ class Runtime:
         )
 
         closed = links.after_decision(tx, row, decision, session.events, now, self.settings.decision_queue)
-        if closed is not None:  # the parent closed: each open child's parent-close policy
+        if closed is not None and _may_have_children(session.events, decision):
+            # the parent closed: each open child's parent-close policy
             runs.close_children(
                 tx,
                 [h.event for h in tx.history(row.id)],  # with the answers just appended

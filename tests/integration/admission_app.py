@@ -8,7 +8,7 @@ run on the same broker can take this run's decision requests. Each body stamps i
 end (time, pid, label) in Redis under the run's customer, so the test reads lifetimes from the
 bodies' own clocks; a body asked to hold blocks until the test raises its flag. A run started
 with ``nd`` diverges from its history once the test sets ``nd:<label>`` (nd-blocked), and one
-started with ``links=n`` continues as new n times."""
+started with ``links=n`` continues as new n times. ``adm_global`` has one global limit of 1."""
 
 from __future__ import annotations
 
@@ -84,5 +84,11 @@ async def adm_customer(ctx: WorkflowContext, data: dict[str, Any]) -> Any:
     return {"label": data["label"], "pid": pid, "priority": ctx.info.priority}
 
 
-harvest.register(adm_body, adm_other, adm_customer)
+@workflow(name="adm_global", concurrency=1)
+async def adm_global(ctx: WorkflowContext, data: dict[str, Any]) -> Any:
+    """One global limit (no ``limit_key``): its own limit row is the one every start settles."""
+    return {"label": data["label"], "pid": await ctx.execute_activity(adm_body, data)}
+
+
+harvest.register(adm_body, adm_other, adm_customer, adm_global)
 __all__ = ["DECIDE", "QUEUE", "app", "harvest"]
