@@ -23,13 +23,23 @@ from benchmarks.common import Cluster, harvest_client  # noqa: E402
 from benchmarks.run import setup  # noqa: E402
 
 
-def _texts(cluster: Cluster) -> tuple[Counter[str], dict[str, int]]:
+def _cpu_ms(pid: int) -> float:
+    """A process's user + system CPU time so far (Linux ``/proc``), in ms."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def _texts(cluster: Cluster) -> tuple[Counter[str], dict[str, float]]:
     texts: Counter[str] = Counter(probes.snapshot().get("statements", {}))
-    counters: Counter[str] = Counter(probes.snapshot()["counters"])
+    counts: Counter[str] = Counter(probes.snapshot()["counters"])
     for stats in cluster.stats().values():
         texts.update(stats.get("statements", {}))
-        counters.update(stats["counters"])
-    return texts, dict(counters)
+        counts.update(stats["counters"])
+    out: dict[str, float] = dict(counts)
+    out["client_cpu_ms"] = _cpu_ms(os.getpid())
+    out["workers_cpu_ms"] = sum(_cpu_ms(w.proc.pid) for w in cluster.workers if w.proc is not None)
+    return texts, out
 
 
 def measure(cluster: Cluster, workflow: str, steps: int, runs: int) -> tuple[Counter[str], dict[str, float]]:
@@ -59,7 +69,7 @@ def main() -> None:
             measure(cluster, name, args.steps, 2)
         seq_texts, seq = measure(cluster, "bench_seq", args.steps, args.runs)
         adm_texts, adm = measure(cluster, "bench_adm", args.steps, args.runs)
-    keys = ("wall_ms", "statements", "commits", "autocommit_statements", "pg_transactions", "published")
+    keys = ("wall_ms", "workers_cpu_ms", "client_cpu_ms", "statements", "commits", "autocommit_statements", "pg_transactions", "published")
     print(f"{'per run':28} {'unlimited':>10} {'limited':>10}")
     for k in keys:
         print(f"{k:28} {seq.get(k, 0):10.1f} {adm.get(k, 0):10.1f}")

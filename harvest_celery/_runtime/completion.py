@@ -309,6 +309,10 @@ def _one_statement(
         if decision is None or judged.path != ONE_STATEMENT:
             session.close()
             return judged, None
+        if decision.outcome is not None and _limited(rt, session):
+            # its close frees a slot in the lock order: the ordinary transaction writes this
+            # decision (``Tx.apply_guarded_decision`` would refuse it, reason ``admission``)
+            return Choice(INLINE, "admission"), Advanced(session, decision, now)
         (written, refusal), tx = rt.store.transaction(
             lambda tx: _write_one_statement(rt, tx, claim, session, decision, completion, now),
             one_statement=True,
@@ -350,6 +354,12 @@ def _one_statement(
         rt.observe_decision(tx, claim.execution_id, workflow, decision, ONE_STATEMENT, started_ns)
     rt._after_decision(tx, Decided(session, written))
     return Choice(ONE_STATEMENT), None
+
+
+def _limited(rt: Runtime, session: Session) -> bool:
+    """Is the run's workflow under workflow admission (its close is never one statement)?"""
+    definition = rt.registry.workflows.get(session.replay.activation.workflow_type)
+    return definition is not None and definition.admission.limited
 
 
 def _write_one_statement(
