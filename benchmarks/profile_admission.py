@@ -39,7 +39,16 @@ def _texts(cluster: Cluster) -> tuple[Counter[str], dict[str, float]]:
     out: dict[str, float] = dict(counts)
     out["client_cpu_ms"] = _cpu_ms(os.getpid())
     out["workers_cpu_ms"] = sum(_cpu_ms(w.proc.pid) for w in cluster.workers if w.proc is not None)
+    out["wal_bytes"] = _wal_position()
     return texts, out
+
+
+def _wal_position() -> float:
+    """The server's WAL insert position in bytes (cluster-wide: other databases' writes count)."""
+    import sqlalchemy as sa
+
+    with harvest_client().store.engine.connect() as conn:
+        return float(conn.execute(sa.text("SELECT pg_current_wal_insert_lsn() - '0/0'")).scalar_one())
 
 
 def measure(cluster: Cluster, workflow: str, steps: int, runs: int) -> tuple[Counter[str], dict[str, float]]:
@@ -69,7 +78,17 @@ def main() -> None:
             measure(cluster, name, args.steps, 2)
         seq_texts, seq = measure(cluster, "bench_seq", args.steps, args.runs)
         adm_texts, adm = measure(cluster, "bench_adm", args.steps, args.runs)
-    keys = ("wall_ms", "workers_cpu_ms", "client_cpu_ms", "statements", "commits", "autocommit_statements", "pg_transactions", "published")
+    keys = (
+        "wall_ms",
+        "workers_cpu_ms",
+        "client_cpu_ms",
+        "wal_bytes",
+        "statements",
+        "commits",
+        "autocommit_statements",
+        "pg_transactions",
+        "published",
+    )
     print(f"{'per run':28} {'unlimited':>10} {'limited':>10}")
     for k in keys:
         print(f"{k:28} {seq.get(k, 0):10.1f} {adm.get(k, 0):10.1f}")

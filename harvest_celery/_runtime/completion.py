@@ -342,10 +342,22 @@ def _one_statement(
         rt._after_decision(tx, decided)
         raise
     if written is None:
-        if refusal == "admission":  # a limited run's close: the ordinary transaction writes it
-            return Choice(INLINE, refusal), Advanced(session, decision, now)
         session.close()
         return Choice(INLINE, refusal), None
+    _written(rt, tx, claim, session, decision, written, started_ns)
+    return Choice(ONE_STATEMENT), None
+
+
+def _written(
+    rt: Runtime,
+    tx: Tx,
+    claim: Claim,
+    session: Session,
+    decision: Decision,
+    written: list[ev.HistoryEvent],
+    started_ns: int,
+) -> None:
+    """A one-statement write committed: its counts, its span, its messages."""
     workflow = session.replay.activation.workflow_type
     tx.metrics.append(("decisions", {"workflow": workflow, "path": ONE_STATEMENT}))
     tx.metrics.append(("decision_replays", {"replay": "warm"}))  # the one-statement path is warm only
@@ -353,7 +365,6 @@ def _one_statement(
     if not session.replay.sealed:  # its span, and its Sentry report if it fails the run
         rt.observe_decision(tx, claim.execution_id, workflow, decision, ONE_STATEMENT, started_ns)
     rt._after_decision(tx, Decided(session, written))
-    return Choice(ONE_STATEMENT), None
 
 
 def _limited(rt: Runtime, session: Session) -> bool:
@@ -488,14 +499,7 @@ def record_result(
     when the run is still as that replay assumed (``Advanced.fits``)."""
     decided = Decided()
     taken = advanced.take() if inline and advanced is not None and advanced.fits(rt, claim, row) else None
-    if inline and taken is not None:
-        choice = Choice(INLINE)
-    else:
-        choice = (
-            inline_or_task(rt, row)
-            if inline
-            else Choice(TASK, "error" if rt.settings.inline_decisions else None)
-        )
+    choice = Choice(INLINE) if taken is not None else _ordinary(rt, row, inline)
     first = fallback if fallback.reason is not None else choice
     if choice.path == INLINE:
         pending = [ev.HistoryEvent(row.next_seq, result, now)]
@@ -531,6 +535,13 @@ def record_result(
     _fell_back(tx, claim, first)
     tx.append(row, [result], now, decide_on=rt.settings.decision_queue)
     return decided
+
+
+def _ordinary(rt: Runtime, row: RunRow, inline: bool) -> Choice:
+    """Inline or the decision task (``inline`` False: the try with a decision failed)."""
+    if inline:
+        return inline_or_task(rt, row)
+    return Choice(TASK, "error" if rt.settings.inline_decisions else None)
 
 
 def fail(rt: Runtime, claim: Claim, error_type: str, message: str, traceback: str = "") -> str:

@@ -22,6 +22,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from datetime import datetime
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
@@ -325,11 +326,7 @@ class Runtime:
         ``advanced``: a warm replay already advanced over ``pending`` and its decision (a
         limited run's close refused by the one-statement path, ``completion.Advanced``)."""
         started_ns = time.time_ns() if self.tracer is not None else 0
-        if advanced is not None:
-            session, decision = advanced
-            tx.metrics.append(("decision_replays", {"replay": "warm"}))
-        else:
-            session, decision = self._replay(tx, row, list(pending), list(known))
+        session, decision = self._replay(tx, row, list(pending), list(known), advanced)
         if (
             isinstance(decision.outcome, Failed)
             and decision.outcome.interrupt
@@ -354,17 +351,7 @@ class Runtime:
             sticky=self.sticky_queue if keeps else None,
             eager=self._eager_claim(),
         )
-
-        closed = links.after_decision(tx, row, decision, session.events, now, self.settings.decision_queue)
-        if closed is not None and _may_have_children(session.events, decision):
-            # the parent closed: each open child's parent-close policy
-            runs.close_children(
-                tx,
-                [h.event for h in tx.history(row.id)],  # with the answers just appended
-                f"parent {row.id} closed {closed.status}",
-                now,
-                self.settings.decision_queue,
-            )
+        self._cross_runs(tx, row, decision, session.events, now)
         tx.metrics.append(("decisions", {"workflow": row.workflow_type, "path": path}))
         if not session.replay.sealed:  # a post-cancel decision replays a sealed run: no span
             self.observe_decision(tx, row.id, row.workflow_type, decision, path, started_ns, row)
@@ -378,12 +365,36 @@ class Runtime:
             )
         return Decided(session, written)
 
+    def _cross_runs(
+        self, tx: Tx, row: RunRow, decision: Decision, history: Sequence[ev.Event], now: datetime
+    ) -> None:
+        """After a decision's write: its children and next link (``links.after_decision``);
+        if it closed the run, each open child's parent-close policy."""
+        closed = links.after_decision(tx, row, decision, history, now, self.settings.decision_queue)
+        if closed is not None and _may_have_children(history, decision):
+            runs.close_children(
+                tx,
+                [h.event for h in tx.history(row.id)],  # with the answers just appended
+                f"parent {row.id} closed {closed.status}",
+                now,
+                self.settings.decision_queue,
+            )
+
     def _replay(
-        self, tx: Tx, row: RunRow, pending: list[ev.HistoryEvent], known: list[ev.HistoryEvent] | None = None
+        self,
+        tx: Tx,
+        row: RunRow,
+        pending: list[ev.HistoryEvent],
+        known: list[ev.HistoryEvent] | None = None,
+        advanced: tuple[Session, Decision] | None = None,
     ) -> tuple[Session, Decision]:
         """A warm execution (its last decision was taken by this process) is advanced from its
         cached ``Session`` with only the events appended since, so the cost stays flat in
-        history length; anything unexpected falls back to a full replay."""
+        history length; anything unexpected falls back to a full replay. ``advanced``: the
+        replay is already advanced over ``pending`` and decided (``_decide``)."""
+        if advanced is not None:
+            tx.metrics.append(("decision_replays", {"replay": "warm"}))
+            return advanced
         definition = self.registry.workflow(row.workflow_type)
         session = self.sessions.take(row.id)
         if session is not None:
