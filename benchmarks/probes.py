@@ -18,6 +18,10 @@ What is counted, per process:
 * ``round_trips`` — statements + one BEGIN and one COMMIT/ROLLBACK per counted transaction
   (psycopg2 sends BEGIN as its own round trip before the first statement);
 * ``published`` / ``tasks_run`` — Celery ``before_task_publish`` / ``task_prerun``.
+
+With ``HARVEST_BENCH_STATEMENTS=1`` in the environment (workers inherit it), every statement is
+also counted by its first line's first 90 characters (``snapshot()["statements"]``): which
+statements a path sends, for a profile (``benchmarks/profile_admission.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 _counts: Counter[str] = Counter()
 _lock = threading.Lock()
 _installed = False
+_texts: Counter[str] | None = Counter() if os.environ.get("HARVEST_BENCH_STATEMENTS") else None
 
 
 def _add(key: str, n: int = 1) -> None:
@@ -50,8 +55,12 @@ def _autocommit(conn: Any) -> bool:
 
 
 def _on_execute(
-    conn: Any, _cursor: Any, _statement: Any, parameters: Any, _context: Any, executemany: bool
+    conn: Any, _cursor: Any, statement: Any, parameters: Any, _context: Any, executemany: bool
 ) -> None:
+    if _texts is not None:
+        head = " ".join(str(statement).split())[:90]
+        with _lock:
+            _texts[head] += 1
     if executemany:
         _add("executemany_rows", len(parameters) if parameters is not None else 0)
     if _autocommit(conn):
@@ -101,7 +110,11 @@ def snapshot() -> dict[str, Any]:
         counts.setdefault(key, 0)
     counts["round_trips"] = counts["statements"] + 2 * (counts["commits"] + counts["rollbacks"])
     counts["pg_transactions"] = counts["commits"] + counts["autocommit_statements"]
-    return {"pid": os.getpid(), "counters": counts, **memory(os.getpid())}
+    out: dict[str, Any] = {"pid": os.getpid(), "counters": counts, **memory(os.getpid())}
+    if _texts is not None:
+        with _lock:
+            out["statements"] = dict(_texts)
+    return out
 
 
 def memory(pid: int) -> dict[str, int]:

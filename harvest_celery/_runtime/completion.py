@@ -39,6 +39,7 @@ from harvest_celery._runtime import logs
 from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._runtime.sessions import SessionCache
 from harvest_celery._store import tasks
+from harvest_celery._store.predicates import RUN, fast_path
 from harvest_celery._store.records import Claim, CompletionGuard, EagerClaim, RunRow, utcnow
 from harvest_celery._store.store import Store, is_transient
 from harvest_celery._store.tx import Tx
@@ -81,6 +82,36 @@ class Choice:
     detail: str = ""  # free text, for the DEBUG log line only
 
 
+class Advanced:
+    """A warm replay advanced over a completion whose one-statement write was refused because
+    the decision closes a limited workflow's run (``admission``): its decision, taken at
+    ``now``, written by the ordinary transaction when the locked run is still as the replay
+    assumed, so the close is never replayed a second time, cold."""
+
+    def __init__(self, session: Session, decision: Decision, now: datetime) -> None:
+        self.session: Session | None = session
+        self.decision = decision
+        self.now = now
+
+    def fits(self, rt: Runtime, claim: Claim, row: RunRow) -> bool:
+        """The locked run is as the one-statement guard would have required (its run terms):
+        nothing appended since the attempt's ``ActivityStarted``, no pending decision, no
+        cancel, pause, nd-block or erasure, the same sticky queue."""
+        assert claim.started_seq is not None
+        params = {"next_seq": claim.started_seq + 1, "sticky_queue": rt.sticky_queue}
+        return self.session is not None and all(t.holds(row, params) for t in fast_path.of(RUN))
+
+    def take(self) -> tuple[Session, Decision]:
+        assert self.session is not None
+        session, self.session = self.session, None
+        return session, self.decision
+
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
+
+
 class Decided:
     """What a decision taken inside a transaction leaves for after its commit."""
 
@@ -108,6 +139,7 @@ class Runtime(Protocol):
         path: str,
         pending: Sequence[ev.HistoryEvent] = (),
         known: Sequence[ev.HistoryEvent] = (),
+        advanced: tuple[Session, Decision] | None = None,
     ) -> Decided: ...
 
     def _after_decision(self, tx: Tx, decided: Decided) -> None: ...
@@ -235,23 +267,32 @@ def complete(rt: Runtime, claim: Claim, output: Any) -> None:
     """Record a completion: in one statement when ``choose`` says so, else the ordinary way
     (``record_completion``: inline, or with a decision request)."""
     choice, session = choose(rt, claim)
+    advanced = None
     if session is not None:
-        choice = _one_statement(rt, claim, output, session)
+        choice, advanced = _one_statement(rt, claim, output, session)
         if choice.path == ONE_STATEMENT:
             return
-    decided, tx = record_outcome(
-        rt,
-        claim,
-        "completion",
-        lambda tx, inline: record_completion(rt, tx, claim, output, inline=inline, fallback=choice),
-    )
+    try:
+        decided, tx = record_outcome(
+            rt,
+            claim,
+            "completion",
+            lambda tx, inline: record_completion(
+                rt, tx, claim, output, inline=inline, fallback=choice, advanced=advanced
+            ),
+        )
+    finally:
+        if advanced is not None:
+            advanced.close()  # not taken (the run moved on, or the first try failed)
     rt._after_decision(tx, decided)
 
 
-def _one_statement(rt: Runtime, claim: Claim, output: Any, session: Session) -> Choice:
+def _one_statement(
+    rt: Runtime, claim: Claim, output: Any, session: Session
+) -> tuple[Choice, Advanced | None]:
     """The one-statement attempt (``choose`` allowed it): ``Choice(ONE_STATEMENT)`` when it
-    wrote, else the reason nothing was written (the session is closed then: the ordinary path
-    replays cold)."""
+    wrote, else the reason nothing was written: the session is closed then (the ordinary path
+    replays cold), unless the reason is ``admission``: the decision is handed on (``Advanced``)."""
     assert claim.started_seq is not None and claim.started_at is not None
     seq, now = claim.started_seq, utcnow()
     started_ns = time.time_ns() if rt.tracer is not None else 0
@@ -267,7 +308,11 @@ def _one_statement(rt: Runtime, claim: Claim, output: Any, session: Session) -> 
         judged = _judged(decision, session.events)
         if decision is None or judged.path != ONE_STATEMENT:
             session.close()
-            return judged
+            return judged, None
+        if decision.outcome is not None and _limited(rt, session):
+            # its close frees a slot in the lock order: the ordinary transaction writes this
+            # decision (``Tx.apply_guarded_decision`` would refuse it, reason ``admission``)
+            return Choice(INLINE, "admission"), Advanced(session, decision, now)
         (written, refusal), tx = rt.store.transaction(
             lambda tx: _write_one_statement(rt, tx, claim, session, decision, completion, now),
             one_statement=True,
@@ -283,7 +328,7 @@ def _one_statement(rt: Runtime, claim: Claim, output: Any, session: Session) -> 
             extra=logs.of_claim(claim),
         )
         log.debug("the one-statement completion failed", exc_info=True)
-        return Choice(INLINE, "error", f"{type(exc).__name__}: {exc}")
+        return Choice(INLINE, "error", f"{type(exc).__name__}: {exc}"), None
     except BaseException:
         session.close()  # a shutdown signal: record the completion alone, then stop
         decided, tx = record_outcome(
@@ -298,7 +343,21 @@ def _one_statement(rt: Runtime, claim: Claim, output: Any, session: Session) -> 
         raise
     if written is None:
         session.close()
-        return Choice(INLINE, refusal)
+        return Choice(INLINE, refusal), None
+    _written(rt, tx, claim, session, decision, written, started_ns)
+    return Choice(ONE_STATEMENT), None
+
+
+def _written(
+    rt: Runtime,
+    tx: Tx,
+    claim: Claim,
+    session: Session,
+    decision: Decision,
+    written: list[ev.HistoryEvent],
+    started_ns: int,
+) -> None:
+    """A one-statement write committed: its counts, its span, its messages."""
     workflow = session.replay.activation.workflow_type
     tx.metrics.append(("decisions", {"workflow": workflow, "path": ONE_STATEMENT}))
     tx.metrics.append(("decision_replays", {"replay": "warm"}))  # the one-statement path is warm only
@@ -306,7 +365,12 @@ def _one_statement(rt: Runtime, claim: Claim, output: Any, session: Session) -> 
     if not session.replay.sealed:  # its span, and its Sentry report if it fails the run
         rt.observe_decision(tx, claim.execution_id, workflow, decision, ONE_STATEMENT, started_ns)
     rt._after_decision(tx, Decided(session, written))
-    return Choice(ONE_STATEMENT)
+
+
+def _limited(rt: Runtime, session: Session) -> bool:
+    """Is the run's workflow under workflow admission (its close is never one statement)?"""
+    definition = rt.registry.workflows.get(session.replay.activation.workflow_type)
+    return definition is not None and definition.admission.limited
 
 
 def _write_one_statement(
@@ -393,17 +457,27 @@ def record_outcome(rt: Runtime, claim: Claim, what: str, work: Callable[[Tx, boo
 
 
 def record_completion(
-    rt: Runtime, tx: Tx, claim: Claim, output: Any, *, inline: bool, fallback: Choice = Choice(INLINE)
+    rt: Runtime,
+    tx: Tx,
+    claim: Claim,
+    output: Any,
+    *,
+    inline: bool,
+    fallback: Choice = Choice(INLINE),
+    advanced: Advanced | None = None,
 ) -> Decided:
-    """The ordinary path of a completion. ``fallback``: how it left the one-statement path."""
-    now = utcnow()
+    """The ordinary path of a completion. ``fallback``: how it left the one-statement path;
+    ``advanced``: the decision its warm replay took there, at its time (``Advanced``)."""
+    now = advanced.now if advanced is not None and advanced.session is not None else utcnow()
     row = tasks.finish_completed(tx, claim.execution_id, claim.activity_id, claim.attempt, now)
     if row is None or not row.accepts_results:
         _fell_back(tx, claim, fallback)
         return Decided()  # a duplicate; or a finished run (the task row is closed, no event)
     completion = ev.ActivityCompleted(claim.activity_id, output, claim.attempt)
     tx.metrics.append(("activity_completed", {"workflow": row.workflow_type, "queue": claim.queue}))
-    return record_result(rt, tx, claim, row, completion, now, inline=inline, fallback=fallback)
+    return record_result(
+        rt, tx, claim, row, completion, now, inline=inline, fallback=fallback, advanced=advanced
+    )
 
 
 def record_result(
@@ -416,14 +490,16 @@ def record_result(
     *,
     inline: bool,
     fallback: Choice = Choice(INLINE),
+    advanced: Advanced | None = None,
 ) -> Decided:
     """Append an attempt's final result (the run row is locked): with the next decision in the
     same write when this process should decide (``inline_or_task``), else with a decision
-    request. ``inline`` False: the first try with a decision failed; the result goes alone."""
+    request. ``inline`` False: the first try with a decision failed; the result goes alone.
+    ``advanced``: a decision already taken on this result by a warm replay, written as it is
+    when the run is still as that replay assumed (``Advanced.fits``)."""
     decided = Decided()
-    choice = (
-        inline_or_task(rt, row) if inline else Choice(TASK, "error" if rt.settings.inline_decisions else None)
-    )
+    taken = advanced.take() if inline and advanced is not None and advanced.fits(rt, claim, row) else None
+    choice = Choice(INLINE) if taken is not None else _ordinary(rt, row, inline)
     first = fallback if fallback.reason is not None else choice
     if choice.path == INLINE:
         pending = [ev.HistoryEvent(row.next_seq, result, now)]
@@ -439,7 +515,7 @@ def record_result(
         try:
             if rt.before_inline_decision is not None:
                 rt.before_inline_decision(row.id)
-            decided = rt._decide(tx, row, INLINE, pending, known)
+            decided = rt._decide(tx, row, INLINE, pending, known, taken)
             _fell_back(tx, claim, first)
             return decided
         except BaseException as exc:  # noqa: BLE001 - a decision bug never loses a result
@@ -459,6 +535,13 @@ def record_result(
     _fell_back(tx, claim, first)
     tx.append(row, [result], now, decide_on=rt.settings.decision_queue)
     return decided
+
+
+def _ordinary(rt: Runtime, row: RunRow, inline: bool) -> Choice:
+    """Inline or the decision task (``inline`` False: the try with a decision failed)."""
+    if inline:
+        return inline_or_task(rt, row)
+    return Choice(TASK, "error" if rt.settings.inline_decisions else None)
 
 
 def fail(rt: Runtime, claim: Claim, error_type: str, message: str, traceback: str = "") -> str:

@@ -22,12 +22,13 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from datetime import datetime
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from harvest_celery._core import events as ev
 from harvest_celery._core import failures
-from harvest_celery._core.commands import Decision, Failed
+from harvest_celery._core.commands import Decision, Failed, StartChildWorkflow
 from harvest_celery._core.engine import Activation, Session
 from harvest_celery._core.jsonvalues import check_json
 from harvest_celery._core.registry import Registry
@@ -78,6 +79,14 @@ _HOST = socket.gethostname()  # read once: a system call per attempt showed in a
 
 def worker_id() -> str:
     return f"{_HOST}:{os.getpid()}:{threading.get_ident()}"
+
+
+def _may_have_children(history: Sequence[ev.Event], decision: Decision) -> bool:
+    """Can a closing run have open children: one was scheduled in its history or by this
+    decision? Else its close reads no history back for their parent-close policies."""
+    return any(isinstance(c, StartChildWorkflow) for c in decision.commands) or any(
+        isinstance(e, ev.ChildWorkflowScheduled) for e in history
+    )
 
 
 class Runtime:
@@ -308,13 +317,16 @@ class Runtime:
         path: str,
         pending: Sequence[ev.HistoryEvent] = (),
         known: Sequence[ev.HistoryEvent] = (),
+        advanced: tuple[Session, Decision] | None = None,
     ) -> Decided:
         """Replay and write one decision on a locked, decidable run. ``pending``: events not
         yet written that the decision sees and writes first, in the same statement (the
         completion a worker decides on). ``known``: the last events already written, when the
-        caller knows them (the claim's ActivityStarted), so a warm replay need not read them."""
+        caller knows them (the claim's ActivityStarted), so a warm replay need not read them.
+        ``advanced``: a warm replay already advanced over ``pending`` and its decision (a
+        limited run's close refused by the one-statement path, ``completion.Advanced``)."""
         started_ns = time.time_ns() if self.tracer is not None else 0
-        session, decision = self._replay(tx, row, list(pending), list(known))
+        session, decision = self._replay(tx, row, list(pending), list(known), advanced)
         if (
             isinstance(decision.outcome, Failed)
             and decision.outcome.interrupt
@@ -339,16 +351,7 @@ class Runtime:
             sticky=self.sticky_queue if keeps else None,
             eager=self._eager_claim(),
         )
-
-        closed = links.after_decision(tx, row, decision, session.events, now, self.settings.decision_queue)
-        if closed is not None:  # the parent closed: each open child's parent-close policy
-            runs.close_children(
-                tx,
-                [h.event for h in tx.history(row.id)],  # with the answers just appended
-                f"parent {row.id} closed {closed.status}",
-                now,
-                self.settings.decision_queue,
-            )
+        self._cross_runs(tx, row, decision, session.events, now)
         tx.metrics.append(("decisions", {"workflow": row.workflow_type, "path": path}))
         if not session.replay.sealed:  # a post-cancel decision replays a sealed run: no span
             self.observe_decision(tx, row.id, row.workflow_type, decision, path, started_ns, row)
@@ -362,12 +365,36 @@ class Runtime:
             )
         return Decided(session, written)
 
+    def _cross_runs(
+        self, tx: Tx, row: RunRow, decision: Decision, history: Sequence[ev.Event], now: datetime
+    ) -> None:
+        """After a decision's write: its children and next link (``links.after_decision``);
+        if it closed the run, each open child's parent-close policy."""
+        closed = links.after_decision(tx, row, decision, history, now, self.settings.decision_queue)
+        if closed is not None and _may_have_children(history, decision):
+            runs.close_children(
+                tx,
+                [h.event for h in tx.history(row.id)],  # with the answers just appended
+                f"parent {row.id} closed {closed.status}",
+                now,
+                self.settings.decision_queue,
+            )
+
     def _replay(
-        self, tx: Tx, row: RunRow, pending: list[ev.HistoryEvent], known: list[ev.HistoryEvent] | None = None
+        self,
+        tx: Tx,
+        row: RunRow,
+        pending: list[ev.HistoryEvent],
+        known: list[ev.HistoryEvent] | None = None,
+        advanced: tuple[Session, Decision] | None = None,
     ) -> tuple[Session, Decision]:
         """A warm execution (its last decision was taken by this process) is advanced from its
         cached ``Session`` with only the events appended since, so the cost stays flat in
-        history length; anything unexpected falls back to a full replay."""
+        history length; anything unexpected falls back to a full replay. ``advanced``: the
+        replay is already advanced over ``pending`` and decided (``_decide``)."""
+        if advanced is not None:
+            tx.metrics.append(("decision_replays", {"replay": "warm"}))
+            return advanced
         definition = self.registry.workflow(row.workflow_type)
         session = self.sessions.take(row.id)
         if session is not None:

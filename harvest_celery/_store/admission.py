@@ -45,7 +45,7 @@ from harvest_celery._core.lifecycle import RUNNING
 from harvest_celery._core.limits import Limits
 from harvest_celery._core.registry import Registry
 from harvest_celery._payloads.digest import limit_digest
-from harvest_celery._store import limits
+from harvest_celery._store import limits, sql
 from harvest_celery._store.dialect import Dialect
 from harvest_celery._store.schema import ADMISSION_SEQ, executions
 
@@ -86,8 +86,20 @@ def _waiting() -> sa.ColumnElement[bool]:
 
 
 def declare(tx: Tx, name: str, admission: Admission) -> None:
-    """The workflow's own limit row exists, with its declared concurrency if it is new."""
-    limits.declare(tx, name, Limits(concurrency=admission.concurrency))  # type: ignore[arg-type]
+    """The workflow's own limit row exists, with its declared concurrency if it is new. Inserted
+    only when the snapshot has none: ``ON CONFLICT`` on the existing row would wait for the
+    commit of whichever transaction has updated it (a global limit's settle, ``set_limit``, a
+    worker's ``sync_declared``), outside the row lock's own queue."""
+    if not tx.dialect.row_locks:  # SQLite: one writer at a time
+        limits.declare(tx, name, Limits(concurrency=admission.concurrency))  # type: ignore[arg-type]
+        return
+    row = limits.limits.c
+    values = {"name": name, "key_digest": limits.NAME_ROW, "in_use": 0}
+    values["declared_concurrency"] = admission.concurrency
+    new = sa.select(*(sa.literal(v, row[k].type).label(k) for k, v in values.items())).where(
+        ~sa.exists().where((row.name == name) & (row.key_digest == limits.NAME_ROW))
+    )
+    tx.conn.execute(tx.dialect.insert_ignore(limits.limits).from_select(list(values), new))
 
 
 def sync_declared(tx: Tx, registry: Registry, now: datetime) -> None:
@@ -204,7 +216,20 @@ def in_force(tx: Tx, name: str) -> int | None:
 
 
 def settle(tx: Tx, name: str, digest: str, now: datetime) -> int:
-    """Recount the key's admitted runs and admit what fits (see the module); the runs admitted."""
+    """Recount the key's admitted runs and admit what fits (see the module); the runs admitted.
+    Postgres: the row, its lock and the settle in one round trip (``sql.ADMISSION_STEPS``)."""
+    return tx.dialect.one_statement(_settle_in_one, _settle_stepwise)(tx, name, digest, now)
+
+
+def _settle_in_one(tx: Tx, name: str, digest: str, now: datetime) -> int:
+    params = {"name": name, "digest": digest, "now": now}
+    admitted = tx.dialect.in_one_trip(tx.conn, sql.ADMISSION_STEPS, params).all()
+    for r in admitted:
+        tx.decide_admitted(r.id, r.decision_queue or "harvest", now)
+    return len(admitted)
+
+
+def _settle_stepwise(tx: Tx, name: str, digest: str, now: datetime) -> int:
     limits.ensure(tx, name, digest)  # type: ignore[arg-type]
     row = limits.limits.c
     tx.conn.execute(

@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 
 from harvest_celery._core import events as ev
+from harvest_celery._core.lifecycle import RUNNING
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._store.predicates import TASK, accepts_results, colon, fast_path, literal
@@ -208,6 +209,41 @@ FROM {LIMITS} AS l LEFT JOIN rel ON true WHERE l.name = %(name)s AND l.key_diges
 # A concurrency settle: the row, its lock, the settle (``Dialect.in_one_trip``: one round trip with
 # psycopg2; each statement its own snapshot, so the settle's is taken once the lock is held).
 SETTLE_STEPS = (ENSURE_LIMIT, LOCK_LIMIT, SETTLE_CONCURRENCY)
+
+# A workflow admission's settle (``admission.settle``), sent right after LOCK_LIMIT took the key's
+# limit row: recount the key's admitted runs still RUNNING, admit the next waiting ones that fit
+# (priority, then ``admission_seq``; paused ones passed over; SKIP LOCKED: the own run row is
+# this transaction's), store in_use. Returns the admitted runs (id, decision_queue).
+SETTLE_ADMISSION = f"""
+WITH cfg AS (
+    SELECT COALESCE(override_concurrency, declared_concurrency) AS lim
+    FROM {LIMITS} WHERE name = %(name)s AND key_digest = ''
+), held AS (
+    SELECT count(*) AS n FROM {RUNS}
+    WHERE workflow_type = %(name)s AND limit_digest = %(digest)s AND admitted_at IS NOT NULL
+      AND status = {literal(RUNNING)}
+), fits AS (
+    SELECT COALESCE(GREATEST(0, cfg.lim - held.n), 0) AS free FROM held LEFT JOIN cfg ON true
+), nxt AS (
+    SELECT id FROM {RUNS}
+    WHERE workflow_type = %(name)s AND limit_digest = %(digest)s AND admitted_at IS NULL
+      AND status = {literal(RUNNING)} AND paused_at IS NULL
+    ORDER BY priority DESC, admission_seq
+    LIMIT (SELECT free FROM fits)
+    FOR UPDATE SKIP LOCKED
+), adm AS (
+    UPDATE {RUNS} AS r SET admitted_at = %(now)s, decision_requested_at = %(now)s, updated_at = %(now)s
+    FROM nxt WHERE r.id = nxt.id
+    RETURNING r.id, r.decision_queue
+), stored AS (
+    UPDATE {LIMITS} SET in_use = (SELECT n FROM held) + (SELECT count(*) FROM adm), updated_at = %(now)s
+    WHERE name = %(name)s AND key_digest = %(digest)s
+)
+SELECT id, decision_queue FROM adm"""
+
+# An admission settle: the key's row, its lock, the settle, in one round trip with psycopg2
+# (``Dialect.in_one_trip``: the settle's snapshot is taken once the lock is held).
+ADMISSION_STEPS = (ENSURE_LIMIT, LOCK_LIMIT, SETTLE_ADMISSION)
 
 
 # ── a run write as one statement (``pgwrite``), its text built once per shape ────────────────

@@ -10,7 +10,7 @@ bodies' own clocks; a body asked to hold blocks until the test raises its flag. 
 with ``nd`` diverges from its history once the test sets ``nd:<label>`` (nd-blocked), and one
 started with ``links=n`` continues as new n times. ``adm_parent`` starts children of it (and
 one of ``adm_bad_key``, whose key raises); ``adm_dag`` is a DAG limited the same way, for
-``retry_dag_run``."""
+``retry_dag_run``. ``adm_global`` has one global limit of 1."""
 
 from __future__ import annotations
 
@@ -142,5 +142,14 @@ adm_dag.__harvest_workflow__ = dataclasses.replace(  # type: ignore[attr-defined
     admission=declare_admission(1, lambda conf: conf["customer"]),
 )
 
-harvest.register(adm_body, adm_other, adm_customer, adm_bad_key, adm_parent, adm_dag_step, adm_dag)
+
+@workflow(name="adm_global", concurrency=1)
+async def adm_global(ctx: WorkflowContext, data: dict[str, Any]) -> Any:
+    """One global limit (no ``limit_key``): its own limit row is the one every start settles."""
+    return {"label": data["label"], "pid": await ctx.execute_activity(adm_body, data)}
+
+
+harvest.register(
+    adm_body, adm_other, adm_customer, adm_bad_key, adm_parent, adm_dag_step, adm_dag, adm_global
+)
 __all__ = ["DECIDE", "QUEUE", "app", "harvest"]

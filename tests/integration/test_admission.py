@@ -245,11 +245,24 @@ def test_stuck_of_a_waiting_run_names_a_paused_holder(adm, redis_client, tag):
 
 def test_stuck_of_a_waiting_run_names_an_nd_blocked_holder(adm, redis_client, tag):
     h, customer = adm.harvest, f"D-{tag}"
-    holder = start(h, customer, f"{customer}-hold", hold=True, nd=True)
-    wait_for(lambda: started_labels(redis_client, customer) == [holder], what="the holder's body")
+    holder = start(h, customer, f"{customer}-hold", nd=True, wait_signal=True)
     waiting = start(h, customer, f"{customer}-w")
+
+    def waits_for_its_signal() -> bool:  # its body recorded, the decision on it taken
+        with h.store.engine.connect() as conn:
+            requested = conn.execute(
+                sa.select(executions.c.decision_requested_at).where(executions.c.id == holder)
+            ).scalar_one()
+        return requested is None and any(t.startswith("ActivityCompleted") for t in types(h, holder))
+
+    wait_for(waits_for_its_signal, what="the holder to wait for its signal")
+    # a replay diverges only when it runs the code again from the start: no worker keeps the
+    # holder warm once both restart (a warm replay, or the close of a limited run that takes
+    # the warm replay's decision, never re-runs code it has passed)
+    for w in adm.workers:
+        w.restart()
     redis_client.set(f"nd:{holder}", 1)  # its next replay diverges from its history
-    release(redis_client, holder)
+    h.signal(holder, "go")
     wait_for(lambda: h.describe(holder).nd_blocked_at is not None, what="the holder to be nd-blocked")
     (hint,) = h.stuck(waiting)
     assert hint["kind"] == "admission" and h.describe(waiting).display_status == "WAITING"
@@ -317,6 +330,71 @@ def test_the_admission_gauges_and_the_admission_fallback_as_a_worker_serves_them
         closes.append(start(h, customer, f"{customer}-more-{i}"))
         finish(h, closes[-1:])
     assert sample("harvest_decision_fallbacks_total", 'reason="admission"') > 0
+
+
+# ── the workflow's own limit row held by another transaction ─────────────────────────────────
+def held_row(conn: Any, name: str) -> None:
+    """Update the workflow's own limit row in ``conn``'s open transaction, as a settle of a
+    global limit, ``set_limit`` or a worker's ``sync_declared`` does."""
+    conn.execute(
+        sa.text("UPDATE harvest_limits SET updated_at = now() WHERE name = :name AND key_digest = ''"),
+        {"name": name},
+    )
+
+
+def test_a_keyed_start_is_admitted_and_closes_while_the_workflows_own_limit_row_is_held(
+    adm, redis_client, tag
+):
+    # the start declares that row only when its snapshot has none: an INSERT … ON CONFLICT
+    # on the existing row waited for the holder's commit (this test hung on it)
+    h, customer = adm.harvest, f"K-{tag}"
+    with h.store.engine.connect() as holder:
+        trans = holder.begin()
+        done: list[str] = []
+        starter = threading.Thread(target=lambda: done.append(start(h, customer, f"{customer}-1")))
+        try:
+            held_row(holder, "adm_customer")
+            starter.start()
+            wait_for(lambda: done, what="the start to return while the row is held")
+            assert h.result(done[0], timeout=60)["label"] == f"{customer}-1"
+        finally:
+            trans.rollback()
+            if starter.ident is not None:  # started
+                starter.join()
+
+
+def test_a_global_limit_start_waits_for_the_rows_holder_in_the_rows_lock_queue(adm, redis_client, tag):
+    # a global limit's start settles that very row in its own transaction, so it waits for its
+    # holder: in the lock's queue (the settle's FOR UPDATE), not in an INSERT … ON CONFLICT
+    # that waited for the holder's commit outside it
+    h, customer = adm.harvest, f"GL-{tag}"
+    with h.store.engine.connect() as holder:
+        trans = holder.begin()
+        pid = holder.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        done: list[str] = []
+        starter = threading.Thread(
+            target=lambda: done.append(
+                h.start_workflow("adm_global", {"customer": customer, "label": f"{customer}-1"})
+            )
+        )
+        try:
+            held_row(holder, "adm_global")
+            starter.start()
+
+            def blocked() -> str | None:
+                with h.store.engine.connect() as conn:
+                    return conn.execute(
+                        sa.text("SELECT query FROM pg_stat_activity WHERE :pid = ANY(pg_blocking_pids(pid))"),
+                        {"pid": pid},
+                    ).scalar()
+
+            query = wait_for(blocked, what="the start to wait for the row's holder")
+            assert "FOR UPDATE" in query and not done
+        finally:
+            trans.rollback()
+            if starter.ident is not None:  # started
+                starter.join()
+    assert h.result(done[0], timeout=60)["label"] == f"{customer}-1"
 
 
 # ── erasure ──────────────────────────────────────────────────────────────────────────────────

@@ -9,6 +9,8 @@ runs, so a test seam can land a change between an attempt's claim and its comple
 * With an offloading payload store that lists its keys, steps take ``one_statement``; a refused
   one-statement write whose blob could not be deleted leaves no blob behind once the run is
   erased or purged.
+* The close of a limited workflow's run leaves the one-statement path (``admission``) and its
+  ordinary transaction writes the warm replay's decision, unless the run moved on meanwhile.
 * A contradictory ``fast_paths`` combination raises its ValueError and writes nothing.
 """
 
@@ -49,6 +51,20 @@ async def cp_one(ctx: WorkflowContext, x: Any) -> Any:
     return await ctx.execute_activity(cp_step, x)
 
 
+@workflow(name="cp_limited", concurrency=1)
+async def cp_limited(ctx: WorkflowContext, x: Any) -> Any:
+    """Two steps under one global admission limit of 1: its close frees the slot."""
+    return await ctx.execute_activity(cp_step, await ctx.execute_activity(cp_step, x))
+
+
+@workflow(name="cp_limited_nudged", concurrency=1)
+async def cp_limited_nudged(ctx: WorkflowContext, x: Any) -> Any:
+    """``cp_limited``, saying whether a ``nudge`` signal had arrived when it closed."""
+    nudge = ctx.wait_signal("nudge")
+    done = await ctx.execute_activity(cp_step, await ctx.execute_activity(cp_step, x))
+    return [done, nudge.done()]
+
+
 @workflow(name="cp_big_steps")
 async def cp_big_steps(ctx: WorkflowContext, data: dict[str, int]) -> int:
     total = 0
@@ -77,7 +93,9 @@ def dispose(h: Harvest) -> None:
 
 
 def make(**kwargs: Any) -> Harvest:
-    h = Harvest(DATABASE_URL, **kwargs).register(cp_step, cp_big, cp_one, cp_big_steps)
+    h = Harvest(DATABASE_URL, **kwargs).register(
+        cp_step, cp_big, cp_one, cp_big_steps, cp_limited, cp_limited_nudged
+    )
     _MADE.append(h)
     return h
 
@@ -380,6 +398,63 @@ def test_fast_paths_off_sends_every_step_through_the_decision_task(harvest):
         "task": 4,
     }
     assert counted(seen) == {}  # nothing was allowed on a faster path: no fallback counted
+
+
+# ── the close of a run under workflow admission ───────────────────────────────────────────────
+def replays(kind: str) -> float:
+    return METRICS.value("decision_replays", {"replay": kind})
+
+
+def test_a_limited_runs_close_is_written_from_its_warm_replay_in_the_ordinary_transaction(harvest):
+    h = make()
+    before, cold, steps = fallbacks(), replays("cold"), decisions("one_statement", "cp_limited")
+    first = h.start_workflow("cp_limited", 1, execution_id=run_id())
+    second = h.start_workflow("cp_limited", 2, execution_id=run_id())  # waits for the slot
+    assert h.result(first, timeout=20) == 1 and h.result(second, timeout=20) == 2
+    assert counted(before) == {"admission": 2}  # each close left the one-statement path
+    assert decisions("one_statement", "cp_limited") - steps == 2  # each run's first step took it
+    # one cold replay per run, its first decision: the close was not replayed again (it was,
+    # cold, before the warm replay's decision was handed to the ordinary transaction)
+    assert replays("cold") - cold == 2
+    rows = {r.id: r for r in _runs(h, [first, second])}
+    assert rows[second].admitted_at >= rows[first].closed_at  # admitted by the first's close
+
+
+def test_a_limited_run_that_moved_on_is_closed_from_a_fresh_replay(harvest, caplog):
+    h = make()
+    rid = run_id()
+    signalled: list[str] = []
+
+    def signal_before_the_close(execution_id: str) -> None:
+        if (
+            execution_id == rid
+            and len([e for e in h.history(rid) if e.event.type == "ActivityCompleted"]) == 1
+        ):
+            if not signalled:
+                signalled.append(execution_id)
+                h.signal(rid, "nudge", {"n": 1})  # appended after the replay's ActivityStarted
+
+    h.runtime.before_inline_decision = signal_before_the_close
+    before, cold = fallbacks(), replays("cold")
+    with caplog.at_level("WARNING", logger="harvest_celery"):
+        h.start_workflow("cp_limited_nudged", 3, execution_id=rid)
+        # the close saw the signal appended after the warm replay's ActivityStarted: its
+        # decision was taken again, not the warm replay's (which had not seen it)
+        assert h.result(rid, timeout=20) == [3, True]
+    assert not [r for r in caplog.records if "failed" in r.getMessage()]  # no decision failed
+    assert signalled == [rid]
+    history = h.history(rid)
+    assert [e.seq for e in history] == list(range(len(history)))
+    types = [e.event.type for e in history]
+    assert types.index("SignalReceived") < len(types) - 2 and types[-1] == "WorkflowCompleted"
+    assert counted(before) == {"admission": 1}
+    assert replays("cold") - cold == 2  # the first decision, and the close's own (the run moved on)
+
+
+def _runs(h: Harvest, ids: list[str]) -> list[Any]:
+    c = executions.c
+    with h.store.engine.connect() as conn:
+        return list(conn.execute(sa.select(c.id, c.admitted_at, c.closed_at).where(c.id.in_(ids))).all())
 
 
 # ── an unexpected error in the one-statement attempt ──────────────────────────────────────────
