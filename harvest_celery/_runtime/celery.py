@@ -15,7 +15,6 @@ from typing import Any
 
 from celery import Celery, Task, signals
 from celery.exceptions import SoftTimeLimitExceeded
-from celery.worker import state as worker_state
 
 from harvest_celery._core.registry import ActivityDefinition
 from harvest_celery._dag.builder import preflight_all
@@ -89,34 +88,10 @@ class ActivityTask(Task):  # type: ignore[misc]
             ran, error = claims.run_claimed(runtime, claim, _timeout_as_failure(fn))
             del claim  # its input must not sit in a frame an error tracker captures
             if error is None or not stops_the_worker(runtime, error):  # no new body at shutdown
-                if runtime.holds_eager():
-                    _release_message(self)
                 eager.run_chain(self.app, self.request.hostname, runtime, take, _timeout_as_failure)
         if error is not None:  # Sentry's Celery integration reports it with the attempt's tags
             sentry.tag_attempt(execution_id, self.name, attempt)
         settle(runtime, ran, error, self.request.id)
-
-
-def _release_message(task: Any) -> None:
-    """Ack the delivered message before an eager chain runs in its thread (``-P threads`` and
-    ``solo``: the worker holds the message's ``Request``; a prefork child does not, and keeps
-    Celery's ack after the task).
-
-    With ``acks_late`` and ``worker_prefetch_multiplier=1`` the message holds one of the worker's
-    prefetch slots until it is acked: a thread running a chain kept its slot for the whole chain,
-    so the worker fetched nothing new until a chain ended, and the freed thread then waited for a
-    broker round trip. What the message guarantees is done by now: its own attempt's outcome (or
-    its decision) has committed, so a redelivery would be refused by the claim (or find no
-    decision request). The chain's attempts never rested on it: each is claimed in Postgres, and
-    a lost one is recovered by its lease or the sweeper, as if the process had died. An ack that
-    fails leaves the message unacked: Celery acks it after the task, as before."""
-    request = worker_state.requests.get(task.request.id)
-    if request is None or request.acknowledged or request.task is not task:
-        return
-    try:
-        request.acknowledge()
-    except Exception:  # noqa: BLE001 - Celery's own ack after the task still comes
-        log.warning("could not ack %s before its eager chain; acked after it", task.request.id, exc_info=True)
 
 
 def _time_limited(task: Any) -> bool:
@@ -189,8 +164,6 @@ def install(app: Celery, runtime: Runtime) -> None:
         # does not send its next step away from that replay
         with runtime.eager_scope(not _time_limited(self)) as take:
             runtime.run_decision(execution_id)
-            if runtime.holds_eager():
-                _release_message(self)
             eager.run_chain(app, self.request.hostname, runtime, take, _timeout_as_failure)
 
     signals.task_prerun.connect(_on_prerun, weak=False)

@@ -218,10 +218,6 @@ class Runtime:
         """Is this thread in an eager scope with room for one more activity?"""
         return bool(getattr(self._local, "accept", False)) and getattr(self._local, "held", None) is None
 
-    def holds_eager(self) -> bool:
-        """Does this thread's eager scope hold a next activity (an eager chain runs next)?"""
-        return getattr(self._local, "held", None) is not None
-
     def _eager_claim(self) -> EagerClaim | None:
         """The claim a decision written by this thread takes for it (``EagerClaim``), if the
         thread will run an activity next; never once the worker is shutting down."""

@@ -106,21 +106,7 @@ async def three_steps(ctx: WorkflowContext, data: dict) -> str:
 @activity(queue="alpha")
 def alpha_step(data: dict) -> int:
     record(data["tag"], "alpha_step", data["i"])
-    if data.get("acks"):
-        record(data["tag"], "held_messages", _held_messages())
     return int(data["i"]) + 1
-
-
-def _held_messages() -> list[dict[str, Any]]:
-    """The delivered messages of the running attempt's run that this worker holds (Celery's
-    ``worker.state.requests``): their task name and whether they are acked yet."""
-    from celery.worker import state
-
-    from harvest_celery import activity_context
-
-    run = activity_context().execution_id
-    held = list(state.requests.values())
-    return [{"task": r.name, "acked": r.acknowledged} for r in held if r.args and r.args[0] == run]
 
 
 @activity(queue="alpha", start_to_close=20)
@@ -134,7 +120,7 @@ async def alpha_chain(ctx: WorkflowContext, data: dict) -> int:
     step = alpha_deadline if data.get("deadline") else alpha_step
     i = 0
     for _ in range(data["n"]):
-        i = await ctx.execute_activity(step, {"tag": data["tag"], "i": i, "acks": data.get("acks", False)})
+        i = await ctx.execute_activity(step, {"tag": data["tag"], "i": i})
     return i
 
 

@@ -554,28 +554,6 @@ def test_eager_runs_the_next_activity_here_through_the_claim_and_caps_the_chain(
     assert len(folded) == sum(eager), (folded, eager)
 
 
-def test_an_eager_chain_acks_its_delivered_message_before_it_runs(harvest, workers, redis_client, tag):
-    """A thread running an eager chain no longer holds its delivered message's prefetch slot:
-    the message (the harvest.decide that scheduled the first step, or the delivered step after
-    each capped chain) is acked once its own work has committed, before the chain's first body
-    runs; a delivered body's own message stays unacked while it runs (``acks_late``)."""
-    from .conftest import effects
-
-    rid = harvest.start_workflow("alpha_chain", {"tag": tag, "n": 12, "acks": True})
-    assert harvest.result(rid, timeout=60) == 12
-    ran = effects(redis_client, tag)
-    steps = [e for e in ran if e["name"] == "alpha_step"]
-    held = [e["value"] for e in ran if e["name"] == "held_messages"]
-    assert [e["value"] for e in steps] == list(range(12)) and len(held) == 12
-    eager = [e["eager"] for e in steps]
-    assert eager[0] and not all(eager), eager  # chains, and a delivered step after the cap
-    for step, messages in zip(steps, held, strict=True):
-        if step["eager"]:  # the message that started this chain: held by the worker, acked
-            assert messages and all(m["acked"] for m in messages), (step, messages)
-        else:  # a delivered body: its own message unacked until its outcome commits
-            assert {"task": "alpha_step", "acked": False} in messages, (step, messages)
-
-
 def test_no_eager_run_under_a_deadline(harvest, workers, redis_client, tag):
     from .conftest import effects
 
