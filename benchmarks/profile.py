@@ -227,7 +227,6 @@ def thread_use(since: float, until: float) -> dict[str, Any]:
     import sqlalchemy as sa
 
     from benchmarks.common import harvest_client
-    from harvest_celery._core import events as ev
 
     harvest = harvest_client()
     window = (datetime.fromtimestamp(since, UTC), datetime.fromtimestamp(until, UTC))
@@ -240,13 +239,19 @@ def thread_use(since: float, until: float) -> dict[str, Any]:
             .scalars()
             .all()
         )
+    return analyse_threads([harvest.history(execution_id) for execution_id in ids], since, until)
+
+
+def analyse_threads(histories: list[list[Any]], since: float, until: float) -> dict[str, Any]:
+    """``thread_use`` on histories already read (lists of ``HistoryEvent``)."""
+    from harvest_celery._core import events as ev
+
     attempts: dict[str, list[tuple[float, float, bool]]] = collections.defaultdict(list)
     delivered_wait: list[float] = []
     first_decision: list[float] = []
-    for execution_id in ids:
+    for history in histories:
         scheduled: dict[str, float] = {}
         started: dict[str, tuple[float, str]] = {}
-        history = harvest.history(execution_id)
         previous = history[0].recorded_at.timestamp()
         first = None
         for h in history:
@@ -277,7 +282,7 @@ def thread_use(since: float, until: float) -> dict[str, Any]:
             "gap_before_delivered": _pcts(gaps),
         }
     return {
-        "runs": len(ids),
+        "runs": len(histories),
         "threads": threads,
         "delivered_attempt_wait": _pcts(delivered_wait),
         "start_to_first_decision": _pcts(first_decision),
