@@ -9,7 +9,8 @@ reads the CPU seconds (``/proc/<pid>/stat``) of every worker process (pool child
 of the Postgres, Redis and RabbitMQ processes (all of them: run it under the benchmark lock) and
 of this client process, and the run's steps: CPU milliseconds per step per role, and their sum. With ``--py-spy DIR`` it also records each
 worker (``py-spy record --subprocesses -f raw``) during each loop, one file per system and role,
-for ``benchmarks.profile --fold`` to summarise. Needs the same services as ``benchmarks.run``
+for ``benchmarks.profile --fold`` to summarise. With ``--threads``, where the activity threads' time
+went, from the histories of the harvest loop's runs (``thread_use``). Needs the same services as ``benchmarks.run``
 (and drops its databases the same way). Nothing here is a test.
 """
 
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +203,92 @@ def positions(runs: int, steps: int) -> dict[str, Any]:
     return {k: round(statistics.median(v) * 1000, 2) for k, v in per.items()}
 
 
+def _pcts(values: list[float]) -> dict[str, float]:
+    """Count, median and p90 of seconds, in milliseconds (nearest rank)."""
+    ordered = sorted(values)
+    if not ordered:
+        return {"n": 0}
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000, 2)
+
+    return {"n": len(ordered), "p50_ms": at(0.5), "p90_ms": at(0.9)}
+
+
+def thread_use(since: float, until: float) -> dict[str, Any]:
+    """Where the activity threads' time went in the window ``since``..``until`` (epoch seconds),
+    from the histories of the runs that closed in it (``--threads``). Per thread (an
+    ``ActivityStarted.worker_id``): the share of the window inside an attempt (from its
+    ``ActivityStarted`` to its ``ActivityCompleted``; an eager attempt's start is stamped by the
+    write that claimed it, so back-to-back eager attempts leave no gap), and the gap before each
+    delivered attempt (the thread's previous completion to this claim: the end of the previous
+    task, the next message's fetch and its claim). Per run: the wait of a delivered attempt (the
+    run's previous completion, or its start, to the claim) and the start to the first decision."""
+    import sqlalchemy as sa
+
+    from benchmarks.common import harvest_client
+
+    harvest = harvest_client()
+    window = (datetime.fromtimestamp(since, UTC), datetime.fromtimestamp(until, UTC))
+    with harvest.store.engine.connect() as conn:
+        ids = (
+            conn.execute(
+                sa.text("SELECT id FROM harvest_executions WHERE closed_at BETWEEN :a AND :b"),
+                {"a": window[0], "b": window[1]},
+            )
+            .scalars()
+            .all()
+        )
+    return analyse_threads([harvest.history(execution_id) for execution_id in ids], since, until)
+
+
+def analyse_threads(histories: list[list[Any]], since: float, until: float) -> dict[str, Any]:
+    """``thread_use`` on histories already read (lists of ``HistoryEvent``)."""
+    from harvest_celery._core import events as ev
+
+    attempts: dict[str, list[tuple[float, float, bool]]] = collections.defaultdict(list)
+    delivered_wait: list[float] = []
+    first_decision: list[float] = []
+    for history in histories:
+        scheduled: dict[str, float] = {}
+        started: dict[str, tuple[float, str]] = {}
+        previous = history[0].recorded_at.timestamp()
+        first = None
+        for h in history:
+            e, t = h.event, h.recorded_at.timestamp()
+            if isinstance(e, ev.ActivityScheduled):
+                scheduled[e.activity_id] = t
+                first = t if first is None else first
+            elif isinstance(e, ev.ActivityStarted):
+                started[e.activity_id] = (t, e.worker_id)
+                if t != scheduled.get(e.activity_id):
+                    delivered_wait.append(t - previous)
+            elif isinstance(e, ev.ActivityCompleted) and e.activity_id in started:
+                s, worker = started[e.activity_id]
+                attempts[worker].append((s, t, s == scheduled.get(e.activity_id)))
+                previous = t
+        if first is not None:
+            first_decision.append(first - history[0].recorded_at.timestamp())
+    threads = {}
+    for worker, spans in sorted(attempts.items()):
+        spans.sort()
+        lo, hi = max(since, spans[0][0]), min(until, spans[-1][1])
+        inside = sum(min(b, hi) - max(a, lo) for a, b, _ in spans if b > lo and a < hi)
+        gaps = [n[0] - p[1] for p, n in zip(spans, spans[1:], strict=False) if not n[2]]
+        threads[worker] = {
+            "attempts": len(spans),
+            "in_attempt_share": round(inside / (hi - lo), 3) if hi > lo else None,
+            "attempt": _pcts([b - a for a, b, _ in spans]),
+            "gap_before_delivered": _pcts(gaps),
+        }
+    return {
+        "runs": len(histories),
+        "threads": threads,
+        "delivered_attempt_wait": _pcts(delivered_wait),
+        "start_to_first_decision": _pcts(first_decision),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.profile", description=__doc__)
     p.add_argument("--pool", choices=("threads", "prefork"), default="threads")
@@ -213,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--py-spy", type=Path, help="record each worker with py-spy into this directory")
     p.add_argument("--b1-runs", type=int, default=0, help="also: B1 step times by position, over N runs")
     p.add_argument("--fold", type=Path, nargs="*", help="summarise py-spy raw files and exit")
+    p.add_argument(
+        "--threads", action="store_true", help="also: the activity threads' time, from the histories"
+    )
     args = p.parse_args(argv)
     if args.fold:
         for f in args.fold:
@@ -232,7 +323,10 @@ def main(argv: list[str] | None = None) -> int:
             ("raw", lambda: raw_client_chain(args.steps)),
         ):
             log(f"{name}: {args.inflight} in flight for {args.seconds:.0f} s…")
+            since = time.time()
             res[name] = measure(cluster, name, job, args)
+            if name == "harvest" and args.threads:
+                res["harvest_threads"] = thread_use(since, time.time())
         res["replays"] = cluster.replays()
         if args.b1_runs:
             res["b1_positions_ms"] = positions(args.b1_runs, args.steps)
