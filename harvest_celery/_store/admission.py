@@ -226,6 +226,8 @@ def _settle_in_one(tx: Tx, name: str, digest: str, now: datetime) -> int:
     admitted = tx.dialect.in_one_trip(tx.conn, sql.ADMISSION_STEPS, params).all()
     for r in admitted:
         tx.decide_admitted(r.id, r.decision_queue or "harvest", now)
+        if r.has_held:  # a reset's held rows (``_admit``'s ``release_held``)
+            limits.release_held(tx, r.id, now)  # type: ignore[arg-type]
     return len(admitted)
 
 

@@ -239,7 +239,10 @@ WITH cfg AS (
     UPDATE {LIMITS} SET in_use = (SELECT n FROM held) + (SELECT count(*) FROM adm), updated_at = %(now)s
     WHERE name = %(name)s AND key_digest = %(digest)s
 )
-SELECT id, decision_queue FROM adm"""
+SELECT id, decision_queue, EXISTS (
+    SELECT 1 FROM {TASKS} AS t
+    WHERE t.execution_id = adm.id AND t.status = {WAITING} AND t.limit_digest IS NULL
+) AS has_held FROM adm"""
 
 # An admission settle: the key's row, its lock, the settle, in one round trip with psycopg2
 # (``Dialect.in_one_trip``: the settle's snapshot is taken once the lock is held).
