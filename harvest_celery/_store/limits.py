@@ -381,11 +381,15 @@ def open_limits(tx: Tx, execution_id: str) -> list[tuple[str, str]]:
 
 
 def waiting_limits(tx: Tx, limit: int = 100) -> list[tuple[str, str]]:
-    """Every limit some row waits under (the sweeper's backstop settles each)."""
+    """Every limit some row waits under (the sweeper's backstop settles each), the longest
+    waiting first, so a pass capped at ``limit`` never starves a limit. A reset's *held* row
+    (WAITING under no limit until its run is admitted, ``release_held``) is under none."""
+    t = activity_tasks.c
     rows = tx.conn.execute(
-        sa.select(activity_tasks.c.activity_name, activity_tasks.c.limit_digest)
-        .where(activity_tasks.c.status == TaskStatus.WAITING.value)
-        .distinct()
+        sa.select(t.activity_name, t.limit_digest)
+        .where((t.status == TaskStatus.WAITING.value) & t.limit_digest.is_not(None))
+        .group_by(t.activity_name, t.limit_digest)
+        .order_by(sa.func.min(t.wait_seq))
         .limit(limit)
     ).all()
     return [(r.activity_name, r.limit_digest) for r in rows]

@@ -22,6 +22,7 @@ from harvest_celery import (
     workflow,
 )
 from harvest_celery._runtime.inline import InlineDispatcher
+from harvest_celery._store import limits
 from harvest_celery._store.schema import activity_tasks, events, executions, schedules
 
 PROBED: list[str] = []
@@ -228,6 +229,8 @@ def test_a_reset_that_waits_sends_its_open_activities_only_once_admitted(h):
         held = conn.execute(sa.select(activity_tasks).where(activity_tasks.c.execution_id == new)).one()
     assert (held.status, held.limit_digest) == ("waiting", None)
     assert h.store.held_activities(new) == {held.activity_id: "held until the run is admitted"}
+    under, _ = h.store.transaction(limits.waiting_limits)
+    assert under == []  # a held row is under no limit: the sweeper's backstop settles nothing for it
     drain(h)
     assert PROBED == ["a2"]  # a2's code; nothing of the reset ran
     h.signal("a2", "go", "x")
