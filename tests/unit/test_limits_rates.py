@@ -2,7 +2,9 @@
 messages delivered by hand: one token per interval, the next row in line waits with the token's
 due time, the waker releases at that time and one token gives one release; keys have their own
 tokens; an abandoned row keeps its token spent; overrides and refusals write nothing bad. Time
-is moved by moving the limit row's ``tat`` (and the due times) back, never by sleeping."""
+is moved by moving the limit row's ``tat`` (and the due times) back, never by sleeping; the
+rate is one a minute, so a slow machine (a start taking longer than a short interval) never
+hands out a token the test did not move time for."""
 
 from __future__ import annotations
 
@@ -20,8 +22,10 @@ from harvest_celery._store.schema import activity_tasks, limits
 from harvest_celery._store.store import utcnow
 from tests.unit.test_limits_slots import assert_in_use_matches, messages, run_body, status
 
+RATE, INTERVAL = "1/m", 60  # one token a minute
 
-@activity(name="tick", rate_limit="2/s")
+
+@activity(name="tick", rate_limit=RATE)
 def tick(label):
     return label
 
@@ -98,11 +102,15 @@ def test_one_token_per_interval_and_the_next_row_waits_with_its_due_time(h):
     assert [status(h, r) for r in (first, second, third)] == ["scheduled", "waiting", "waiting"]
     due = row(h, second)["due_at"]  # its turn has come; its token is due one interval later
     assert due is not None and row(h, third)["due_at"] is None
-    assert timedelta(seconds=0.5) <= due.replace(tzinfo=before.tzinfo) - before < timedelta(seconds=5)
+    assert (
+        timedelta(seconds=INTERVAL)
+        <= due.replace(tzinfo=before.tzinfo) - before
+        < timedelta(seconds=INTERVAL + 5)
+    )
     assert due == tat(h, "tick")
     h.runtime.sweeper.sweep_once()  # not due yet: the sweep releases nothing
     assert messages(h) == [] and status(h, second) == "waiting"
-    time_passes(h, 0.5)
+    time_passes(h, INTERVAL)
     assert h.runtime.sweeper.waker.release_due()[0] > 0  # released; sleeps until the next due
     (sent,) = messages(h)
     assert sent.args[0] == second and status(h, third) == "waiting"
@@ -116,7 +124,7 @@ def test_the_waker_sleeps_until_the_earliest_due_time_and_idles_when_none(h):
     start(h, "ticks", "b")
     messages(h)
     wait, due = waker.release_due()
-    assert 0 < wait <= 0.5 and due == tat(h, "tick").replace(tzinfo=utcnow().tzinfo).timestamp()
+    assert 0 < wait <= INTERVAL and due == tat(h, "tick").replace(tzinfo=utcnow().tzinfo).timestamp()
 
 
 def test_a_waker_whose_sleep_ends_settles_the_limit_it_slept_for_before_reading(h, monkeypatch):
@@ -124,7 +132,7 @@ def test_a_waker_whose_sleep_ends_settles_the_limit_it_slept_for_before_reading(
     first, second = start(h, "ticks", "a"), start(h, "ticks", "b")
     messages(h)
     assert waker.release_due()[0] > 0  # read: it sleeps for "tick"'s token
-    time_passes(h, 0.5)
+    time_passes(h, INTERVAL)
 
     def no_read(_tx):
         raise AssertionError("read before the release")
@@ -138,7 +146,7 @@ def test_a_waker_whose_sleep_ends_settles_the_limit_it_slept_for_before_reading(
 def test_one_token_gives_one_release_however_many_settle(h):
     runs = [start(h, "ticks", f"t{i}") for i in range(4)]
     messages(h)
-    time_passes(h, 0.5)
+    time_passes(h, INTERVAL)
     with h.store.begin() as tx:  # two wakers and a sweep at the same due time
         assert store_limits.wake(tx, "tick", row(h, runs[1])["limit_digest"], utcnow()) == 1
         assert store_limits.wake(tx, "tick", row(h, runs[1])["limit_digest"], utcnow()) == 0
@@ -172,7 +180,7 @@ def test_a_throttled_release_counts_its_seconds_waiting(h):
     start(h, "ticks", "a")
     second = start(h, "ticks", "b")
     messages(h)
-    time_passes(h, 0.5)
+    time_passes(h, INTERVAL)
     with h.store.begin() as tx:
         store_limits.wake(tx, "tick", row(h, second)["limit_digest"], utcnow())
         (amount,) = tx.amounts
@@ -202,12 +210,12 @@ def test_a_rate_override_is_shown_respaces_the_next_token_and_clears(h):
     messages(h)
     h.set_limit("tick", rate_limit="1/h")  # lowered: the next token is an hour after the last start
     (entry,) = [e for e in h.limits() if e["name"] == "tick"]
-    assert (entry["declared_rate_limit"], entry["override_rate_limit"]) == ("2/s", "1/h")
+    assert (entry["declared_rate_limit"], entry["override_rate_limit"]) == (RATE, "1/h")
     assert entry["override_concurrency"] is None and entry["override_set_at"] is not None
     time_passes(h, 60)
     h.runtime.sweeper.waker.release_due()
     assert status(h, second) == "waiting"
-    h.set_limit("tick", clear=True)  # 2/s again, from the last start: long due, released now
+    h.set_limit("tick", clear=True)  # 1/m again, from the last start: long due, released now
     assert status(h, second) == "scheduled"
     (entry,) = [e for e in h.limits() if e["name"] == "tick"]
     assert (entry["override_rate_limit"], entry["override_set_at"]) == (None, None)
@@ -225,7 +233,7 @@ def test_the_limits_cli_sets_a_rate_and_refuses_a_bad_one(h, capsys):
     url = h.database_url
     assert main(["--database-url", url, "limits", "set", "tick", "--rate-limit", "5/m"]) == 0
     out = capsys.readouterr().out
-    assert "tick: 1 in use at 5/m, 0 waiting, declared 2/s, override 5/m set " in out
+    assert "tick: 1 in use at 5/m, 0 waiting, declared 1/m, override 5/m set " in out
     assert main(["--database-url", url, "limits", "set", "tick", "--rate-limit", "20/d"]) != 0
     assert "rate_limit must be a positive integer" in capsys.readouterr().err
     assert [e["override_rate_limit"] for e in h.limits() if e["name"] == "tick"] == ["5/m"]
