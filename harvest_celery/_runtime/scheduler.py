@@ -18,6 +18,7 @@ from typing import Any
 from prometheus_client import Gauge
 
 from harvest_celery._core.lifecycle import FAILED
+from harvest_celery._errors import InvalidLimitKey
 from harvest_celery._store import admission
 from harvest_celery._store import schedules as rows
 from harvest_celery._store.appconn import payloads_on
@@ -63,8 +64,11 @@ def fire_pass(runtime: Any, since: datetime | None = None) -> list[rows.Fired]:
         try:
             done = _fire_one(runtime, failed, since)
         except rows.FiringFailed as exc:
-            log.exception("scheduler: firing schedule %s failed", exc.name)
             failed.append(exc.name)
+            if isinstance(exc.__cause__, InvalidLimitKey):
+                _pause_unfireable(runtime, exc.name, exc.__cause__)
+            else:
+                log.exception("scheduler: firing schedule %s failed", exc.name)
             continue
         if done is None:
             break
@@ -100,6 +104,16 @@ def _fire_one(runtime: Any, failed: list[str], since: datetime) -> rows.Fired | 
                 tx.metrics.extend([("schedule_ticks", {"workflow": f.workflow, "outcome": outcome})] * count)
     runtime._after_commit(tx)
     return found[0] if found else None
+
+
+def _pause_unfireable(runtime: Any, name: str, why: InvalidLimitKey) -> None:
+    """A tick whose workflow's ``limit_key`` refuses the stored input will refuse it on every
+    pass: the schedule is paused once, with the reason as its note, instead of failing (and
+    logging) forever. ``harvest schedules resume`` after fixing the input or the key fires it
+    again; the ticks missed meanwhile follow the schedule's catch-up policy."""
+    log.error("scheduler: schedule %s paused: %s", name, why)
+    with runtime.store.begin() as tx:
+        rows.pause(tx, name, f"paused by the scheduler: {why}")
 
 
 def observe_failing(runtime: Any) -> None:

@@ -27,9 +27,14 @@ async def se_tick(ctx: WorkflowContext, data: object) -> dict[str, object]:
     return {"data": data, "scheduled_for": when.isoformat() if when else None}
 
 
+@workflow(name="se.keyed", concurrency=1, limit_key=lambda data: data["customer"])
+async def se_keyed(ctx: WorkflowContext, data: object) -> object:
+    return data
+
+
 @pytest.fixture
 def h(tmp_path):
-    harvest = Harvest(f"sqlite:///{tmp_path / 's.db'}").register(se_tick)
+    harvest = Harvest(f"sqlite:///{tmp_path / 's.db'}").register(se_tick, se_keyed)
     harvest.migrate()
     return harvest
 
@@ -151,6 +156,24 @@ def test_a_schedule_that_cannot_fire_holds_up_no_other(h):
         time.sleep(0.05)
     assert fired and all(run_id.startswith("b-fine@") for run_id in fired)
     assert h.describe_schedule("a-broken")["fired"] == 0
+
+
+def test_a_tick_its_limit_key_refuses_pauses_its_schedule_once_with_the_reason(h, caplog):
+    from harvest_celery._store.schema import schedules
+
+    h.create_schedule("keyed", workflow="se.keyed", every=timedelta(seconds=1), input={"customer": "a"})
+    with h.store.begin() as tx:  # an input the key can no longer read: every tick would refuse it
+        tx.conn.execute(schedules.update().where(schedules.c.name == "keyed").values(input={"nobody": 1}))
+    time.sleep(1.1)
+    with caplog.at_level("ERROR", logger="harvest_celery"):
+        assert h.fire_schedules() == []
+        assert h.fire_schedules() == []  # paused: the second pass neither fires nor logs again
+    described = h.describe_schedule("keyed")
+    assert described["paused"] is True
+    assert described["pause_note"].startswith("paused by the scheduler: invalid limit key")
+    assert described["fired"] == 0
+    reason = described["pause_note"].removeprefix("paused by the scheduler: ")
+    assert [r.getMessage() for r in caplog.records] == [f"scheduler: schedule keyed paused: {reason}"]
 
 
 def test_a_pass_slower_than_the_on_time_margin_misses_no_tick(h, monkeypatch):
