@@ -67,6 +67,7 @@ class Tx(Protocol):
     payloads: Any
     dispatches: list[Dispatch]
     eager_take: EagerTake | None
+    freed: dict[tuple[str, str], int]
 
     def dispatch_activity(
         self,
@@ -137,10 +138,25 @@ def _settle_in_one(tx: Tx, name: str, digest: str, now: datetime) -> int:
     the lock (``sql.SETTLE_STEPS``), in the same round trip with psycopg2: the lock is held for
     that round trip and the commit, with no Python work between statements."""
     params = {"name": name, "digest": digest, "now": now, **_candidate(tx.eager_take)}
+    freed = tx.freed.pop((name, digest), 0)
+    if freed:
+        handed = hand_off(tx, params, freed)
+        if handed == freed:
+            return handed
+        params.update(_candidate(tx.eager_take))  # the deciding thread's row may be gone
     released = tx.dialect.in_one_trip(tx.conn, sql.SETTLE_STEPS, params).all()
     if released[0].rate is not None:  # a rate in force: its steps, under the lock held
         return _settle_locked(tx, name, digest, released[0], now)
     return _dispatch(tx, [row for row in released if row.execution_id is not None])
+
+
+def hand_off(tx: Tx, params: dict[str, Any], freed: int) -> int:
+    """Give the slots this transaction freed to the next waiting rows, without the limit row's
+    lock (``sql.HAND_OFF``: the count of rows holding a slot does not change): the rows released.
+    Fewer than ``freed`` (no one waits, a rate is in force, the limit was lowered): the caller
+    settles under the lock, which recounts."""
+    released = tx.conn.exec_driver_sql(sql.HAND_OFF, {**params, "freed": freed}).all()
+    return _dispatch(tx, list(released))
 
 
 def _candidate(taking: EagerTake | None) -> dict[str, Any]:

@@ -25,7 +25,10 @@ from sqlalchemy import text as sa_text
 from sqlalchemy.dialects import postgresql
 
 from harvest_celery._core.lifecycle import RUN_STATUSES
-from harvest_celery._core.names import TASK_STATUSES
+from harvest_celery._core.names import TASK_STATUSES, TaskStatus
+
+# the task rows that hold a slot of their limit (``limits.HOLDING``): a partial index's predicate
+HOLDING_PREDICATE = f"status IN ('{TaskStatus.SCHEDULED.value}', '{TaskStatus.RUNNING.value}')"
 
 metadata = MetaData()
 
@@ -159,6 +162,15 @@ activity_tasks = Table(
     Column("wait_seq", BigInteger),  # from harvest_wait_seq: FIFO within a priority
     Index("ix_harvest_activity_tasks_status", "status"),
     Index("ix_harvest_activity_tasks_waiting", "activity_name", "limit_digest", "status"),
+    # the rows holding a slot (migration 0019): a settle counts them under its limit row's lock,
+    # so the count reads only the limit's live rows, never the completed ones that only grow
+    Index(
+        "ix_harvest_activity_tasks_holding",
+        "activity_name",
+        "limit_digest",
+        postgresql_where=sa_text(HOLDING_PREDICATE),
+        sqlite_where=sa_text(HOLDING_PREDICATE),
+    ),
     status_check("harvest_activity_tasks", TASK_STATUSES),
 )
 

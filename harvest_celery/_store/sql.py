@@ -112,11 +112,17 @@ RUN_ROW = ", ".join(c.name for c in executions.c if c.name not in EXECUTION_PAYL
 FINISH = sa.text(f"""
 WITH run AS (
     SELECT {RUN_ROW} FROM {RUNS} WHERE id = :execution_id FOR UPDATE
+), prev AS (
+    SELECT t.execution_id, t.activity_id, t.status IN ({SCHEDULED}, {RUNNING_TASK}) AS held
+    FROM {TASKS} AS t JOIN run ON t.execution_id = run.id
+    WHERE t.activity_id = :activity_id
+    FOR UPDATE OF t
 ), task AS (
     UPDATE {TASKS} AS t
     SET status = {COMPLETED_TASK}, finished_at = :now, lease_expires_at = NULL
-    FROM run
+    FROM run, prev
     WHERE t.execution_id = run.id AND t.activity_id = :activity_id
+      AND prev.execution_id = t.execution_id AND prev.activity_id = t.activity_id
       AND ((t.attempt = :attempt AND t.status IN ({RUNNING_TASK}, {RETRY_WAIT}))
            OR (t.attempt = :attempt + 1 AND t.status IN ({SCHEDULED}, {WAITING}))
            OR (t.status = {CANCELLED_TASK} AND t.attempt IN (:attempt, :attempt + 1)
@@ -125,10 +131,11 @@ WITH run AS (
                            WHERE s.execution_id = run.id AND s.type = {STARTED}
                              AND s.data->>'activity_id' = :activity_id
                              AND s.data->>'attempt' = CAST(:attempt AS TEXT))))
-    RETURNING t.activity_id, t.activity_name, t.limit_digest
+    RETURNING t.activity_id, t.activity_name, t.limit_digest, prev.held
 )
 SELECT run.*, EXISTS (SELECT 1 FROM task) AS finished,
-       (SELECT activity_name FROM task) AS task_name, (SELECT limit_digest FROM task) AS task_limit
+       (SELECT activity_name FROM task) AS task_name, (SELECT limit_digest FROM task) AS task_limit,
+       COALESCE((SELECT held FROM task), false) AS task_held
 FROM run
 """)
 
@@ -160,6 +167,28 @@ WHERE name = %(name)s AND key_digest = %(digest)s FOR UPDATE"""
 # lease, ``ActivityStarted`` appended at its run's next seq (the run row is this transaction's
 # own, locked first), that seq returned as ``started_seq`` (``taken`` marks its row).
 _MINE = "(t.execution_id = %(c_run)s AND t.activity_id = %(c_act)s AND t.attempt = 1)"
+# Release the rows ``nxt`` locked (``scheduled``; the deciding thread's own row ``running``, its
+# ActivityStarted appended at its run's next seq, ``taken``): the settle's and the hand-off's.
+_RELEASE = f"""), rel AS (
+    UPDATE {TASKS} AS t SET status = CASE WHEN {_MINE} THEN {RUNNING_TASK} ELSE {SCHEDULED} END,
+        worker_id = CASE WHEN {_MINE} THEN %(c_worker)s ELSE t.worker_id END,
+        started_at = CASE WHEN {_MINE} THEN CAST(%(c_at)s AS TIMESTAMPTZ) ELSE t.started_at END,
+        lease_expires_at = CASE WHEN {_MINE} THEN CAST(%(c_lease)s AS TIMESTAMPTZ)
+                                ELSE t.lease_expires_at END,
+        dispatched_at = %(now)s, due_at = NULL
+    FROM nxt WHERE t.execution_id = nxt.execution_id AND t.activity_id = nxt.activity_id
+    RETURNING t.execution_id, t.activity_id, t.activity_name, t.queue, t.attempt, t.adopted,
+              t.start_to_close, t.priority, t.status = {RUNNING_TASK} AS taken
+), bumped AS (
+    UPDATE {RUNS} AS r SET next_seq = r.next_seq + 1 FROM rel
+    WHERE rel.taken AND r.id = rel.execution_id
+    RETURNING r.id, r.next_seq - 1 AS seq
+), began AS (
+    INSERT INTO {EVENTS} (execution_id, seq, type, data, recorded_at)
+    SELECT bumped.id, bumped.seq, {STARTED}, CAST(%(c_data)s AS JSONB), CAST(%(c_at)s AS TIMESTAMPTZ)
+    FROM bumped
+    RETURNING seq
+"""
 SETTLE_CONCURRENCY = f"""
 WITH cfg AS (
     SELECT COALESCE(override_concurrency, declared_concurrency) AS lim,
@@ -179,26 +208,7 @@ WITH cfg AS (
     ORDER BY compensation DESC, priority DESC, wait_seq
     LIMIT (SELECT free FROM fits)
     FOR UPDATE SKIP LOCKED
-), rel AS (
-    UPDATE {TASKS} AS t SET status = CASE WHEN {_MINE} THEN {RUNNING_TASK} ELSE {SCHEDULED} END,
-        worker_id = CASE WHEN {_MINE} THEN %(c_worker)s ELSE t.worker_id END,
-        started_at = CASE WHEN {_MINE} THEN CAST(%(c_at)s AS TIMESTAMPTZ) ELSE t.started_at END,
-        lease_expires_at = CASE WHEN {_MINE} THEN CAST(%(c_lease)s AS TIMESTAMPTZ)
-                                ELSE t.lease_expires_at END,
-        dispatched_at = %(now)s, due_at = NULL
-    FROM nxt WHERE t.execution_id = nxt.execution_id AND t.activity_id = nxt.activity_id
-    RETURNING t.execution_id, t.activity_id, t.activity_name, t.queue, t.attempt, t.adopted,
-              t.start_to_close, t.priority, t.status = {RUNNING_TASK} AS taken
-), bumped AS (
-    UPDATE {RUNS} AS r SET next_seq = r.next_seq + 1 FROM rel
-    WHERE rel.taken AND r.id = rel.execution_id
-    RETURNING r.id, r.next_seq - 1 AS seq
-), began AS (
-    INSERT INTO {EVENTS} (execution_id, seq, type, data, recorded_at)
-    SELECT bumped.id, bumped.seq, {STARTED}, CAST(%(c_data)s AS JSONB), CAST(%(c_at)s AS TIMESTAMPTZ)
-    FROM bumped
-    RETURNING seq
-), stored AS (
+{_RELEASE}), stored AS (
     UPDATE {LIMITS} SET in_use = (SELECT n FROM held) + (SELECT count(*) FROM rel), updated_at = %(now)s
     WHERE name = %(name)s AND key_digest = %(digest)s AND NOT EXISTS (SELECT 1 FROM cfg WHERE rate IS NOT NULL)
 )
@@ -209,6 +219,34 @@ FROM {LIMITS} AS l LEFT JOIN rel ON true WHERE l.name = %(name)s AND l.key_diges
 # A concurrency settle: the row, its lock, the settle (``Dialect.in_one_trip``: one round trip with
 # psycopg2; each statement its own snapshot, so the settle's is taken once the lock is held).
 SETTLE_STEPS = (ENSURE_LIMIT, LOCK_LIMIT, SETTLE_CONCURRENCY)
+
+# A hand-off (``limits.hand_off``): a transaction that took ``freed`` rows of a limit out of
+# ``scheduled``/``running`` gives their slots to the next waiting rows, WITHOUT the limit row's
+# lock: the count of rows holding a slot is the same before and after it commits, whatever any
+# other settle reads meanwhile, so no recount is needed and commits never queue behind one
+# another on a hot limit row. Only under a concurrency limit with no rate in force, and only
+# while the key's stored ``in_use`` is within the limit (a lowered limit must shrink: the
+# locked settle's). Returns the released rows; fewer than ``freed``: the caller settles the
+# rest under the lock (a slot nobody takes now lowers the count, which a waiting row's settle
+# must see).
+HAND_OFF = f"""
+WITH cfg AS (
+    SELECT COALESCE(override_concurrency, declared_concurrency) AS lim,
+           COALESCE(override_rate_limit, declared_rate_limit) AS rate
+    FROM {LIMITS} WHERE name = %(name)s AND key_digest = ''
+), ok AS (
+    SELECT 1 FROM cfg, {LIMITS} AS l
+    WHERE l.name = %(name)s AND l.key_digest = %(digest)s
+      AND cfg.rate IS NULL AND cfg.lim IS NOT NULL AND l.in_use <= cfg.lim
+), nxt AS (
+    SELECT execution_id, activity_id FROM {TASKS}
+    WHERE activity_name = %(name)s AND limit_digest = %(digest)s AND status = {WAITING}
+      AND EXISTS (SELECT 1 FROM ok)
+    ORDER BY compensation DESC, priority DESC, wait_seq
+    LIMIT %(freed)s
+    FOR UPDATE SKIP LOCKED
+{_RELEASE})
+SELECT rel.*, (SELECT seq FROM began) AS started_seq FROM rel"""
 
 # A workflow admission's settle (``admission.settle``), sent right after LOCK_LIMIT took the key's
 # limit row: recount the key's admitted runs still RUNNING, admit the next waiting ones that fit

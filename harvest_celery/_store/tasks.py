@@ -192,7 +192,10 @@ def _finish_in_one(tx: Tx, execution_id: str, activity_id: str, attempt: int, no
     ).first()
     if found is None or not found.finished:
         return None
-    tx.touch_limit(found.task_name, found.task_limit)  # its slot is free
+    if found.task_held:  # its slot is free
+        tx.free_slot(found.task_name, found.task_limit)
+    else:
+        tx.touch_limit(found.task_name, found.task_limit)
     return RunRow.from_mapping(found._mapping)
 
 
@@ -211,7 +214,10 @@ def _finish_stepwise(
     if not accepts_completion(task, attempt, started_in_cancelled_run=started):
         return None
     _finish(tx, execution_id, activity_id, TaskStatus.COMPLETED.value, now, None)
-    tx.touch_limit(task.activity_name, task.limit_digest)  # its slot is free
+    if task.status in (TaskStatus.SCHEDULED.value, TaskStatus.RUNNING.value):  # its slot is free
+        tx.free_slot(task.activity_name, task.limit_digest)
+    else:
+        tx.touch_limit(task.activity_name, task.limit_digest)
     return located[0]
 
 
@@ -258,7 +264,7 @@ def fail_attempt(
         # cancel never fails an await, so nothing may be recorded for it
         return IGNORED, None, None
     tx.metrics.append(("activity_attempt_failed", {"workflow": row.workflow_type, "queue": task.queue}))
-    tx.touch_limit(task.activity_name, task.limit_digest)  # a retry_wait or failed row holds no slot
+    tx.free_slot(task.activity_name, task.limit_digest)  # a retry_wait or failed row holds no slot
     tx.record_error(execution_id, activity_id, attempt, error_type, message, traceback, now)
     policy = RetryPolicy.from_data(task.retry)
     if policy.should_retry(attempt, error_type) and operator_live.holds(row):

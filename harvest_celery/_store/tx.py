@@ -116,6 +116,8 @@ class Tx:
         # children whose close wrote a notice: applied to their parents once this commits
         self.closed_children: list[str] = []
         self.touched: set[tuple[str, str]] = set()  # limits to settle before commit
+        # slots this transaction freed, by limit: handed to waiting rows first (``limits.hand_off``)
+        self.freed: dict[tuple[str, str], int] = {}
         self.admissions: set[tuple[str, str]] = set()  # workflow admissions to settle, too
         # a limited activity the deciding thread runs if its settle releases it (``EagerTake``)
         self.eager_take: EagerTake | None = None
@@ -132,6 +134,13 @@ class Tx:
     def touch_limit(self, name: str, digest: str | None) -> None:
         """A slot of this limit may be free, or a row now waits under it: settle before commit."""
         if digest is not None:
+            self.touched.add((name, digest))
+
+    def free_slot(self, name: str, digest: str | None) -> None:
+        """A row of this limit left ``scheduled``/``running``: its slot is free, for the next
+        waiting row (``limits.hand_off``) or the settle's recount."""
+        if digest is not None:
+            self.freed[(name, digest)] = self.freed.get((name, digest), 0) + 1
             self.touched.add((name, digest))
 
     def settle_limits(self, now: datetime | None = None) -> None:

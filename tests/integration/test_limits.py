@@ -333,3 +333,30 @@ def start_calls_of(harvest: Any, workflow: str, tag: str, label: str, **extra: A
 
 def statuses_all(harvest: Any, run_id: str) -> list[str]:
     return [r["status"] for r in harvest.store.activity_rows(run_id)]
+
+
+def test_a_completion_hands_its_slot_to_the_next_waiting_row_without_the_limit_rows_lock(
+    harvest, limited_workers, redis_client, tag
+):
+    # the holder's completion frees limited_one's only slot while a row waits for it: the slot
+    # passes to that row in the completion's own transaction, the limit row never locked (the
+    # count of rows holding a slot is the same before and after), so commits on a hot limit do
+    # not queue behind one another (docs/flow-control.md, "What a limit costs")
+    holder = _hold_the_slot(harvest, redis_client, tag)
+    (waiting,) = start_calls(harvest, f"{tag}-next", "limited_one", 1, sleep=0.0)
+    wait_for(lambda: statuses(harvest, [waiting]) == ["waiting"], what="the second call waiting")
+    with harvest.store.engine.connect() as locker:
+        locker.execute(
+            sa.select(limits.c.in_use)
+            .where((limits.c.name == "limited_one") & (limits.c.key_digest == ""))
+            .with_for_update()
+        ).all()
+        redis_client.set(f"release:{tag}-hold", 1)
+        # released while the limit row stays locked by this connection: its body runs
+        wait_for(lambda: stamps(redis_client, f"{tag}-next"), what="the waiting row's body to start")
+        assert statuses(harvest, [holder]) == ["completed"]
+        locker.rollback()
+    # nothing waits behind it: its own completion frees the slot under the lock (a recount)
+    assert harvest.result(waiting, timeout=60) == f"{tag}-next-0"
+    assert harvest.result(holder, timeout=60) == f"{tag}-hold-0"
+    assert in_use(harvest, "limited_one") == 0
