@@ -38,7 +38,7 @@ from harvest_celery._payloads.stores import listable
 from harvest_celery._runtime import logs
 from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._runtime.sessions import SessionCache
-from harvest_celery._store import tasks
+from harvest_celery._store import handoff, tasks
 from harvest_celery._store.predicates import RUN, fast_path
 from harvest_celery._store.records import Claim, CompletionGuard, EagerClaim, RunRow, utcnow
 from harvest_celery._store.store import Store, is_transient
@@ -169,8 +169,8 @@ def choose(rt: Runtime, claim: Claim) -> tuple[Choice, Session | None]:
         return Choice(INLINE if rt.settings.inline_decisions else TASK), None
     if payloads.offload_threshold is not None and not listable(payloads.store):
         return Choice(INLINE, "offload", "the payload store cannot list its blobs"), None
-    if rt.registry.activity(claim.activity_name).limits.limited:
-        return Choice(INLINE, "limited"), None  # its slot is freed in the lock order (``_store.limits``)
+    if rt.registry.activity(claim.activity_name).limits.rate_limit is not None:
+        return Choice(INLINE, "limited"), None  # its token is settled in the lock order (``_store.limits``)
     session = rt.sessions.take(claim.execution_id)
     if session is None:
         return Choice(INLINE, "not_warm"), None
@@ -393,7 +393,9 @@ def _write_one_statement(
         now,
         rt.settings.timings,
         workflow_type,
-        CompletionGuard(claim.activity_id, claim.attempt),
+        CompletionGuard(
+            claim.activity_id, claim.attempt, handoff.slot(rt.registry, claim.activity_name, claim.input)
+        ),
         leading=[completion],
         eager=rt._eager_claim(),
         sticky=rt.sticky_queue if session.reusable else None,

@@ -137,17 +137,17 @@ def _settle_in_one(tx: Tx, name: str, digest: str, now: datetime) -> int:
     """Postgres: under a concurrency limit the whole settle is one statement sent right after
     the lock (``sql.SETTLE_STEPS``), in the same round trip with psycopg2: the lock is held for
     that round trip and the commit, with no Python work between statements."""
-    params = {"name": name, "digest": digest, "now": now, **_candidate(tx.eager_take)}
+    params = {"name": name, "digest": digest, "now": now, **candidate(tx.eager_take)}
     freed = tx.freed.pop((name, digest), 0)
     if freed:
         handed = hand_off(tx, params, freed)
         if handed == freed:
             return handed
-        params.update(_candidate(tx.eager_take))  # the deciding thread's row may be gone
+        params.update(candidate(tx.eager_take))  # the deciding thread's row may be gone
     released = tx.dialect.in_one_trip(tx.conn, sql.SETTLE_STEPS, params).all()
     if released[0].rate is not None:  # a rate in force: its steps, under the lock held
         return _settle_locked(tx, name, digest, released[0], now)
-    return _dispatch(tx, [row for row in released if row.execution_id is not None])
+    return dispatch_released(tx, [row for row in released if row.execution_id is not None])
 
 
 def hand_off(tx: Tx, params: dict[str, Any], freed: int) -> int:
@@ -156,10 +156,10 @@ def hand_off(tx: Tx, params: dict[str, Any], freed: int) -> int:
     Fewer than ``freed`` (no one waits, a rate is in force, the limit was lowered): the caller
     settles under the lock, which recounts."""
     released = tx.conn.exec_driver_sql(sql.HAND_OFF, {**params, "freed": freed}).all()
-    return _dispatch(tx, list(released))
+    return dispatch_released(tx, list(released))
 
 
-def _candidate(taking: EagerTake | None) -> dict[str, Any]:
+def candidate(taking: EagerTake | None) -> dict[str, Any]:
     """``SETTLE_CONCURRENCY``'s parameters of the row the deciding thread wants (all None: none)."""
     if taking is None:
         return dict.fromkeys(("c_run", "c_act", "c_worker", "c_at", "c_lease", "c_data"))
@@ -222,10 +222,10 @@ def _settle_locked(tx: Tx, name: str, digest: str, held: sa.Row[Any], now: datet
         .where((limits.c.name == name) & (limits.c.key_digest == digest))
         .values(in_use=in_use + len(released), updated_at=now, **values)
     )
-    return _dispatch(tx, released)
+    return dispatch_released(tx, released)
 
 
-def _dispatch(tx: Tx, released: list[sa.Row[Any]]) -> int:
+def dispatch_released(tx: Tx, released: list[sa.Row[Any]]) -> int:
     """The released rows' messages, staged (sent after commit); the row the deciding thread
     wants (``Tx.eager_take``), released in this very transaction, is claimed for it instead."""
     taking = tx.eager_take

@@ -487,6 +487,9 @@ class CompletionGuard:
 
     activity_id: str
     attempt: int
+    # the attempt holds a slot of a concurrency limit (its name and key digest): the statement
+    # hands that slot on (``sql.HAND_OFF_AFTER_WRITE``) in the same round trip
+    limited: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -220,6 +220,7 @@ FROM {LIMITS} AS l LEFT JOIN rel ON true WHERE l.name = %(name)s AND l.key_diges
 # psycopg2; each statement its own snapshot, so the settle's is taken once the lock is held).
 SETTLE_STEPS = (ENSURE_LIMIT, LOCK_LIMIT, SETTLE_CONCURRENCY)
 
+
 # A hand-off (``limits.hand_off``): a transaction that took ``freed`` rows of a limit out of
 # ``scheduled``/``running`` gives their slots to the next waiting rows, WITHOUT the limit row's
 # lock: the count of rows holding a slot is the same before and after it commits, whatever any
@@ -229,24 +230,41 @@ SETTLE_STEPS = (ENSURE_LIMIT, LOCK_LIMIT, SETTLE_CONCURRENCY)
 # locked settle's). Returns the released rows; fewer than ``freed``: the caller settles the
 # rest under the lock (a slot nobody takes now lowers the count, which a waiting row's settle
 # must see).
-HAND_OFF = f"""
-WITH cfg AS (
+def _hand_off(name: str, digest: str, freed: str) -> str:
+    return f"""cfg AS (
     SELECT COALESCE(override_concurrency, declared_concurrency) AS lim,
            COALESCE(override_rate_limit, declared_rate_limit) AS rate
-    FROM {LIMITS} WHERE name = %(name)s AND key_digest = ''
+    FROM {LIMITS} WHERE name = {name} AND key_digest = ''
 ), ok AS (
     SELECT 1 FROM cfg, {LIMITS} AS l
-    WHERE l.name = %(name)s AND l.key_digest = %(digest)s
+    WHERE l.name = {name} AND l.key_digest = {digest}
       AND cfg.rate IS NULL AND cfg.lim IS NOT NULL AND l.in_use <= cfg.lim
 ), nxt AS (
     SELECT execution_id, activity_id FROM {TASKS}
-    WHERE activity_name = %(name)s AND limit_digest = %(digest)s AND status = {WAITING}
+    WHERE activity_name = {name} AND limit_digest = {digest} AND status = {WAITING}
       AND EXISTS (SELECT 1 FROM ok)
     ORDER BY compensation DESC, priority DESC, wait_seq
-    LIMIT %(freed)s
+    LIMIT {freed}
     FOR UPDATE SKIP LOCKED
-{_RELEASE})
+{_RELEASE})"""
+
+
+HAND_OFF = f"""WITH {_hand_off("%(name)s", "%(digest)s", "%(freed)s")}
 SELECT rel.*, (SELECT seq FROM began) AS started_seq FROM rel"""
+
+# The hand-off of the slot a limited attempt held, sent after its guarded one-statement write
+# (``sql.guarded_write``) in the same simple query, so in the same implicit transaction
+# (``Tx.apply_guarded_decision``): its limit is read from the task row that write completed in
+# this very transaction (``xmin``), so nothing is handed on when the guard refused the write.
+# One row always comes back: the limit's name and digest (NULL: not written), then the released
+# row's columns (NULL: none).
+HAND_OFF_AFTER_WRITE = f"""WITH me AS (
+    SELECT activity_name AS name, limit_digest AS digest FROM {TASKS}
+    WHERE execution_id = %(run_id)s AND activity_id = %(g_activity_id)s AND status = {COMPLETED_TASK}
+      AND xmin = xid(pg_current_xact_id_if_assigned())
+), {_hand_off("(SELECT name FROM me)", "(SELECT digest FROM me)", "1")}
+SELECT me.name AS limit_name, me.digest AS limit_digest, rel.*, (SELECT seq FROM began) AS started_seq
+FROM (SELECT 1) AS one LEFT JOIN me ON true LEFT JOIN rel ON true"""
 
 # A workflow admission's settle (``admission.settle``), sent right after LOCK_LIMIT took the key's
 # limit row: recount the key's admitted runs still RUNNING, admit the next waiting ones that fit

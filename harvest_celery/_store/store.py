@@ -155,12 +155,30 @@ class Store:
                         raise
                     committing = not autocommit
                     trans.commit()
+                if tx.settle_after:
+                    self._settle_after(tx)
                 return result, tx
             except sa.exc.DBAPIError as exc:
                 if attempt == 2 or committing or not exc.connection_invalidated:
                     raise
                 log.warning("database connection was lost before commit; retrying the transaction once")
         raise AssertionError("unreachable")
+
+    def _settle_after(self, tx: Tx) -> None:
+        """Settle, in a transaction of its own, the limits a committed one-trip write freed a slot
+        of without handing it on; its messages join ``tx``'s. A failure is logged: the sweeper
+        settles every limit with waiting rows each pass."""
+        touched, tx.settle_after = tx.settle_after, set()
+        try:
+            _, later = self.transaction(lambda t: t.touched.update(touched))
+        except Exception as exc:  # noqa: BLE001 - the write committed; the sweeper is the backstop
+            log.warning(
+                "settling %s after a one-trip completion failed (%s)", sorted(touched), type(exc).__name__
+            )
+            return
+        tx.dispatches.extend(later.dispatches)
+        tx.metrics.extend(later.metrics)
+        tx.amounts.extend(later.amounts)
 
     def _connect(self, autocommit: bool) -> Connection:
         if autocommit:

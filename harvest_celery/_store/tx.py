@@ -24,7 +24,7 @@ from harvest_celery._core.registry import Registry
 from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
-from harvest_celery._store import admission, limits, pgwrite
+from harvest_celery._store import admission, handoff, limits, pgwrite
 from harvest_celery._store.dialect import Dialect
 from harvest_celery._store.records import (
     CompletionGuard,
@@ -86,12 +86,22 @@ def _outcome_unknown(exc: BaseException) -> bool:
 UNSTARTED = (TaskStatus.SCHEDULED.value, TaskStatus.RETRY_WAIT.value, TaskStatus.WAITING.value)
 
 
-def _not_one_statement(w: RunWrite, row: RunRow, registry: Registry) -> str:
-    """Why a staged write cannot take the one-statement path (``""``: it can)."""
+def _not_one_statement(
+    w: RunWrite, row: RunRow, registry: Registry, freeing: tuple[str, str] | None = None
+) -> str:
+    """Why a staged write cannot take the one-statement path (``""``: it can). ``freeing``: the
+    limit and key of the slot the completed attempt held, handed on in one trip (``handoff``)."""
     if w.abandon is not None and (w.tasks or w.timers):
         return "closing_with_work"
-    if any(t["limit_digest"] is not None for t in w.tasks):
-        return "limited"  # its slot is settled in the lock order: the ordinary way
+    limited = [t for t in w.tasks if t["limit_digest"] is not None]
+    if limited and (
+        freeing is None
+        or len(limited) > 1
+        or (limited[0]["activity_name"], limited[0]["limit_digest"]) != freeing
+    ):
+        # only the next step under the same limit and key rides the completion's hand-off; any
+        # other limited dispatch is settled in the lock order: the ordinary way
+        return "limited"
     definition = registry.workflows.get(row.workflow_type)
     if w.values.get("status") in TERMINAL_STATUSES and definition and definition.admission.limited:
         return "admission"  # its close frees a slot and admits the next: in the lock order
@@ -116,8 +126,9 @@ class Tx:
         # children whose close wrote a notice: applied to their parents once this commits
         self.closed_children: list[str] = []
         self.touched: set[tuple[str, str]] = set()  # limits to settle before commit
-        # slots this transaction freed, by limit: handed to waiting rows first (``limits.hand_off``)
-        self.freed: dict[tuple[str, str], int] = {}
+        self.freed: dict[tuple[str, str], int] = {}  # slots freed, by limit (``free_slot``)
+        # limits settled in a transaction of their own once this commits (``handoff.write``)
+        self.settle_after: set[tuple[str, str]] = set()
         self.admissions: set[tuple[str, str]] = set()  # workflow admissions to settle, too
         # a limited activity the deciding thread runs if its settle releases it (``EagerTake``)
         self.eager_take: EagerTake | None = None
@@ -137,8 +148,8 @@ class Tx:
             self.touched.add((name, digest))
 
     def free_slot(self, name: str, digest: str | None) -> None:
-        """A row of this limit left ``scheduled``/``running``: its slot is free, for the next
-        waiting row (``limits.hand_off``) or the settle's recount."""
+        """A row of this limit left ``scheduled``/``running``: its slot goes to the next waiting
+        row (``limits.hand_off``), else to the settle's recount."""
         if digest is not None:
             self.freed[(name, digest)] = self.freed.get((name, digest), 0) + 1
             self.touched.add((name, digest))
@@ -440,12 +451,10 @@ class Tx:
         sticky: str | None,
         eager: EagerClaim | None,
     ) -> tuple[list[ev.HistoryEvent] | None, str]:
-        """A completion and the decision taken on it in ONE statement, written only if the run
-        and the task row are still exactly what ``row`` and ``guard`` say (``pgwrite.guarded``).
-        Returns the events written and ``""``, or None and why nothing was written: ``nd`` (an
-        nd-block is the ordinary way's), ``closing_with_work`` (a decision that closes the run
-        while scheduling work: its abandon could not see the new rows), ``unsupported_shape``
-        (no plain-SQL text for it) or ``guard`` (the run or the task row moved on)."""
+        """A completion and the decision on it in ONE statement, written only if the run and
+        task row are still what ``row`` and ``guard`` say (``pgwrite.guarded``); a limited slot
+        handed on in the same trip (``handoff``). The events written and ``""``, or None and why
+        not (``FALLBACK_REASONS``: ``nd``, ``closing_with_work``, ``limited``, ``guard``...)."""
         if decision.nd is not None:
             return None, "nd"
         staged = stage_decision(
@@ -462,9 +471,12 @@ class Tx:
             eager=eager,
         )
         w = staged.write
-        refused = _not_one_statement(w, row, registry)
+        # a slot handed on in the write's trip: one simple query is one transaction on psycopg2
+        freeing = guard.limited if self.conn.dialect.driver == "psycopg2" else None
+        refused = "limited" if guard.limited != freeing else _not_one_statement(w, row, registry, freeing)
         if refused:
             return None, refused
+        handoff.in_line_rows(self, w.tasks, registry)  # a next step under the same limit
         sql = pgwrite.guarded(
             row, w.inserts(), w.values, guard, now, closing=w.abandon, notify=_closes(w.values)
         )
@@ -472,7 +484,10 @@ class Tx:
             return None, "unsupported_shape"
         self._put_blobs(staged.blobs)
         try:
-            written = self.conn.exec_driver_sql(*sql).rowcount == 1
+            if freeing is None:
+                written = self.conn.exec_driver_sql(*sql).rowcount == 1
+            else:  # the write, then the hand-off of its slot: one trip, one transaction
+                written = handoff.write(self, sql, staged.taking, now)
         except BaseException as exc:
             if not _outcome_unknown(exc):  # it failed: nothing references its blobs
                 self._delete_blobs(staged.blobs)
