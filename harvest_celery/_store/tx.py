@@ -86,14 +86,20 @@ def _outcome_unknown(exc: BaseException) -> bool:
 UNSTARTED = (TaskStatus.SCHEDULED.value, TaskStatus.RETRY_WAIT.value, TaskStatus.WAITING.value)
 
 
-def _not_one_statement(w: RunWrite, row: RunRow, registry: Registry) -> str:
-    """Why a staged write cannot take the one-statement path (``""``: it can)."""
+def _closes_limited(w: RunWrite, row: RunRow, registry: Registry) -> bool:
+    """Does the write close a run of a workflow under admission (its slot is freed)?"""
+    definition = registry.workflows.get(row.workflow_type)
+    return w.values.get("status") in TERMINAL_STATUSES and bool(definition and definition.admission.limited)
+
+
+def _not_one_statement(w: RunWrite, row: RunRow, registry: Registry, together: bool) -> str:
+    """Why a staged write cannot take the one-statement path (``""``: it can). ``together``: a
+    trip's statements commit together (``Dialect.trip_commits_together``)."""
     if w.abandon is not None and (w.tasks or w.timers):
         return "closing_with_work"
     if any(t["limit_digest"] is not None for t in w.tasks):
         return "limited"  # its slot is settled in the lock order: the ordinary way
-    definition = registry.workflows.get(row.workflow_type)
-    if w.values.get("status") in TERMINAL_STATUSES and definition and definition.admission.limited:
+    if not together and _closes_limited(w, row, registry):
         return "admission"  # its close frees a slot and admits the next: in the lock order
     return ""
 
@@ -117,6 +123,8 @@ class Tx:
         self.closed_children: list[str] = []
         self.touched: set[tuple[str, str]] = set()  # limits to settle before commit
         self.admissions: set[tuple[str, str]] = set()  # workflow admissions to settle, too
+        # admissions a one-trip close deferred: settled by a transaction of their own
+        self.unsettled: set[tuple[str, str]] = set()
         # a limited activity the deciding thread runs if its settle releases it (``EagerTake``)
         self.eager_take: EagerTake | None = None
         # tracing (on only): the spans of what this transaction did, and the runs it closed
@@ -358,13 +366,15 @@ class Tx:
     def abandon_open_tasks(self, execution_id: str, now: datetime, why: str) -> None:
         """Rows that have not started never will (no event: their body never ran), those a limit
         holds back (``waiting``) included; timers stop. A scheduled one frees its slot."""
-        for name, digest in limits.open_limits(self, execution_id):
-            self.touch_limit(name, digest)
-        self.conn.execute(
+        t = activity_tasks.c
+        cancelled = self.conn.execute(
             activity_tasks.update()
-            .where((activity_tasks.c.execution_id == execution_id) & activity_tasks.c.status.in_(UNSTARTED))
+            .where((t.execution_id == execution_id) & t.status.in_(UNSTARTED))
             .values(status=TaskStatus.CANCELLED.value, finished_at=now, last_error=why)
-        )
+            .returning(t.activity_name, t.limit_digest)
+        ).all()
+        for name, digest in set(cancelled):  # a retry's wait under a limit: a recount, harmless
+            self.touch_limit(name, digest)
         self.conn.execute(timers.update().where(timers.c.execution_id == execution_id).values(fired=True))
 
     # ── the decision cycle ───────────────────────────────────────────────────────────────────
@@ -453,7 +463,9 @@ class Tx:
             eager=eager,
         )
         w = staged.write
-        refused = _not_one_statement(w, row, registry)
+        refused = _not_one_statement(
+            w, row, registry, self.dialect.trip_commits_together(self.conn.dialect.driver)
+        )
         if refused:
             return None, refused
         sql = pgwrite.guarded(
@@ -461,20 +473,31 @@ class Tx:
         )
         if sql is None:
             return None, "unsupported_shape"
-        self._put_blobs(staged.blobs)
-        try:
-            written = self.conn.exec_driver_sql(*sql).rowcount == 1
-        except BaseException as exc:
-            if not _outcome_unknown(exc):  # it failed: nothing references its blobs
-                self._delete_blobs(staged.blobs)
-            raise
-        if not written:
-            self._delete_blobs(staged.blobs)
+        if not self._send_guarded(sql, staged.blobs, now, settle=_closes_limited(w, row, registry)):
             return None, "guard"
         if w.values.get("status") in TERMINAL_STATUSES:
             self.closed_runs.append(w.execution_id)
         self._take(staged)
         return staged.written(), ""
+
+    def _send_guarded(
+        self, sql: tuple[str, dict[str, Any]], blobs: Sequence[Blob], now: datetime, *, settle: bool
+    ) -> bool:
+        """A guarded write, its blobs first: was it written? ``settle``: it closes a limited
+        workflow's run, so its key's settle goes in the same trip (``admission``)."""
+        self._put_blobs(blobs)
+        try:
+            if settle:
+                written = admission.close_in_one_trip(self, sql, now)
+            else:
+                written = self.conn.exec_driver_sql(*sql).rowcount == 1
+        except BaseException as exc:
+            if not _outcome_unknown(exc):  # it failed: nothing references its blobs
+                self._delete_blobs(blobs)
+            raise
+        if not written:
+            self._delete_blobs(blobs)
+        return written
 
     def insert_timer(self, execution_id: str, timer_id: str, fire_at: str) -> None:
         self.conn.execute(timers.insert().values(**timer_row(execution_id, timer_id, fire_at)))
