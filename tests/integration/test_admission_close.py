@@ -96,9 +96,10 @@ def in_use(h: Harvest, name: str) -> int:
     return int(found or 0)
 
 
-def spy(monkeypatch: Any, h: Harvest, waiting: str) -> list[tuple[bool, Any, list[str]]]:
+def spy(monkeypatch: Any, h: Harvest, waiting: str | list[str]) -> list[tuple[bool, Any, list[str]]]:
     """Each one-trip close: was it written, the waiting run's ``admitted_at`` once it returned
-    (read on another connection), and the runs whose decision it requested."""
+    (read on another connection), and the runs whose decision it requested. ``waiting``: the
+    run's id, or a list its id is put in once known."""
     seen: list[tuple[bool, Any, list[str]]] = []
     real = admission.close_in_one_trip
 
@@ -106,7 +107,8 @@ def spy(monkeypatch: Any, h: Harvest, waiting: str) -> list[tuple[bool, Any, lis
         before = len(tx.dispatches)
         written = real(tx, statement, now)
         decided = [d.execution_id for d in tx.dispatches[before:] if d.kind == Dispatch.DECIDE]
-        seen.append((written, admitted_at(h, waiting), decided))
+        rid = waiting if isinstance(waiting, str) else waiting[0]
+        seen.append((written, admitted_at(h, rid), decided))
         return written
 
     monkeypatch.setattr(admission, "close_in_one_trip", close)
@@ -172,6 +174,33 @@ def test_a_guard_refused_one_trip_close_admits_nothing(harvest, monkeypatch):
     assert trips[0] == (False, None, [])
     assert counted(before) == {"guard": 1}  # the ordinary transaction closed it and admitted
     assert [wrote for wrote, _, _ in trips[1:]] == [True]  # the admitted run's own close
+
+
+def test_a_one_trip_close_defers_admitting_a_reset_with_held_rows_to_a_transaction_of_its_own(
+    harvest, monkeypatch
+):
+    h = make()
+    source, holder, new = run_id(), run_id(), []
+    assert h.start_workflow("ac_limited", 7, execution_id=source) is not None
+    assert h.result(source, timeout=20) == 7
+    trips = spy(monkeypatch, h, new)
+
+    def reset_behind() -> None:
+        other = make()
+        kinds = [e.event.type for e in other.history(source)]
+        # to just after ActivityScheduled: its activity is re-dispatched held (the slot is busy)
+        new.append(other.reset(source, kinds.index("ActivityScheduled") + 1))
+        assert admitted_at(other, new[0]) is None
+
+    landed = before_the_close(h, holder, reset_behind)
+    h.start_workflow("ac_limited", 8, execution_id=holder)
+    assert h.result(holder, timeout=20) == 8 and landed == [holder]
+    assert h.result(new[0], timeout=20) == 7
+    # the holder's trip closed it and admitted nothing (the reset's rows are held: release_held
+    # is Python's); a transaction of its own admitted the reset and released its rows
+    assert trips[0] == (True, None, [])
+    assert admitted_at(h, new[0]) is not None
+    assert in_use(h, "ac_limited") == 0
 
 
 def test_a_driver_whose_trip_does_not_commit_together_closes_the_ordinary_way(harvest, monkeypatch):
