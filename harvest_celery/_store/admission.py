@@ -24,6 +24,9 @@ activity limits' one lock order (own run row, then the limit row, then waiting r
    ``admitted_at`` and a decision request, whose message is sent after commit. Nothing is
    written into their histories.
 
+A warm close in one guarded statement (psycopg2) sends the settle's steps after its write in
+the same trip, one implicit transaction in the same lock order (``close_in_one_trip``).
+
 A start made in an application's transaction never settles there (it would hold a shared row
 for the length of someone else's transaction): it is admitted by the claimant of its
 announcement (``admit_started``) or by the sweeper, which settles every key with waiting runs
