@@ -69,7 +69,7 @@ FALLBACK_REASONS = (
     "not_decidable",  # the run takes no decision now (paused, sealed, finished)
     "not_registered",  # the workflow is not registered in this process
     "child",  # it starts a child, continues as new, or closes a run that is a child or has open children
-    "admission",  # it closes a run of a limited workflow: its slot is freed and the next admitted in lock order
+    "admission",  # it closes a limited workflow's run and the driver cannot send its settle in the same trip
 )
 
 
@@ -309,7 +309,7 @@ def _one_statement(
         if decision is None or judged.path != ONE_STATEMENT:
             session.close()
             return judged, None
-        if decision.outcome is not None and _limited(rt, session):
+        if decision.outcome is not None and _limited(rt, session) and not _closes_in_one_trip(rt):
             # its close frees a slot in the lock order: the ordinary transaction writes this
             # decision (``Tx.apply_guarded_decision`` would refuse it, reason ``admission``)
             return Choice(INLINE, "admission"), Advanced(session, decision, now)
@@ -368,9 +368,15 @@ def _written(
 
 
 def _limited(rt: Runtime, session: Session) -> bool:
-    """Is the run's workflow under workflow admission (its close is never one statement)?"""
+    """Is the run's workflow under workflow admission (its close frees a slot)?"""
     definition = rt.registry.workflows.get(session.replay.activation.workflow_type)
     return definition is not None and definition.admission.limited
+
+
+def _closes_in_one_trip(rt: Runtime) -> bool:
+    """Can a limited run's close and its admission's settle commit in one trip (psycopg2:
+    ``admission.close_in_one_trip``)? Else its close is the ordinary transaction's."""
+    return rt.store.dialect.trip_commits_together(rt.store.engine.dialect.driver)
 
 
 def _write_one_statement(

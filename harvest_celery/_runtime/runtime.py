@@ -419,6 +419,8 @@ class Runtime:
 
     def _after_decision(self, tx: Tx, decided: Decided) -> None:
         self._after_commit(tx)
+        if tx.unsettled:
+            self._settle_deferred(tx.unsettled)
         session = decided.session
         if session is not None:
             if session.reusable and self.settings.sticky_sessions:
@@ -428,6 +430,22 @@ class Runtime:
                 session.close()
         if decided.reraise is not None:
             raise decided.reraise
+
+    def _settle_deferred(self, keys: set[tuple[str, str]]) -> None:
+        """Admissions a one-trip close deferred (a run it would admit has held rows,
+        ``admission.close_in_one_trip``): each settled by a transaction of its own, its
+        messages sent; one that fails is the sweeper's (its backstop settles every waiting key)."""
+        for name, digest in sorted(keys):
+
+            def settle(tx: Tx, n: str = name, d: str = digest) -> None:
+                tx.touch_admission(n, d)  # settled before its commit (``Tx.settle_limits``)
+
+            try:
+                _, later = self.store.transaction(settle)
+            except Exception as exc:  # noqa: BLE001 - the close is committed; the sweeper settles
+                log.warning("the admission of %s after a close could not be settled (%s)", name, exc)
+                continue
+            self._after_commit(later)
 
     # ── activities ───────────────────────────────────────────────────────────────────────────
     def sync_limits(self) -> None:

@@ -24,6 +24,9 @@ activity limits' one lock order (own run row, then the limit row, then waiting r
    ``admitted_at`` and a decision request, whose message is sent after commit. Nothing is
    written into their histories.
 
+A warm close in one guarded statement (psycopg2) sends the settle's steps after its write in
+the same trip, one implicit transaction in the same lock order (``close_in_one_trip``).
+
 A start made in an application's transaction never settles there (it would hold a shared row
 for the length of someone else's transaction): it is admitted by the claimant of its
 announcement (``admit_started``) or by the sweeper, which settles every key with waiting runs
@@ -68,6 +71,7 @@ class Tx(Protocol):
     conn: Connection
     dialect: Dialect
     payloads: Any
+    unsettled: set[tuple[str, str]]
 
     def touch_admission(self, name: str, digest: str | None) -> None: ...
 
@@ -229,6 +233,24 @@ def _settle_in_one(tx: Tx, name: str, digest: str, now: datetime) -> int:
         if r.has_held:  # a reset's held rows (``_admit``'s ``release_held``)
             limits.release_held(tx, r.id, now)  # type: ignore[arg-type]
     return len(admitted)
+
+
+def close_in_one_trip(tx: Tx, statement: tuple[str, dict[str, Any]], now: datetime) -> bool:
+    """A guarded write that closes a limited workflow's run (``pgwrite.guarded``), its key's
+    settle after it in the same trip: one implicit transaction in autocommit, the one lock order
+    (``sql.ADMISSION_CLOSE_STEPS``). Was it written? The admitted runs' decision requests are
+    staged; a settle deferred (a run it would admit has held rows, which ``limits.release_held``
+    releases in Python) is left in ``tx.unsettled`` for a transaction of its own (the
+    sweeper's backstop if that never happens)."""
+    text, params = statement
+    texts = (text, *sql.ADMISSION_CLOSE_STEPS)
+    rows = tx.dialect.in_one_trip(tx.conn, texts, {**params, "now": now}).all()
+    for r in rows:
+        if r.id is not None:
+            tx.decide_admitted(r.id, r.decision_queue or "harvest", now)
+    if rows and rows[0].deferred:
+        tx.unsettled.add((rows[0].name, rows[0].digest))
+    return bool(rows)
 
 
 def _settle_stepwise(tx: Tx, name: str, digest: str, now: datetime) -> int:

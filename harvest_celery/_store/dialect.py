@@ -115,6 +115,13 @@ class Dialect:
         """A transaction of one statement runs in autocommit: one round trip, no BEGIN/COMMIT."""
         return one_statement
 
+    def trip_commits_together(self, driver: str) -> bool:
+        """Do the statements of one trip (``in_one_trip``) in autocommit commit together? With
+        psycopg2 they are one simple query: one implicit transaction (a limited workflow's close
+        and its admission's settle, ``admission.close_in_one_trip``). psycopg 3 sends them one
+        by one, each its own transaction."""
+        return driver == "psycopg2"
+
     def completes_in_one_statement(self) -> bool:
         """An activity's completion and the decision on it can be one guarded statement
         (``Tx.apply_guarded_decision``)."""
@@ -193,6 +200,9 @@ class SqliteDialect(Dialect):
         return stepwise
 
     def autocommits(self, one_statement: bool) -> bool:
+        return False
+
+    def trip_commits_together(self, driver: str) -> bool:
         return False
 
     def write_run(

@@ -382,20 +382,6 @@ def _release(tx: Tx, name: str, digest: str, free: int | None) -> list[sa.Row[An
     return list(tx.conn.execute(tx.dialect.lock(q, skip_locked=True)).all())
 
 
-def open_limits(tx: Tx, execution_id: str) -> list[tuple[str, str]]:
-    """The limits a run's unstarted limited rows are under (what abandoning them frees)."""
-    rows = tx.conn.execute(
-        sa.select(activity_tasks.c.activity_name, activity_tasks.c.limit_digest)
-        .where(
-            (activity_tasks.c.execution_id == execution_id)
-            & activity_tasks.c.limit_digest.is_not(None)
-            & activity_tasks.c.status.in_((TaskStatus.SCHEDULED.value, TaskStatus.WAITING.value))
-        )
-        .distinct()
-    ).all()
-    return [(r.activity_name, r.limit_digest) for r in rows]
-
-
 def waiting_limits(tx: Tx, limit: int = 100) -> list[tuple[str, str]]:
     """Every limit some row waits under (the sweeper's backstop settles each), the longest
     waiting first, so a pass capped at ``limit`` never starves a limit. A reset's *held* row

@@ -103,3 +103,14 @@ def _bind(table: str, column: str) -> Callable[[Any], Any]:
 
 def _same(value: Any) -> Any:
     return value
+
+
+def outcome_unknown(exc: BaseException) -> bool:
+    """Did an autocommit statement fail in a way that leaves its commit unknown (the connection
+    went, or a signal interrupted it)? Then its blobs stay: its rows may reference them (an
+    orphan is deleted when the run is erased or purged)."""
+    if not isinstance(exc, Exception):
+        return True
+    if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError))

@@ -266,43 +266,83 @@ HAND_OFF_AFTER_WRITE = f"""WITH me AS (
 SELECT me.name AS limit_name, me.digest AS limit_digest, rel.*, (SELECT seq FROM began) AS started_seq
 FROM (SELECT 1) AS one LEFT JOIN me ON true LEFT JOIN rel ON true"""
 
+
 # A workflow admission's settle (``admission.settle``), sent right after LOCK_LIMIT took the key's
 # limit row: recount the key's admitted runs still RUNNING, admit the next waiting ones that fit
 # (priority, then ``admission_seq``; paused ones passed over; SKIP LOCKED: the own run row is
-# this transaction's), store in_use. Returns the admitted runs (id, decision_queue).
-SETTLE_ADMISSION = f"""
+# this transaction's), store in_use. Returns the admitted runs (id, decision_queue, has_held).
+# ``name`` and ``digest``: SQL for the key (parameters, or the closing run's columns); ``defer``:
+# admit nothing when a run it would admit has held rows (``limits.release_held`` is Python's).
+def _settle_admission(name: str, digest: str, *, defer: bool = False) -> str:
+    held_rows = f"SELECT 1 FROM {TASKS} AS t WHERE t.execution_id = nxt.id AND t.status = {WAITING}"
+    deferred = f"EXISTS (SELECT 1 FROM nxt WHERE EXISTS ({held_rows} AND t.limit_digest IS NULL))"
+    return f"""
 WITH cfg AS (
     SELECT COALESCE(override_concurrency, declared_concurrency) AS lim
-    FROM {LIMITS} WHERE name = %(name)s AND key_digest = ''
+    FROM {LIMITS} WHERE name = {name} AND key_digest = ''
 ), held AS (
     SELECT count(*) AS n FROM {RUNS}
-    WHERE workflow_type = %(name)s AND limit_digest = %(digest)s AND admitted_at IS NOT NULL
+    WHERE workflow_type = {name} AND limit_digest = {digest} AND admitted_at IS NOT NULL
       AND status = {literal(RUNNING)}
 ), fits AS (
     SELECT COALESCE(GREATEST(0, cfg.lim - held.n), 0) AS free FROM held LEFT JOIN cfg ON true
 ), nxt AS (
     SELECT id FROM {RUNS}
-    WHERE workflow_type = %(name)s AND limit_digest = %(digest)s AND admitted_at IS NULL
+    WHERE workflow_type = {name} AND limit_digest = {digest} AND admitted_at IS NULL
       AND status = {literal(RUNNING)} AND paused_at IS NULL
     ORDER BY priority DESC, admission_seq
     LIMIT (SELECT free FROM fits)
     FOR UPDATE SKIP LOCKED
+), deferred AS (
+    SELECT {deferred if defer else "false"} AS d
 ), adm AS (
     UPDATE {RUNS} AS r SET admitted_at = %(now)s, decision_requested_at = %(now)s, updated_at = %(now)s
-    FROM nxt WHERE r.id = nxt.id
+    FROM nxt, deferred WHERE r.id = nxt.id AND NOT deferred.d
     RETURNING r.id, r.decision_queue
 ), stored AS (
     UPDATE {LIMITS} SET in_use = (SELECT n FROM held) + (SELECT count(*) FROM adm), updated_at = %(now)s
-    WHERE name = %(name)s AND key_digest = %(digest)s
-)
+    WHERE name = {name} AND key_digest = {digest}
+)"""
+
+
+SETTLE_ADMISSION = (
+    _settle_admission("%(name)s", "%(digest)s")
+    + f"""
 SELECT id, decision_queue, EXISTS (
     SELECT 1 FROM {TASKS} AS t
     WHERE t.execution_id = adm.id AND t.status = {WAITING} AND t.limit_digest IS NULL
 ) AS has_held FROM adm"""
+)
 
 # An admission settle: the key's row, its lock, the settle, in one round trip with psycopg2
 # (``Dialect.in_one_trip``: the settle's snapshot is taken once the lock is held).
 ADMISSION_STEPS = (ENSURE_LIMIT, LOCK_LIMIT, SETTLE_ADMISSION)
+
+# The same steps after a guarded write that closes a limited workflow's run (``admission.
+# close_in_one_trip``), in the same simple query: one implicit transaction, one round trip, in
+# the one lock order (the run row, locked by the write; the key's limit row; the waiting runs'
+# rows, SKIP LOCKED). The key is the closing run's own (its stored ``limit_digest``: a
+# continue-as-new link's is inherited, never recomputed), read only if THIS transaction wrote
+# the row (``xmin``): a refused write leaves every step without a key, a no-op. The last
+# statement says whether the write happened (no row: refused), the key, whether the admission
+# was deferred (a run it would admit has held rows: settled by a transaction of its own), and
+# the admitted runs (id NULL: none).
+_CLOSED_HERE = f"""{RUNS} WHERE id = %(run_id)s AND limit_digest IS NOT NULL
+      AND xmin = pg_current_xact_id_if_assigned()::xid"""
+_NAME = f"(SELECT workflow_type FROM {_CLOSED_HERE})"
+_DIGEST = f"(SELECT limit_digest FROM {_CLOSED_HERE})"
+ADMISSION_CLOSE_STEPS = (
+    ENSURE_LIMIT.replace("%(name)s", _NAME)
+    .replace("%(digest)s", _DIGEST)
+    .replace("WHERE NOT EXISTS", f"WHERE {_NAME} IS NOT NULL AND NOT EXISTS"),
+    LOCK_LIMIT.replace("%(name)s", _NAME).replace("%(digest)s", _DIGEST),
+    _settle_admission(_NAME, _DIGEST, defer=True)
+    + f"""
+SELECT m.workflow_type AS name, m.limit_digest AS digest, (SELECT d FROM deferred) AS deferred,
+       adm.id, adm.decision_queue
+FROM {RUNS} AS m LEFT JOIN adm ON true
+WHERE m.id = %(run_id)s AND m.xmin = pg_current_xact_id_if_assigned()::xid""",
+)
 
 
 # ── a run write as one statement (``pgwrite``), its text built once per shape ────────────────

@@ -477,3 +477,31 @@ def error_row(
         "detail": detail,
         "recorded_at": now,
     }
+
+
+def closes_limited(w: RunWrite, row: RunRow, registry: Registry) -> bool:
+    """Does the write close a run of a workflow under admission (its slot is freed)?"""
+    definition = registry.workflows.get(row.workflow_type)
+    return w.values.get("status") in TERMINAL_STATUSES and bool(definition and definition.admission.limited)
+
+
+def one_statement_refusal(
+    w: RunWrite, row: RunRow, registry: Registry, together: bool, freeing: tuple[str, str] | None = None
+) -> str:
+    """Why a staged write cannot take the one-statement path (``""``: it can). ``together``: a
+    trip's statements commit together (``Dialect.trip_commits_together``); ``freeing``: the limit
+    and key of the slot the completed attempt held, handed on in the trip (``handoff``)."""
+    if w.abandon is not None and (w.tasks or w.timers):
+        return "closing_with_work"
+    limited = [t for t in w.tasks if t["limit_digest"] is not None]
+    if limited and (
+        freeing is None
+        or len(limited) > 1
+        or (limited[0]["activity_name"], limited[0]["limit_digest"]) != freeing
+    ):
+        # only the next step under the same limit and key rides the completion's hand-off; any
+        # other limited dispatch is settled in the lock order: the ordinary way
+        return "limited"
+    if closes_limited(w, row, registry) and (not together or freeing is not None):
+        return "admission"  # its close frees a slot and admits the next: in the lock order
+    return ""

@@ -8,6 +8,7 @@ forked history impossible even if a caller forgot the lock. What the transaction
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -26,6 +27,7 @@ from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._store import admission, handoff, limits, pgwrite
 from harvest_celery._store.dialect import Dialect
+from harvest_celery._store.pgwrite import outcome_unknown as _outcome_unknown
 from harvest_celery._store.records import (
     CompletionGuard,
     Dispatch,
@@ -49,8 +51,10 @@ from harvest_celery._store.staging import (
     RunWrite,
     Staged,
     activity_dispatch,
+    closes_limited,
     deferred,
     error_row,
+    one_statement_refusal,
     stage_decision,
     stage_events,
     task_row,
@@ -71,41 +75,8 @@ def _closes(values: dict[str, Any]) -> bool:
     return values.get("status") in TERMINAL_STATUSES or any(k in values for k in _SETTLING)
 
 
-def _outcome_unknown(exc: BaseException) -> bool:
-    """Did an autocommit statement fail in a way that leaves its commit unknown (the connection
-    went, or a signal interrupted it)? Then its blobs stay: its rows may reference them (an
-    orphan is deleted when the run is erased or purged)."""
-    if not isinstance(exc, Exception):
-        return True
-    if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
-        return True
-    return isinstance(exc, (sa.exc.OperationalError, sa.exc.InterfaceError))
-
-
 # the rows a closing run abandons: dispatched, waiting for a retry, or held back by a limit
 UNSTARTED = (TaskStatus.SCHEDULED.value, TaskStatus.RETRY_WAIT.value, TaskStatus.WAITING.value)
-
-
-def _not_one_statement(
-    w: RunWrite, row: RunRow, registry: Registry, freeing: tuple[str, str] | None = None
-) -> str:
-    """Why a staged write cannot take the one-statement path (``""``: it can). ``freeing``: the
-    limit and key of the slot the completed attempt held, handed on in one trip (``handoff``)."""
-    if w.abandon is not None and (w.tasks or w.timers):
-        return "closing_with_work"
-    limited = [t for t in w.tasks if t["limit_digest"] is not None]
-    if limited and (
-        freeing is None
-        or len(limited) > 1
-        or (limited[0]["activity_name"], limited[0]["limit_digest"]) != freeing
-    ):
-        # only the next step under the same limit and key rides the completion's hand-off; any
-        # other limited dispatch is settled in the lock order: the ordinary way
-        return "limited"
-    definition = registry.workflows.get(row.workflow_type)
-    if w.values.get("status") in TERMINAL_STATUSES and definition and definition.admission.limited:
-        return "admission"  # its close frees a slot and admits the next: in the lock order
-    return ""
 
 
 # the run row as a lock reads it by default: every column but the payload ones
@@ -130,6 +101,8 @@ class Tx:
         # limits settled in a transaction of their own once this commits (``handoff.write``)
         self.settle_after: set[tuple[str, str]] = set()
         self.admissions: set[tuple[str, str]] = set()  # workflow admissions to settle, too
+        # admissions a one-trip close deferred: settled by a transaction of their own
+        self.unsettled: set[tuple[str, str]] = set()
         # a limited activity the deciding thread runs if its settle releases it (``EagerTake``)
         self.eager_take: EagerTake | None = None
         # tracing (on only): the spans of what this transaction did, and the runs it closed
@@ -378,13 +351,15 @@ class Tx:
     def abandon_open_tasks(self, execution_id: str, now: datetime, why: str) -> None:
         """Rows that have not started never will (no event: their body never ran), those a limit
         holds back (``waiting``) included; timers stop. A scheduled one frees its slot."""
-        for name, digest in limits.open_limits(self, execution_id):
-            self.touch_limit(name, digest)
-        self.conn.execute(
+        t = activity_tasks.c
+        cancelled = self.conn.execute(
             activity_tasks.update()
-            .where((activity_tasks.c.execution_id == execution_id) & activity_tasks.c.status.in_(UNSTARTED))
+            .where((t.execution_id == execution_id) & t.status.in_(UNSTARTED))
             .values(status=TaskStatus.CANCELLED.value, finished_at=now, last_error=why)
-        )
+            .returning(t.activity_name, t.limit_digest)
+        ).all()
+        for name, digest in set(cancelled):  # a retry's wait under a limit: a recount, harmless
+            self.touch_limit(name, digest)
         self.conn.execute(timers.update().where(timers.c.execution_id == execution_id).values(fired=True))
 
     # ── the decision cycle ───────────────────────────────────────────────────────────────────
@@ -471,9 +446,13 @@ class Tx:
             eager=eager,
         )
         w = staged.write
-        # a slot handed on in the write's trip: one simple query is one transaction on psycopg2
-        freeing = guard.limited if self.conn.dialect.driver == "psycopg2" else None
-        refused = "limited" if guard.limited != freeing else _not_one_statement(w, row, registry, freeing)
+        together = self.dialect.trip_commits_together(self.conn.dialect.driver)
+        freeing = guard.limited if together else None  # a slot handed on in the write's trip
+        refused = (
+            "limited"
+            if guard.limited != freeing
+            else one_statement_refusal(w, row, registry, together, freeing)
+        )
         if refused:
             return None, refused
         handoff.in_line_rows(self, w.tasks, registry)  # a next step under the same limit
@@ -482,23 +461,43 @@ class Tx:
         )
         if sql is None:
             return None, "unsupported_shape"
-        self._put_blobs(staged.blobs)
-        try:
-            if freeing is None:
-                written = self.conn.exec_driver_sql(*sql).rowcount == 1
-            else:  # the write, then the hand-off of its slot: one trip, one transaction
-                written = handoff.write(self, sql, staged.taking, now)
-        except BaseException as exc:
-            if not _outcome_unknown(exc):  # it failed: nothing references its blobs
-                self._delete_blobs(staged.blobs)
-            raise
-        if not written:
-            self._delete_blobs(staged.blobs)
+        sent = functools.partial(handoff.write, self, sql, staged.taking) if freeing else None
+        if not self._send_guarded(
+            sql, staged.blobs, now, settle=closes_limited(w, row, registry), hand_off=sent
+        ):
             return None, "guard"
         if w.values.get("status") in TERMINAL_STATUSES:
             self.closed_runs.append(w.execution_id)
         self._take(staged)
         return staged.written(), ""
+
+    def _send_guarded(
+        self,
+        sql: tuple[str, dict[str, Any]],
+        blobs: Sequence[Blob],
+        now: datetime,
+        *,
+        settle: bool,
+        hand_off: Callable[[datetime], bool] | None,
+    ) -> bool:
+        """A guarded write, its blobs first: was it written? ``settle``: it closes a limited
+        workflow's run, so its key's settle goes in the same trip (``admission``); ``hand_off``:
+        the slot its attempt held is handed on in the same trip (``handoff.write``)."""
+        self._put_blobs(blobs)
+        try:
+            if settle:
+                written = admission.close_in_one_trip(self, sql, now)
+            elif hand_off is not None:
+                written = hand_off(now)
+            else:
+                written = self.conn.exec_driver_sql(*sql).rowcount == 1
+        except BaseException as exc:
+            if not _outcome_unknown(exc):  # it failed: nothing references its blobs
+                self._delete_blobs(blobs)
+            raise
+        if not written:
+            self._delete_blobs(blobs)
+        return written
 
     def insert_timer(self, execution_id: str, timer_id: str, fire_at: str) -> None:
         self.conn.execute(timers.insert().values(**timer_row(execution_id, timer_id, fire_at)))

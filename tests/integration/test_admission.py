@@ -314,7 +314,7 @@ def sample(name: str, labels: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-def test_the_admission_gauges_and_the_admission_fallback_as_a_worker_serves_them(adm, redis_client, tag):
+def test_the_admission_gauges_and_the_one_trip_closes_as_a_worker_serves_them(adm, redis_client, tag):
     h, customer = adm.harvest, f"G-{tag}"
     holder = hold(h, redis_client, customer, f"{customer}-hold")
     waiting = [start(h, customer, f"{customer}-{i}") for i in range(2)]
@@ -324,12 +324,14 @@ def test_the_admission_gauges_and_the_admission_fallback_as_a_worker_serves_them
     release(redis_client, holder)
     finish(h, [holder, *waiting])
     closes = [holder, *waiting]
-    for i in range(10):  # the counter is the first worker's: closes there leave the one statement
-        if sample("harvest_decision_fallbacks_total", 'reason="admission"') > 0:
+    one_trip = 'path="one_statement",workflow="adm_customer"'
+    for i in range(10):  # the counter is the first worker's: closes there take one trip (psycopg2)
+        if sample("harvest_decisions_total", one_trip) > 0:
             break
         closes.append(start(h, customer, f"{customer}-more-{i}"))
         finish(h, closes[-1:])
-    assert sample("harvest_decision_fallbacks_total", 'reason="admission"') > 0
+    assert sample("harvest_decisions_total", one_trip) > 0
+    assert sample("harvest_decision_fallbacks_total", 'reason="admission"') == 0
 
 
 # ── the workflow's own limit row held by another transaction ─────────────────────────────────

@@ -9,8 +9,10 @@ runs, so a test seam can land a change between an attempt's claim and its comple
 * With an offloading payload store that lists its keys, steps take ``one_statement``; a refused
   one-statement write whose blob could not be deleted leaves no blob behind once the run is
   erased or purged.
-* The close of a limited workflow's run leaves the one-statement path (``admission``) and its
-  ordinary transaction writes the warm replay's decision, unless the run moved on meanwhile.
+* With a driver whose trip's statements do not commit together (psycopg 3), the close of a
+  limited workflow's run leaves the one-statement path (``admission``) and its ordinary
+  transaction writes the warm replay's decision, unless the run moved on meanwhile (psycopg2
+  closes it in one trip: test_admission_close.py).
 * A contradictory ``fast_paths`` combination raises its ValueError and writes nothing.
 """
 
@@ -28,6 +30,7 @@ from harvest_celery import Harvest, PostgresPayloadStore, RetryPolicy, WorkflowC
 from harvest_celery._runtime.completion import FALLBACK_REASONS
 from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._store import predicates, tasks
+from harvest_celery._store.dialect import Dialect
 from harvest_celery._store.records import utcnow
 from harvest_celery._store.schema import blobs, executions
 
@@ -405,7 +408,16 @@ def replays(kind: str) -> float:
     return METRICS.value("decision_replays", {"replay": kind})
 
 
-def test_a_limited_runs_close_is_written_from_its_warm_replay_in_the_ordinary_transaction(harvest):
+def one_by_one(monkeypatch: Any) -> None:
+    """A driver whose trip's statements do not commit together (psycopg 3): a limited run's
+    close is the ordinary transaction's (psycopg2's one trip: test_admission_close.py)."""
+    monkeypatch.setattr(Dialect, "trip_commits_together", lambda self, driver: False)
+
+
+def test_a_limited_runs_close_is_written_from_its_warm_replay_in_the_ordinary_transaction(
+    harvest, monkeypatch
+):
+    one_by_one(monkeypatch)
     h = make()
     before, cold, steps = fallbacks(), replays("cold"), decisions("one_statement", "cp_limited")
     first = h.start_workflow("cp_limited", 1, execution_id=run_id())
@@ -420,7 +432,8 @@ def test_a_limited_runs_close_is_written_from_its_warm_replay_in_the_ordinary_tr
     assert rows[second].admitted_at >= rows[first].closed_at  # admitted by the first's close
 
 
-def test_a_limited_run_that_moved_on_is_closed_from_a_fresh_replay(harvest, caplog):
+def test_a_limited_run_that_moved_on_is_closed_from_a_fresh_replay(harvest, caplog, monkeypatch):
+    one_by_one(monkeypatch)
     h = make()
     rid = run_id()
     signalled: list[str] = []
