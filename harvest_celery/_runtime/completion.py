@@ -64,7 +64,7 @@ FALLBACK_REASONS = (
     "cold_history",  # the run is cold here and its history long (or held by another process)
     "closing_with_work",  # the decision closes the run while scheduling work
     "unsupported_shape",  # the write has no plain-SQL guarded form
-    "limited",  # a limited activity completes, or is dispatched: its slot is settled in lock order
+    "limited",  # a rate-limited step completes, or another limit's step is dispatched: the lock order
     "decision_pending",  # a decision is already requested: the decision task takes it
     "not_decidable",  # the run takes no decision now (paused, sealed, finished)
     "not_registered",  # the workflow is not registered in this process
