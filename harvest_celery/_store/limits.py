@@ -68,6 +68,7 @@ class Tx(Protocol):
     dispatches: list[Dispatch]
     eager_take: EagerTake | None
     freed: dict[tuple[str, str], int]
+    autocommit: bool
 
     def dispatch_activity(
         self,
@@ -146,6 +147,8 @@ def _settle_in_one(tx: Tx, name: str, digest: str, now: datetime) -> int:
         params.update(candidate(tx.eager_take))  # the deciding thread's row may be gone
     released = tx.dialect.in_one_trip(tx.conn, sql.SETTLE_STEPS, params).all()
     if released[0].rate is not None:  # a rate in force: its steps, under the lock held
+        if tx.autocommit:  # the trip's implicit transaction ended: it released nothing
+            raise NeedsTransaction(name)
         return _settle_locked(tx, name, digest, released[0], now)
     return dispatch_released(tx, [row for row in released if row.execution_id is not None])
 
@@ -157,6 +160,11 @@ def hand_off(tx: Tx, params: dict[str, Any], freed: int) -> int:
     settles under the lock, which recounts."""
     released = tx.conn.exec_driver_sql(sql.HAND_OFF, {**params, "freed": freed}).all()
     return dispatch_released(tx, list(released))
+
+
+class NeedsTransaction(Exception):
+    """A settle sent in autocommit (``Store._settle_after``) found a rate in force: its steps
+    need the lock held across statements, so it is settled again in a transaction."""
 
 
 def candidate(taking: EagerTake | None) -> dict[str, Any]:

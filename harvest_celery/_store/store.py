@@ -25,7 +25,7 @@ from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import listable, run_prefix
-from harvest_celery._store import admission, links, redaction, runs, sql, updates
+from harvest_celery._store import admission, limits, links, redaction, runs, sql, updates
 from harvest_celery._store.blobs import PostgresPayloadStore
 from harvest_celery._store.dialect import Dialect, Pools, dialect_for
 from harvest_celery._store.listener import Listener, PollingListener, listener_of
@@ -147,6 +147,7 @@ class Store:
                 with self._connect(autocommit) as conn:
                     trans = conn.begin()
                     tx = Tx(conn, self.dialect, self.payloads)
+                    tx.autocommit = autocommit
                     try:
                         result = work(tx)
                         tx.settle_limits()  # before the commit: the limits it touched, in one order
@@ -170,7 +171,10 @@ class Store:
         settles every limit with waiting rows each pass."""
         touched, tx.settle_after = tx.settle_after, set()
         try:
-            _, later = self.transaction(lambda t: t.touched.update(touched))
+            try:  # each limit's settle as one simple query in autocommit: the lock held only by it
+                _, later = self.transaction(lambda t: t.touched.update(touched), one_statement=True)
+            except limits.NeedsTransaction:  # a rate in force: its steps under one transaction
+                _, later = self.transaction(lambda t: t.touched.update(touched))
         except Exception as exc:  # noqa: BLE001 - the write committed; the sweeper is the backstop
             log.warning(
                 "settling %s after a one-trip completion failed (%s)", sorted(touched), type(exc).__name__

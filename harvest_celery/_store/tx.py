@@ -98,6 +98,7 @@ class Tx:
         self.closed_children: list[str] = []
         self.touched: set[tuple[str, str]] = set()  # limits to settle before commit
         self.freed: dict[tuple[str, str], int] = {}  # slots freed, by limit (``free_slot``)
+        self.autocommit = False  # each statement commits (``Store.transaction(one_statement=)``)
         # limits settled in a transaction of their own once this commits (``handoff.write``)
         self.settle_after: set[tuple[str, str]] = set()
         self.admissions: set[tuple[str, str]] = set()  # workflow admissions to settle, too
