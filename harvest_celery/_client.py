@@ -33,12 +33,15 @@ from harvest_celery._runtime import logs
 from harvest_celery._runtime import settings as config
 from harvest_celery._runtime.adopt import adopt
 from harvest_celery._runtime.celery import CeleryDispatcher, install, register_activity
-from harvest_celery._runtime.completion import fast_path_settings
 from harvest_celery._runtime.consumers import QueueConsumers
 from harvest_celery._runtime.inline import InlineDispatcher
 from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._runtime.runtime import Runtime
-from harvest_celery._runtime.settings import configure_celery, configure_dedicated_celery_app
+from harvest_celery._runtime.settings import (
+    configure_celery,
+    configure_dedicated_celery_app,
+    fast_path_settings,
+)
 from harvest_celery._store import admission, starts
 from harvest_celery._store import runs as ops
 from harvest_celery._store.appconn import after_session_commit, payloads_on, start_on

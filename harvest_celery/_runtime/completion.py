@@ -35,7 +35,7 @@ from harvest_celery._core.commands import ContinuedAsNew, Decision, Failed, Star
 from harvest_celery._core.engine import Session
 from harvest_celery._core.registry import Registry
 from harvest_celery._payloads.stores import listable
-from harvest_celery._runtime import logs
+from harvest_celery._runtime import cold, logs
 from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._runtime.sessions import SessionCache
 from harvest_celery._store import handoff, tasks
@@ -267,9 +267,16 @@ def complete(rt: Runtime, claim: Claim, output: Any) -> None:
     """Record a completion: in one statement when ``choose`` says so, else the ordinary way
     (``record_completion``: inline, or with a decision request)."""
     choice, session = choose(rt, claim)
-    advanced = None
+    assumed, advanced = rt.sticky_queue, None
+    if choice.reason == "not_warm" and cold.eligible(rt, claim):
+        try:
+            session, assumed, reason = cold.prepare(rt, claim)  # cold, still one statement to write
+        except BaseException:
+            _interrupted(rt, claim, output)  # a shutdown signal during the read
+            raise
+        choice = Choice(INLINE, reason) if session is None else choice
     if session is not None:
-        choice, advanced = _one_statement(rt, claim, output, session)
+        choice, advanced = _one_statement(rt, claim, output, session, assumed, choice.reason is None)
         if choice.path == ONE_STATEMENT:
             return
     try:
@@ -288,11 +295,12 @@ def complete(rt: Runtime, claim: Claim, output: Any) -> None:
 
 
 def _one_statement(
-    rt: Runtime, claim: Claim, output: Any, session: Session
+    rt: Runtime, claim: Claim, output: Any, session: Session, assumed: str | None, warm: bool = True
 ) -> tuple[Choice, Advanced | None]:
-    """The one-statement attempt (``choose`` allowed it): ``Choice(ONE_STATEMENT)`` when it
-    wrote, else the reason nothing was written: the session is closed then (the ordinary path
-    replays cold), unless the reason is ``admission``: the decision is handed on (``Advanced``)."""
+    """The one-statement attempt (``choose`` allowed it, or ``cold.prepare`` built ``session``:
+    ``warm`` False): ``Choice(ONE_STATEMENT)`` when it wrote, else the reason nothing was
+    written: the session is closed then (the ordinary path replays cold), unless the reason is
+    ``admission``: the decision is handed on (``Advanced``). ``assumed``: the run's sticky queue."""
     assert claim.started_seq is not None and claim.started_at is not None
     seq, now = claim.started_seq, utcnow()
     started_ns = time.time_ns() if rt.tracer is not None else 0
@@ -314,7 +322,7 @@ def _one_statement(
             # decision (``Tx.apply_guarded_decision`` would refuse it, reason ``admission``)
             return Choice(INLINE, "admission"), Advanced(session, decision, now)
         (written, refusal), tx = rt.store.transaction(
-            lambda tx: _write_one_statement(rt, tx, claim, session, decision, completion, now),
+            lambda tx: _write_one_statement(rt, tx, claim, session, decision, completion, now, assumed),
             one_statement=True,
         )
     except Exception as exc:  # noqa: BLE001 - not a way to choose: logged, counted, recorded
@@ -330,22 +338,28 @@ def _one_statement(
         log.debug("the one-statement completion failed", exc_info=True)
         return Choice(INLINE, "error", f"{type(exc).__name__}: {exc}"), None
     except BaseException:
-        session.close()  # a shutdown signal: record the completion alone, then stop
-        decided, tx = record_outcome(
-            rt,
-            claim,
-            "completion",
-            lambda tx, _i: record_completion(
-                rt, tx, claim, output, inline=False, fallback=Choice(TASK, "interrupted")
-            ),
-        )
-        rt._after_decision(tx, decided)
+        session.close()
+        _interrupted(rt, claim, output)
         raise
     if written is None:
         session.close()
         return Choice(INLINE, refusal), None
-    _written(rt, tx, claim, session, decision, written, started_ns)
+    _written(rt, tx, claim, session, decision, written, started_ns, "warm" if warm else "cold")
     return Choice(ONE_STATEMENT), None
+
+
+def _interrupted(rt: Runtime, claim: Claim, output: Any) -> None:
+    """A shutdown signal in the middle of an attempt: record the completion alone (the caller
+    then re-raises it)."""
+    decided, tx = record_outcome(
+        rt,
+        claim,
+        "completion",
+        lambda tx, _i: record_completion(
+            rt, tx, claim, output, inline=False, fallback=Choice(TASK, "interrupted")
+        ),
+    )
+    rt._after_decision(tx, decided)
 
 
 def _written(
@@ -356,11 +370,12 @@ def _written(
     decision: Decision,
     written: list[ev.HistoryEvent],
     started_ns: int,
+    replay: str,
 ) -> None:
     """A one-statement write committed: its counts, its span, its messages."""
     workflow = session.replay.activation.workflow_type
     tx.metrics.append(("decisions", {"workflow": workflow, "path": ONE_STATEMENT}))
-    tx.metrics.append(("decision_replays", {"replay": "warm"}))  # the one-statement path is warm only
+    tx.metrics.append(("decision_replays", {"replay": replay}))  # warm, or cold (``cold.prepare``)
     tx.metrics.append(("activity_completed", {"workflow": workflow, "queue": claim.queue}))
     if not session.replay.sealed:  # its span, and its Sentry report if it fails the run
         rt.observe_decision(tx, claim.execution_id, workflow, decision, ONE_STATEMENT, started_ns)
@@ -387,10 +402,11 @@ def _write_one_statement(
     decision: Decision,
     completion: ev.Event,
     now: datetime,
+    assumed: str | None,
 ) -> tuple[list[ev.HistoryEvent] | None, str]:
     assert claim.started_seq is not None
     workflow_type = session.replay.activation.workflow_type
-    row = RunRow.assumed(claim.execution_id, workflow_type, claim.started_seq + 1, rt.sticky_queue)
+    row = RunRow.assumed(claim.execution_id, workflow_type, claim.started_seq + 1, assumed)
     return tx.apply_guarded_decision(
         row,
         session.events,
@@ -568,32 +584,3 @@ def fail(rt: Runtime, claim: Claim, error_type: str, message: str, traceback: st
     (verdict, decided), tx = record_outcome(rt, claim, "failure", work)
     rt._after_decision(tx, decided)
     return verdict
-
-
-# ── fast_paths ──────────────────────────────────────────────────────────────────────────────
-_FAST = {"inline_decisions": True, "sticky_sessions": True}  # eager_max_chain: any > 0
-
-
-def fast_path_settings(
-    fast_paths: bool, inline_decisions: bool | None, sticky_sessions: bool | None, eager_max_chain: int | None
-) -> dict[str, Any]:
-    """The three settings ``fast_paths`` stands for, as ``Settings`` keywords: ``False`` is
-    shorthand for ``inline_decisions=False, sticky_sessions=False, eager_max_chain=0`` (every
-    step through the decision task). An explicit setting (not None) wins when ``fast_paths`` is
-    True; with ``fast_paths=False``, one passed at its fast value is a contradiction: ValueError
-    naming both."""
-    given = {
-        "inline_decisions": inline_decisions,
-        "sticky_sessions": sticky_sessions,
-        "eager_max_chain": eager_max_chain,
-    }
-    if not fast_paths:
-        for name, value in given.items():
-            if value is not None and (value > 0 if name == "eager_max_chain" else value is _FAST[name]):
-                raise ValueError(
-                    f"fast_paths=False contradicts {name}={value!r}: fast_paths=False "
-                    "means inline_decisions=False, sticky_sessions=False and "
-                    "eager_max_chain=0; pass one or the other"
-                )
-        return {"inline_decisions": False, "sticky_sessions": False, "eager_max_chain": 0}
-    return {name: value for name, value in given.items() if value is not None}

@@ -281,3 +281,32 @@ def configure_celery(app: Any) -> None:
         stacklevel=2,
     )
     configure_dedicated_celery_app(app)
+
+
+# ── fast_paths ──────────────────────────────────────────────────────────────────────────────
+_FAST = {"inline_decisions": True, "sticky_sessions": True}  # eager_max_chain: any > 0
+
+
+def fast_path_settings(
+    fast_paths: bool, inline_decisions: bool | None, sticky_sessions: bool | None, eager_max_chain: int | None
+) -> dict[str, Any]:
+    """The three settings ``fast_paths`` stands for, as ``Settings`` keywords: ``False`` is
+    shorthand for ``inline_decisions=False, sticky_sessions=False, eager_max_chain=0`` (every
+    step through the decision task). An explicit setting (not None) wins when ``fast_paths`` is
+    True; with ``fast_paths=False``, one passed at its fast value is a contradiction: ValueError
+    naming both."""
+    given = {
+        "inline_decisions": inline_decisions,
+        "sticky_sessions": sticky_sessions,
+        "eager_max_chain": eager_max_chain,
+    }
+    if not fast_paths:
+        for name, value in given.items():
+            if value is not None and (value > 0 if name == "eager_max_chain" else value is _FAST[name]):
+                raise ValueError(
+                    f"fast_paths=False contradicts {name}={value!r}: fast_paths=False "
+                    "means inline_decisions=False, sticky_sessions=False and "
+                    "eager_max_chain=0; pass one or the other"
+                )
+        return {"inline_decisions": False, "sticky_sessions": False, "eager_max_chain": 0}
+    return {name: value for name, value in given.items() if value is not None}

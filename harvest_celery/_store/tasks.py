@@ -138,6 +138,22 @@ def running_task(tx: Tx, execution_id: str, activity_id: str) -> tuple[RunRow, T
     return row, task
 
 
+def read_cold(tx: Tx, execution_id: str, before: int) -> tuple[RunRow | None, list[ev.HistoryEvent]]:
+    """The run row, unlocked, and its decoded history before seq ``before``, in one statement
+    (``sql.COLD_READ``): what a cold one-statement completion replays (``_runtime.cold``)."""
+    rows = tx.conn.execute(sql.COLD_READ, {"execution_id": execution_id, "before": before}).all()
+    if not rows:
+        return None, []
+    history = []
+    for r in rows:
+        at = aware(r.ev_recorded_at)
+        if r.ev_seq is not None and at is not None:
+            history.append(
+                ev.HistoryEvent(r.ev_seq, ev.event_from_data(tx.payloads.decode_event(r.ev_data)), at)
+            )
+    return RunRow.from_mapping(rows[0]._mapping), history
+
+
 def accepts_completion(task: TaskRow, attempt: int, *, started_in_cancelled_run: bool = False) -> bool:
     """A completion of ``attempt`` is recorded while no later attempt has claimed the row: its
     own attempt still running, or a late one (its lease expired during a database outage) whose

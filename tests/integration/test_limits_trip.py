@@ -167,9 +167,11 @@ def test_the_hand_off_goes_to_the_row_waiting_longest_not_to_the_runs_next_step(
     assert landed == [first]
     # the first step's slot went to the other run's row, queued before this run's next step
     assert trips[0] == (True, [second], False, None)
-    # the other run's step (cold in this process: the ordinary way) handed the slot back to
-    # this run's next step, which started only once that step had completed
-    assert trips[1:] == [(True, [], True, None)]  # this run's last step: nobody takes its slot
+    # the other run's step (cold in this process, its history short: the cold one-statement
+    # path, ``_runtime.cold``) handed the slot back to this run's next step in its own trip,
+    # which started only once that step had completed
+    assert trips[1] == (True, [first], False, None)
+    assert trips[2:] == [(True, [], True, None)]  # this run's last step: nobody takes its slot
     done = [e.recorded_at for e in h.history(second) if e.event.type == "ActivityCompleted"]
     started = [e.recorded_at for e in h.history(first) if e.event.type == "ActivityStarted"]
     assert done[0] <= started[1]
@@ -191,8 +193,9 @@ def test_a_guard_refused_one_trip_write_hands_nothing_on(harvest, monkeypatch):
     assert landed == [rid]
     assert trips[0] == (False, [], False, "waiting")  # refused: the row behind still waits
     # the ordinary transaction recorded it and handed its slot to the row behind, whose run is
-    # cold in this process (another client decided it)
-    assert counted(before) == {"guard": 1, "not_warm": 1}
+    # cold in this process (another client decided it): its completion took the cold
+    # one-statement path (``_runtime.cold``), no fallback counted
+    assert counted(before) == {"guard": 1}
 
 
 def test_a_next_step_under_another_key_leaves_the_one_trip_path(harvest, monkeypatch):

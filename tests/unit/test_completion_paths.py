@@ -16,8 +16,9 @@ from harvest_celery._core.commands import Decision, ScheduleActivity
 from harvest_celery._core.registry import Registry, register_into
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import listable
-from harvest_celery._runtime.completion import FALLBACK_REASONS, PATHS, fast_path_settings
+from harvest_celery._runtime.completion import FALLBACK_REASONS, PATHS
 from harvest_celery._runtime.metrics import METRICS
+from harvest_celery._runtime.settings import fast_path_settings
 from harvest_celery._store import predicates
 from harvest_celery._store.records import Dispatch, EagerClaim, RunRow, Timings
 from harvest_celery._store.staging import stage_decision
