@@ -44,7 +44,21 @@ def in_use_matches(harvest: Any) -> Iterator[None]:
 
 
 def assert_in_use_matches(harvest: Any) -> None:
-    """The invariant: each limit row's in_use is the scheduled and running rows of its limit."""
+    """The invariant: each limit row's in_use is the scheduled and running rows of its limit,
+    once the settles in flight have committed (a one-trip completion whose slot nobody takes
+    settles it just after its own commit, ``Store._settle_after``)."""
+    found: list[tuple[dict[Any, int], dict[Any, int]]] = []
+
+    def matches() -> bool:
+        found[:] = [_in_use_and_held(harvest)]
+        return found[0][0] == found[0][1]
+
+    if not matches():
+        wait_for(matches, timeout=10, what="every limit's in_use to match its rows")
+    assert found[0][0] == found[0][1]
+
+
+def _in_use_and_held(harvest: Any) -> tuple[dict[Any, int], dict[Any, int]]:
     t = activity_tasks.c
     with harvest.store.engine.connect() as conn:
         held = conn.execute(
@@ -55,7 +69,7 @@ def assert_in_use_matches(harvest: Any) -> None:
         rows = conn.execute(sa.select(limits.c.name, limits.c.key_digest, limits.c.in_use)).all()
     counts = {(name, digest): n for name, digest, n in held}
     used = {(name, digest): n for name, digest, n in rows if n or (name, digest) in counts}
-    assert used == counts
+    return used, counts
 
 
 def stamps(redis_client: Any, tag: str) -> list[dict[str, Any]]:
