@@ -14,21 +14,19 @@ process (the engine's in-process dispatcher, as ``test_completion_paths``):
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 from harvest_celery import Harvest, RetryPolicy, WorkflowContext, activity, workflow
-from harvest_celery._runtime.completion import FALLBACK_REASONS
-from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._store import admission
 from harvest_celery._store.dialect import Dialect
 from harvest_celery._store.records import Dispatch
 from harvest_celery._store.schema import executions, limits
 
 from .conftest import DATABASE_URL
+from .paths import counted, decisions, fallbacks, run_id
 
 pytestmark = pytest.mark.integration
 
@@ -66,22 +64,6 @@ def make() -> Harvest:
     h = Harvest(DATABASE_URL).register(ac_step, ac_limited, ac_nudged)
     _MADE.append(h)
     return h
-
-
-def run_id() -> str:
-    return f"ac-{uuid.uuid4().hex[:10]}"
-
-
-def fallbacks() -> dict[str, float]:
-    return {r: METRICS.value("decision_fallbacks", {"reason": r}) for r in FALLBACK_REASONS}
-
-
-def counted(before: dict[str, float]) -> dict[str, float]:
-    return {r: v - before[r] for r, v in fallbacks().items() if v != before[r]}
-
-
-def decisions(path: str, workflow: str) -> float:
-    return METRICS.value("decisions", {"workflow": workflow, "path": path})
 
 
 def admitted_at(h: Harvest, rid: str) -> Any:
@@ -139,7 +121,7 @@ def start_waiting(name: str, x: Any, rid: str) -> None:
 
 def test_a_one_trip_close_frees_its_slot_and_admits_the_next_waiting_run(harvest, monkeypatch):
     h = make()
-    first, second = run_id(), run_id()
+    first, second = run_id("ac"), run_id("ac")
     trips = spy(monkeypatch, h, second)
     landed = before_the_close(h, first, lambda: start_waiting("ac_limited", 2, second))
     before, steps = fallbacks(), decisions("one_statement", "ac_limited")
@@ -157,7 +139,7 @@ def test_a_one_trip_close_frees_its_slot_and_admits_the_next_waiting_run(harvest
 
 def test_a_guard_refused_one_trip_close_admits_nothing(harvest, monkeypatch):
     h = make()
-    rid, waiting = run_id(), run_id()
+    rid, waiting = run_id("ac"), run_id("ac")
     trips = spy(monkeypatch, h, waiting)
 
     def land() -> None:
@@ -180,7 +162,7 @@ def test_a_one_trip_close_defers_admitting_a_reset_with_held_rows_to_a_transacti
     harvest, monkeypatch
 ):
     h = make()
-    source, holder, new = run_id(), run_id(), []
+    source, holder, new = run_id("ac"), run_id("ac"), []
     assert h.start_workflow("ac_limited", 7, execution_id=source) is not None
     assert h.result(source, timeout=20) == 7
     trips = spy(monkeypatch, h, new)
@@ -206,7 +188,7 @@ def test_a_one_trip_close_defers_admitting_a_reset_with_held_rows_to_a_transacti
 def test_a_driver_whose_trip_does_not_commit_together_closes_the_ordinary_way(harvest, monkeypatch):
     monkeypatch.setattr(Dialect, "trip_commits_together", lambda self, driver: False)
     h = make()
-    first, second = run_id(), run_id()
+    first, second = run_id("ac"), run_id("ac")
     trips = spy(monkeypatch, h, second)
     before_the_close(h, first, lambda: start_waiting("ac_limited", 6, second))
     before = fallbacks()

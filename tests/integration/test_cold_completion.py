@@ -12,16 +12,15 @@ in-process dispatcher, as ``test_completion_paths``): the cold one-statement pat
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
 
 from harvest_celery import Harvest, RetryPolicy, WorkflowContext, activity, workflow
-from harvest_celery._runtime.completion import FALLBACK_REASONS
 from harvest_celery._runtime.metrics import METRICS
 
 from .conftest import DATABASE_URL
+from .paths import counted, decisions, fallbacks, run_id
 
 pytestmark = pytest.mark.integration
 
@@ -64,22 +63,6 @@ def make(**kwargs: Any) -> Harvest:
     return h
 
 
-def run_id() -> str:
-    return f"cc-{uuid.uuid4().hex[:10]}"
-
-
-def fallbacks() -> dict[str, float]:
-    return {r: METRICS.value("decision_fallbacks", {"reason": r}) for r in FALLBACK_REASONS}
-
-
-def counted(before: dict[str, float]) -> dict[str, float]:
-    return {r: v - before[r] for r, v in fallbacks().items() if v != before[r]}
-
-
-def decisions(path: str, workflow: str) -> float:
-    return METRICS.value("decisions", {"workflow": workflow, "path": path})
-
-
 def replays(kind: str) -> float:
     return METRICS.value("decision_replays", {"replay": kind})
 
@@ -90,7 +73,7 @@ def kinds(h: Harvest, rid: str) -> list[str]:
 
 def test_a_cold_completion_of_a_short_run_is_written_in_one_statement(harvest):
     h = make()
-    rid = run_id()
+    rid = run_id("cc")
     before, steps, cold = fallbacks(), decisions("one_statement", "cc_three"), replays("cold")
     h.start_workflow("cc_three", 1, execution_id=rid)
     assert h.result(rid, timeout=20) == 4
@@ -102,7 +85,7 @@ def test_a_cold_completion_of_a_short_run_is_written_in_one_statement(harvest):
 
 def test_a_stale_cold_read_is_refused_by_the_guard_and_recorded_the_ordinary_way(harvest):
     h = make()
-    rid, landed = run_id(), []
+    rid, landed = run_id("cc"), []
 
     def seam(execution_id: str) -> None:  # after the cold read, before the guarded write
         if execution_id == rid and not landed:
@@ -124,7 +107,7 @@ def test_a_long_history_is_not_read_cold(harvest):
     # the first step's ActivityStarted is at seq 2 (next seq 3 <= 4): cold one statement; the
     # later ones are past 4 events: the old way, not_warm (and the decision task: cold_history)
     h = make(inline_cold_max_events=4)
-    rid = run_id()
+    rid = run_id("cc")
     before, steps = fallbacks(), decisions("one_statement", "cc_three")
     h.start_workflow("cc_three", 1, execution_id=rid)
     assert h.result(rid, timeout=20) == 4

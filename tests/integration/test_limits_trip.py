@@ -16,18 +16,16 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from harvest_celery import Harvest, WorkflowContext, activity, workflow
-from harvest_celery._runtime.completion import FALLBACK_REASONS
-from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._store import handoff
 
 from .conftest import DATABASE_URL
+from .paths import counted, decisions, fallbacks, run_id
 from .test_limits import assert_in_use_matches
 
 pytestmark = pytest.mark.integration
@@ -84,22 +82,6 @@ def make() -> Harvest:
     return h
 
 
-def run_id() -> str:
-    return f"lt-{uuid.uuid4().hex[:10]}"
-
-
-def fallbacks() -> dict[str, float]:
-    return {r: METRICS.value("decision_fallbacks", {"reason": r}) for r in FALLBACK_REASONS}
-
-
-def counted(before: dict[str, float]) -> dict[str, float]:
-    return {r: v - before[r] for r, v in fallbacks().items() if v != before[r]}
-
-
-def decisions(workflow: str) -> float:
-    return METRICS.value("decisions", {"workflow": workflow, "path": "one_statement"})
-
-
 def status(h: Harvest, rid: str) -> str:
     """The status of the run's first activity row."""
     return str(h.store.activity_rows(rid)[0]["status"])
@@ -139,13 +121,13 @@ def at_completion(h: Harvest, rid: str, nth: int, land: Any) -> list[str]:
 
 def test_a_limited_step_completes_in_one_trip_and_hands_its_slot_to_the_next_step(harvest, monkeypatch):
     h = make()
-    rid = run_id()
+    rid = run_id("lt")
     trips = spy(monkeypatch)
-    before, steps = fallbacks(), decisions("lt_seq")
+    before, steps = fallbacks(), decisions("one_statement", "lt_seq")
     h.start_workflow("lt_seq", 3, execution_id=rid)
     assert h.result(rid, timeout=20) == 6
     assert counted(before) == {}  # no completion left the one-statement path
-    assert decisions("lt_seq") - steps == 3
+    assert decisions("one_statement", "lt_seq") - steps == 3
     # steps 1 and 2 handed their slot to the run's next step; nobody took the last one's slot,
     # so it was settled under the lock after that trip (in_use back to 0: the autouse check)
     assert trips == [(True, [rid], False, None), (True, [rid], False, None), (True, [], True, None)]
@@ -153,7 +135,7 @@ def test_a_limited_step_completes_in_one_trip_and_hands_its_slot_to_the_next_ste
 
 def test_the_hand_off_goes_to_the_row_waiting_longest_not_to_the_runs_next_step(harvest, monkeypatch):
     h = make()
-    first, second = run_id(), run_id()
+    first, second = run_id("lt"), run_id("lt")
     trips = spy(monkeypatch)
 
     def start_behind() -> None:  # another client's start: its step waits for the slot
@@ -179,7 +161,7 @@ def test_the_hand_off_goes_to_the_row_waiting_longest_not_to_the_runs_next_step(
 
 def test_a_guard_refused_one_trip_write_hands_nothing_on(harvest, monkeypatch):
     h = make()
-    rid, behind = run_id(), run_id()
+    rid, behind = run_id("lt"), run_id("lt")
     trips = spy(monkeypatch, watch=lambda: status(h, behind))
 
     def land() -> None:
@@ -200,7 +182,7 @@ def test_a_guard_refused_one_trip_write_hands_nothing_on(harvest, monkeypatch):
 
 def test_a_next_step_under_another_key_leaves_the_one_trip_path(harvest, monkeypatch):
     h = make()
-    same, other = run_id(), run_id()
+    same, other = run_id("lt"), run_id("lt")
     trips = spy(monkeypatch)
     before = fallbacks()
     h.start_workflow("lt_keys", ["k1", "k1"], execution_id=same)
