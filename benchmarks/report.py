@@ -345,6 +345,14 @@ def admission_rows(res: dict[str, Any]) -> list[Row]:
                 f"{fmt(lat['median'])} / {fmt(lat['p95'])} / {fmt(lat['max'])}",
             ],
         ]
+        onward = h.get("first_step_after_admission_ms")
+        if onward:
+            rows.append(
+                [
+                    "admission to its first step scheduled, median / p95 / max (ms)",
+                    f"{fmt(onward['median'])} / {fmt(onward['p95'])} / {fmt(onward['max'])}",
+                ]
+            )
     return rows
 
 
