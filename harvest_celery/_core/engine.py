@@ -150,6 +150,23 @@ class Session:
         self.decision = self._drive(indices)
         return self.decision
 
+    def catch_up(self, new: list[ev.HistoryEvent], config: EngineConfig) -> Decision | None:
+        """``advance`` over a tail that may hold other processes' decisions too: it is cut
+        after each run of results, so every piece is this session's commands (matched against
+        what was recorded) followed by results, exactly what ``advance`` accepts. A tail it
+        cannot take whole gives None (the session is then spent: close it and replay in full)."""
+        at = 0
+        while True:
+            end = at + len(self.decision.commands)
+            while end < len(new) and isinstance(new[end].event, ev.ADVANCE_EVENTS):
+                end += 1
+            if end > len(new) or (end == at and at < len(new)):
+                return None  # recorded commands this session does not issue: not ours to take
+            decision = self.advance(new[at:end], config)
+            if decision is None or end == len(new):
+                return decision
+            at = end
+
     def committed(self, written: list[ev.HistoryEvent]) -> bool:
         """This session's last decision was written as ``written`` (its commands' events, in
         order, with their seqs and times): absorb them now, so the next ``advance`` needs only

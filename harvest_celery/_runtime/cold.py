@@ -1,7 +1,9 @@
 """The cold one-statement completion: a completion whose run this process holds no warm replay
 of (``not_warm``) — the split decision/activity topology's first completion of every run, a
 limited slot handed to another run's waiting row — still takes the one-statement path when
-the run's history is short (``Settings.inline_cold_max_events``).
+the run's history is short (``Settings.inline_cold_max_events``). So does one whose replay
+here was left behind by decisions another process took since (``not_positioned``): it reads
+only the tail and catches the replay up (``Session.catch_up``), whatever the history's length.
 
 One autocommit read (``tasks.read_cold``: the run row WITHOUT a lock, and its history before
 this attempt's ``ActivityStarted``), a cold ``Session`` built from it, and then exactly the
@@ -28,14 +30,14 @@ from harvest_celery._store.records import Claim, RunRow
 log = logging.getLogger("harvest_celery")
 
 
-def eligible(rt: Any, claim: Claim) -> bool:
-    """Worth a cold read: the claim says where its ``ActivityStarted`` is, and the history
-    before it is short enough to replay cold (``inline_or_task``'s bound on the run's next seq)."""
-    return (
-        claim.started_seq is not None
-        and claim.started_at is not None
-        and claim.started_seq + 1 <= rt.settings.inline_cold_max_events
-    )
+def eligible(rt: Any, claim: Claim, behind: Session | None = None) -> bool:
+    """Worth a cold read: the claim says where its ``ActivityStarted`` is, and what there is to
+    replay before it (the whole history, or the tail past ``behind``, a replay kept here that
+    another process's decisions left behind) is short enough (``inline_or_task``'s bound)."""
+    if claim.started_seq is None or claim.started_at is None:
+        return False
+    since = len(behind.events) if behind is not None else 0
+    return claim.started_seq - since + 1 <= rt.settings.inline_cold_max_events
 
 
 def refusal(rt: Any, claim: Claim, row: RunRow | None) -> str:
@@ -56,21 +58,35 @@ def refusal(rt: Any, claim: Claim, row: RunRow | None) -> str:
     return ""
 
 
-def prepare(rt: Any, claim: Claim) -> tuple[Session | None, str | None, str]:
-    """The cold session positioned just before this attempt's ``ActivityStarted`` and the
-    sticky queue the guarded write assumes, or (None, None, reason)."""
+def prepare(rt: Any, claim: Claim, behind: Session | None = None) -> tuple[Session | None, str | None, str]:
+    """The session positioned just before this attempt's ``ActivityStarted`` and the sticky
+    queue the guarded write assumes, or (None, None, reason). ``behind``: a replay kept here
+    that stops short of it (this process's; ``prepare`` owns it now): caught up over the
+    history's tail (``Session.catch_up``) instead of a replay from the start; one that cannot
+    be is closed and the run replayed cold."""
     assert claim.started_seq is not None
+    since = len(behind.events) if behind is not None else 0
     try:
         (row, history), _ = rt.store.transaction(
-            lambda tx: tasks.read_cold(tx, claim.execution_id, claim.started_seq), one_statement=True
+            lambda tx: tasks.read_cold(tx, claim.execution_id, claim.started_seq, since), one_statement=True
         )
         reason = refusal(rt, claim, row)
         if reason:
+            if behind is not None:
+                behind.close()
             return None, None, reason
         assert row is not None
-        activation = Activation(row.id, row.workflow_type, history, rt.settings.engine)
-        session = Session(rt.registry.workflow(row.workflow_type), activation, rt.registry)
+        if behind is not None:
+            if behind.catch_up(history, rt.settings.engine) is None:
+                behind.close()
+                return prepare(rt, claim)  # not a tail it can take (a cancel?): from the start
+            session = behind
+        else:
+            activation = Activation(row.id, row.workflow_type, history, rt.settings.engine)
+            session = Session(rt.registry.workflow(row.workflow_type), activation, rt.registry)
     except Exception as exc:  # noqa: BLE001 - not a way to choose: logged, counted, recorded
+        if behind is not None:
+            behind.close()
         log.warning(
             "the cold read of %s for a one-statement completion failed (%s); it is recorded the ordinary way",
             claim.execution_id,

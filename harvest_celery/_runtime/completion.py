@@ -175,11 +175,18 @@ def choose(rt: Runtime, claim: Claim) -> tuple[Choice, Session | None]:
     if session is None:
         return Choice(INLINE, "not_warm"), None
     open_count = _open_activities(session)
+    detail = f"replay at {len(session.events)}, ActivityStarted at {claim.started_seq}"
+    if (
+        claim.started_seq is not None
+        and claim.started_at is not None
+        and len(session.events) < claim.started_seq
+    ):
+        return Choice(INLINE, "not_positioned", detail), session  # behind: ``complete`` catches it up
     if claim.started_seq is None or claim.started_at is None or len(session.events) != claim.started_seq:
         choice = Choice(
             INLINE,
             "not_positioned",
-            f"replay at {len(session.events)}, ActivityStarted at {claim.started_seq}",
+            detail,
         )
     elif open_count != 1:
         # other attempts may append meanwhile: their claims would fail the guard
@@ -267,16 +274,23 @@ def complete(rt: Runtime, claim: Claim, output: Any) -> None:
     """Record a completion: in one statement when ``choose`` says so, else the ordinary way
     (``record_completion``: inline, or with a decision request)."""
     choice, session = choose(rt, claim)
-    assumed, advanced = rt.sticky_queue, None
-    if choice.reason == "not_warm" and cold.eligible(rt, claim):
+    assumed, advanced, behind = rt.sticky_queue, None, None
+    if choice.reason == "not_positioned" and session is not None:  # a replay here left behind
+        behind, session = session, None
+        if not cold.eligible(rt, claim, behind):
+            rt.sessions.restore(claim.execution_id, behind)  # the ordinary path catches it up
+            behind = None
+    if (choice.reason == "not_warm" or behind is not None) and cold.eligible(rt, claim, behind):
         try:
-            session, assumed, reason = cold.prepare(rt, claim)  # cold, still one statement to write
+            # caught up over the tail, or cold from the start: still one statement to write
+            session, assumed, reason = cold.prepare(rt, claim, behind)
         except BaseException:
             _interrupted(rt, claim, output)  # a shutdown signal during the read
             raise
         choice = Choice(INLINE, reason) if session is None else choice
     if session is not None:
-        choice, advanced = _one_statement(rt, claim, output, session, assumed, choice.reason is None)
+        warm = choice.reason is None or (behind is not None and session is behind)
+        choice, advanced = _one_statement(rt, claim, output, session, assumed, warm)
         if choice.path == ONE_STATEMENT:
             return
     try:

@@ -388,9 +388,10 @@ class Runtime:
         known: list[ev.HistoryEvent] | None = None,
         advanced: tuple[Session, Decision] | None = None,
     ) -> tuple[Session, Decision]:
-        """A warm execution (its last decision was taken by this process) is advanced from its
-        cached ``Session`` with only the events appended since, so the cost stays flat in
-        history length; anything unexpected falls back to a full replay. ``advanced``: the
+        """A warm execution (this process decided it before) is advanced from its cached
+        ``Session`` with only the events appended since (``Session.catch_up``: decisions another
+        process took meanwhile included), so the cost stays flat in history length; anything
+        unexpected falls back to a full replay. ``advanced``: the
         replay is already advanced over ``pending`` and decided (``_decide``)."""
         if advanced is not None:
             tx.metrics.append(("decision_replays", {"replay": "warm"}))
@@ -405,7 +406,7 @@ class Runtime:
                 new = known + pending
             else:
                 new = tx.history(row.id, since=since) + pending
-            decision = session.advance(new, self.settings.engine)
+            decision = session.catch_up(new, self.settings.engine)  # decisions taken elsewhere too
             if decision is not None:
                 tx.metrics.append(("decision_replays", {"replay": "warm"}))
                 return session, decision

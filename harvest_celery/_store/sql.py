@@ -107,14 +107,15 @@ LEFT JOIN {EVENTS} AS s ON s.execution_id = :execution_id AND s.seq = task.event
 RUN_ROW = ", ".join(c.name for c in executions.c if c.name not in EXECUTION_PAYLOAD_COLUMNS)
 
 # A completion's cold read (``tasks.read_cold``), one autocommit statement: the run row WITHOUT a
-# lock and its history before ``:before`` (the attempt's ActivityStarted), one row per event (the
-# run row's columns repeated; a run without events yet gives one row, its event columns NULL).
+# lock and its history from ``:since`` (0, or where a replay kept here stopped) to before
+# ``:before`` (the attempt's ActivityStarted), one row per event (the run row's columns repeated;
+# a run without events in that range gives one row, its event columns NULL).
 # A stale read costs nothing: the guarded write re-checks everything under the run row's lock.
 COLD_READ = sa.text(f"""
 SELECT {", ".join(f"r.{c}" for c in RUN_ROW.split(", "))},
        e.seq AS ev_seq, e.data AS ev_data, e.recorded_at AS ev_recorded_at
 FROM {RUNS} AS r
-LEFT JOIN {EVENTS} AS e ON e.execution_id = r.id AND e.seq < :before
+LEFT JOIN {EVENTS} AS e ON e.execution_id = r.id AND e.seq >= :since AND e.seq < :before
 WHERE r.id = :execution_id
 ORDER BY e.seq
 """)

@@ -138,10 +138,14 @@ def running_task(tx: Tx, execution_id: str, activity_id: str) -> tuple[RunRow, T
     return row, task
 
 
-def read_cold(tx: Tx, execution_id: str, before: int) -> tuple[RunRow | None, list[ev.HistoryEvent]]:
-    """The run row, unlocked, and its decoded history before seq ``before``, in one statement
-    (``sql.COLD_READ``): what a cold one-statement completion replays (``_runtime.cold``)."""
-    rows = tx.conn.execute(sql.COLD_READ, {"execution_id": execution_id, "before": before}).all()
+def read_cold(
+    tx: Tx, execution_id: str, before: int, since: int = 0
+) -> tuple[RunRow | None, list[ev.HistoryEvent]]:
+    """The run row, unlocked, and its decoded history from seq ``since`` to before seq
+    ``before``, in one statement (``sql.COLD_READ``): what a cold one-statement completion
+    replays, or the tail a replay kept here catches up over (``_runtime.cold``)."""
+    params = {"execution_id": execution_id, "before": before, "since": since}
+    rows = tx.conn.execute(sql.COLD_READ, params).all()
     if not rows:
         return None, []
     history = []

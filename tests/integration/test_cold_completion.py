@@ -7,7 +7,9 @@ in-process dispatcher, as ``test_completion_paths``): the cold one-statement pat
   ``one_statement``, ``decision_replays{replay="cold"}``, no fallback (no ``not_warm``);
 * a cold read gone stale (a signal lands between the read and the write) is refused by the
   guard: the ordinary transaction records the completion (``guard``), nothing lost or doubled;
-* a run whose history is past ``inline_cold_max_events`` is not read: the old way (``not_warm``).
+* a run whose history is past ``inline_cold_max_events`` is not read: the old way (``not_warm``);
+* a warm replay left behind by a decision taken elsewhere reads only the events since and
+  catches up over them (``Session.catch_up``): one statement, no ``not_positioned``.
 """
 
 from __future__ import annotations
@@ -113,3 +115,38 @@ def test_a_long_history_is_not_read_cold(harvest):
     assert h.result(rid, timeout=20) == 4
     assert counted(before) == {"not_warm": 2}
     assert decisions("one_statement", "cc_three") - steps == 1
+
+
+def test_a_replay_left_behind_catches_up_over_the_tail_and_completes_in_one_statement(harvest):
+    """The second step's completion is taken as if in another process (this one's replay is
+    set aside, so it is decided cold); the third finds the replay set aside, one decision
+    behind, and catches it up instead of leaving the one-statement path (``not_positioned``)."""
+    h = Harvest(DATABASE_URL).register(cc_step, cc_three, cc_nudged)
+    _MADE.append(h)
+    rid, aside = run_id("cc"), []
+    cache, take = h.runtime.sessions, h.runtime.sessions.take
+
+    def taking(execution_id: str) -> Any:
+        session = take(execution_id)
+        if execution_id != rid or session is None:
+            return session
+        if not aside:  # the second completion: decided elsewhere (cold here)
+            aside.append((session, len(session.events)))
+            return None
+        if len(aside) == 1:  # the third: the replay kept here, left behind
+            aside.append(session)
+            session.close()
+            return aside[0][0]
+        return session
+
+    cache.take = taking  # type: ignore[method-assign]
+    before, steps, warm = fallbacks(), decisions("one_statement", "cc_three"), replays("warm")
+    h.start_workflow("cc_three", 1, execution_id=rid)
+    assert h.result(rid, timeout=20) == 4
+    assert len(aside) == 2, aside
+    behind, at = aside[0]
+    assert len(behind.events) > at  # it was caught up and taken further
+    assert counted(before) == {}  # no not_positioned: every completion took one statement
+    assert decisions("one_statement", "cc_three") - steps == 3
+    assert replays("warm") - warm >= 2  # the first completion's, and the caught-up third's
+    assert kinds(h, rid).count("ActivityCompleted") == 3

@@ -171,14 +171,15 @@ def test_an_inline_decision_that_fails_records_the_completion_once_and_runs_no_b
 
 def test_a_decision_write_that_fails_in_the_database_falls_back_to_the_completion_alone(harvest, monkeypatch):
     h = make()
+    h.runtime.settings.sticky_sessions = False  # no one-statement path: the ordinary write decides
     real = Tx.apply_decision
     broken = [True]
 
-    def apply_then_fail(self: Tx, *args: Any, **kwargs: Any) -> None:
+    def apply_then_fail(self: Tx, *args: Any, **kwargs: Any) -> Any:
         if broken and kwargs.get("leading"):
             broken.pop()
             self.conn.execute(sa.text("SELECT 1 / 0"))  # aborts the transaction, as a bad write would
-        real(self, *args, **kwargs)
+        return real(self, *args, **kwargs)
 
     monkeypatch.setattr(Tx, "apply_decision", apply_then_fail)
     BODIES.clear()

@@ -38,6 +38,14 @@ def test_a_short_history_is_worth_a_cold_read_a_long_one_is_not():
     assert not cold.eligible(rt(), claim(None))  # the claim does not say where it started
 
 
+def test_a_replay_left_behind_is_worth_its_tail_whatever_the_history_before_it():
+    behind = SimpleNamespace(events=[None] * 400)  # a replay kept here, 400 events in
+    assert cold.eligible(rt(max_events=10), claim(405), behind)  # 5 events to catch up over
+    assert not cold.eligible(rt(max_events=10), claim(405))  # from the start: 405
+    assert not cold.eligible(rt(max_events=4), claim(405), behind)
+    assert not cold.eligible(rt(), claim(None), behind)
+
+
 def test_a_run_as_the_guard_requires_is_not_refused_whoever_holds_its_warm_replay():
     assert cold.refusal(rt(), claim(4), row()) == ""
     assert cold.refusal(rt(), claim(4), row(sticky_queue=None)) == ""

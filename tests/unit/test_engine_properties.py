@@ -17,6 +17,7 @@ recorded are valid by construction, and:
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ from hypothesis import strategies as st
 from harvest_celery import ActivityError, Cancelled, Saga, SagaCompensationFailed, activity, workflow
 from harvest_celery._core import events as ev
 from harvest_celery._core.commands import Decision, RecordMarker
-from harvest_celery._core.engine import Activation, EngineConfig, decide, replay_history
+from harvest_celery._core.engine import Activation, EngineConfig, Session, decide, replay_history
 from harvest_celery._core.lifecycle import RUNNING, decision_events, has_outcome
 from harvest_celery._errors import HarvestError
 from harvest_celery.testing import SimRun, Simulator
@@ -294,6 +295,63 @@ def test_a_warm_sticky_replay_records_what_a_cold_replay_records(data: Any):
     replayed = drive(cold_run, lambda options: next(moves))
     assert replayed == rec.moves
     assert cold_run.history == rec.run.history and cold_run.status == rec.run.status
+
+
+@PROPS
+@given(recorded_runs(), st.data())
+def test_a_replay_left_behind_catches_up_to_what_a_cold_replay_decides(rec: Recorded, data: Any):
+    """``Session.catch_up``: a replay kept at any point of a history (another process took the
+    decisions since), fed the rest, decides what a cold replay of the whole decides; it may
+    refuse, never decide otherwise, and it does not refuse a whole tail of commands and results."""
+    history, run_id = rec.run.history, rec.run.execution_id
+    k = data.draw(st.integers(1, len(history)))
+    j = data.draw(st.integers(k, len(history)))
+    sim = new_sim()
+    with deadline():
+        kept = Session(
+            sim.registry.workflow(WF), Activation(run_id, WF, history[:k], EngineConfig()), sim.registry
+        )
+        try:
+            reusable, pending = kept.reusable, len(kept.decision.commands)
+            caught = kept.catch_up(history[k:j], EngineConfig())
+        finally:
+            kept.close()
+        whole = cold(history[:j], run_id)
+    if caught is not None:
+        assert caught == whole
+    # what a caller gives: a tail of commands and results that ends between two decisions (a
+    # decision's commands are written together), holding the commands the replay has yet to see
+    takeable = all(isinstance(h.event, COMMANDS + ev.ADVANCE_EVENTS) for h in history[k:j])
+    mid_block = 0 < j < len(history) and all(isinstance(h.event, COMMANDS) for h in history[j - 1 : j + 1])
+    if reusable and takeable and not mid_block and (j > k or not pending) and whole.nd is None:
+        assert caught is not None, (k, j, [h.event.type for h in history[k:j]])
+
+
+@PROPS
+@given(recorded_runs())
+def test_a_catch_up_refuses_a_tail_whose_commands_the_code_does_not_issue(rec: Recorded):
+    """A recorded command changed under a replay kept before it (another activity name): the
+    catch-up refuses (None), where a full replay would report the divergence."""
+    history, run_id = rec.run.history, rec.run.execution_id
+    at = next((i for i, h in enumerate(history) if i and isinstance(h.event, ev.ActivityScheduled)), None)
+    if at is None:
+        return
+    changed = [*history[:at], _renamed(history[at]), *history[at + 1 :]]
+    sim = new_sim()
+    with deadline():
+        kept = Session(
+            sim.registry.workflow(WF), Activation(run_id, WF, history[:1], EngineConfig()), sim.registry
+        )
+        try:
+            assert kept.catch_up(changed[1:], EngineConfig()) is None
+        finally:
+            kept.close()
+
+
+def _renamed(item: ev.HistoryEvent) -> ev.HistoryEvent:
+    assert isinstance(item.event, ev.ActivityScheduled)
+    event = dataclasses.replace(item.event, activity_name="p_other")
+    return ev.HistoryEvent(item.seq, event, item.recorded_at)
 
 
 @PROPS
