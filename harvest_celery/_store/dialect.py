@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.pool import QueuePool
 from sqlalchemy.util import queue as pool_queue
 
-from harvest_celery._store import pgwrite, sql
+from harvest_celery._store import pgwrite, prepared, sql
 from harvest_celery._store.records import utcnow
 from harvest_celery._store.schema import WAIT_SEQ, activity_tasks, executions
 
@@ -86,6 +86,8 @@ class Dialect:
         else:
             engine = sa.create_engine(url, pool_size=pools.size, max_overflow=pools.overflow, **options)
         _ping_when_idle(engine)
+        if engine.dialect.driver == "psycopg2" and not pools.pooled:
+            prepared.enable(engine)  # the hot path's autocommit statements keep their plans
         return engine
 
     def lock(self, query: Any, *, skip_locked: bool = False) -> Any:
@@ -106,7 +108,7 @@ class Dialect:
         psycopg2 sends them as one simple query, one round trip, each statement still with its
         own snapshot; psycopg 3 (server-side parameters) sends them one by one."""
         if conn.dialect.driver == "psycopg2":
-            return conn.exec_driver_sql(";\n".join(texts), params)
+            return prepared.execute(conn, texts, params)
         for text in texts[:-1]:
             conn.exec_driver_sql(text, params)
         return conn.exec_driver_sql(texts[-1], params)

@@ -23,7 +23,7 @@ from harvest_celery._core.limits import Limits, limit_key_of
 from harvest_celery._core.registry import Registry
 from harvest_celery._errors import InvalidLimitKey
 from harvest_celery._payloads.digest import limit_digest
-from harvest_celery._store import limits, sql
+from harvest_celery._store import limits, prepared, sql
 from harvest_celery._store.schema import WAIT_SEQ
 from harvest_celery._store.staging import EagerTake
 
@@ -83,9 +83,7 @@ def write(tx: Any, guarded: tuple[str, dict[str, Any]], taking: EagerTake | None
     text = in_line(text, params)
     params.update(limits.candidate(taking), now=now)
     tx.eager_take = taking
-    rows: list[sa.Row[Any]] = list(
-        tx.conn.exec_driver_sql(f"{text};\n{sql.HAND_OFF_AFTER_WRITE}", params).all()
-    )
+    rows: list[sa.Row[Any]] = list(prepared.execute(tx.conn, [text, sql.HAND_OFF_AFTER_WRITE], params).all())
     name, digest = rows[0].limit_name, rows[0].limit_digest
     if name is None:
         tx.eager_take = None

@@ -83,7 +83,7 @@ WITH run AS (
 ), task AS (
     UPDATE {TASKS} AS t
     SET status = {RUNNING_TASK}, worker_id = :worker_id, started_at = :now,
-        lease_expires_at = :now + make_interval(secs => COALESCE(t.start_to_close, :lease) + 5)
+        lease_expires_at = CAST(:now AS TIMESTAMPTZ) + make_interval(secs => COALESCE(t.start_to_close, :lease) + 5)
     FROM run
     WHERE t.execution_id = run.id AND t.activity_id = :activity_id
       AND t.status = {SCHEDULED} AND t.attempt = :attempt

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from harvest_celery._core import events as ev
 from harvest_celery._core.names import START_TO_CLOSE_TIMEOUT, TaskStatus
 from harvest_celery._core.retry import RetryPolicy
-from harvest_celery._store import sql
+from harvest_celery._store import prepared, sql
 from harvest_celery._store.predicates import accepts_results, operator_live
 from harvest_celery._store.records import Claim, RunRow, TaskRow, Timings, aware
 from harvest_celery._store.schema import activity_tasks
@@ -57,7 +57,8 @@ def _claim_in_one(
     tx: Tx, execution_id: str, activity_id: str, attempt: int, worker_id: str, now: datetime, timings: Timings
 ) -> Claim | None:
     data = ev.ActivityStarted(activity_id, attempt, worker_id).to_data()
-    found = tx.conn.execute(
+    found = prepared.text(
+        tx.conn,
         sql.CLAIM,
         {
             "execution_id": execution_id,
@@ -145,7 +146,7 @@ def read_cold(
     ``before``, in one statement (``sql.COLD_READ``): what a cold one-statement completion
     replays, or the tail a replay kept here catches up over (``_runtime.cold``)."""
     params = {"execution_id": execution_id, "before": before, "since": since}
-    rows = tx.conn.execute(sql.COLD_READ, params).all()
+    rows = prepared.text(tx.conn, sql.COLD_READ, params).all()
     if not rows:
         return None, []
     history = []

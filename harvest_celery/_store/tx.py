@@ -25,7 +25,7 @@ from harvest_celery._core.registry import Registry
 from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
-from harvest_celery._store import admission, handoff, limits, pgwrite
+from harvest_celery._store import admission, handoff, limits, pgwrite, prepared
 from harvest_celery._store.dialect import Dialect
 from harvest_celery._store.pgwrite import outcome_unknown as _outcome_unknown
 from harvest_celery._store.records import (
@@ -491,7 +491,7 @@ class Tx:
             elif hand_off is not None:
                 written = hand_off(now)
             else:
-                written = self.conn.exec_driver_sql(*sql).rowcount == 1
+                written = prepared.execute(self.conn, [sql[0]], sql[1]).rowcount == 1
         except BaseException as exc:
             if not _outcome_unknown(exc):  # it failed: nothing references its blobs
                 self._delete_blobs(blobs)
