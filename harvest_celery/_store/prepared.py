@@ -49,7 +49,10 @@ _PARAMETER = re.compile(r"%\((\w+)\)s")
 # result type a migration changed (0A000)
 _REFUSED = {"26000", "0A000"}
 
-Prepared = tuple[str, tuple[str, ...]] | None  # None: not preparable, sent as it is
+# what a connection knows of a text: False, seen once (sent as text: a one-off text costs no
+# PREPARE, and Postgres keeps a generic plan only after a few executions anyway); None, not
+# preparable (sent as text); else its statement's name and parameter order
+Prepared = tuple[str, tuple[str, ...]] | bool | None
 
 
 def enable(engine: Engine) -> None:
@@ -68,18 +71,24 @@ def execute(conn: Connection, texts: Sequence[str], params: dict[str, Any]) -> A
     if not info.get(_ON) or dbapi is None or not getattr(dbapi, "autocommit", False):
         return conn.exec_driver_sql(";\n".join(texts), params)
     cache: OrderedDict[str, Prepared] = info.setdefault(_CACHE, OrderedDict())
-    calls = []
+    calls, plain = [], False
     for text in texts:
         if text not in cache:
-            _prepare(dbapi, cache, text)
-        prepared = cache[text]
+            cache[text] = False  # seen once
+            _evict(dbapi, cache)
+        elif cache[text] is False:
+            _prepare(dbapi, cache, text)  # its second use
         cache.move_to_end(text)
-        if prepared is None:
-            return conn.exec_driver_sql(";\n".join(texts), params)
+        prepared = cache[text]
+        if not isinstance(prepared, tuple):
+            plain = True
+            continue
         name, order = prepared
         calls.append(
             f"EXECUTE {name}({', '.join(f'%({p})s' for p in order)})" if order else f"EXECUTE {name}"
         )
+    if plain:
+        return conn.exec_driver_sql(";\n".join(texts), params)
     try:
         return conn.exec_driver_sql(";\n".join(calls), params)
     except sa.exc.DBAPIError as exc:
@@ -134,9 +143,13 @@ def _prepare(dbapi: Any, cache: OrderedDict[str, Prepared], text: str) -> None:
     except Exception as exc:  # noqa: BLE001 - not preparable (a type Postgres cannot infer): sent as before
         log.debug("not prepared (%s): %s", exc, text[:200])
         cache[text] = None
+
+
+def _evict(dbapi: Any, cache: OrderedDict[str, Prepared]) -> None:
+    """Past ``SIZE`` texts, the least recently used go (their statements deallocated)."""
     while len(cache) > SIZE:
-        old, prepared = cache.popitem(last=False)
-        if prepared is not None:
+        _, prepared = cache.popitem(last=False)
+        if isinstance(prepared, tuple):
             try:
                 with dbapi.cursor() as cur:
                     cur.execute(f"DEALLOCATE {prepared[0]}")

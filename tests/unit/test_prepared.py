@@ -62,14 +62,16 @@ def run(server: Server, *texts: str) -> Any:
     return prepared.execute(server, list(texts), {"a": 1})  # type: ignore[arg-type]
 
 
-def test_each_text_of_a_trip_is_prepared_once_and_executed_by_name_in_one_query():
+def test_each_text_of_a_trip_is_prepared_on_its_second_use_and_then_executed_by_name():
     server = Server()
+    run(server, "SELECT %(a)s", "SELECT 2")  # seen once: a one-off text costs no PREPARE
+    assert server.raw == [] and server.sent == ["SELECT %(a)s;\nSELECT 2"]
     run(server, "SELECT %(a)s", "SELECT 2")
     run(server, "SELECT %(a)s", "SELECT 2")
-    assert [t.split(" AS ")[0].split()[0] for t in server.raw] == ["PREPARE", "PREPARE"]
+    assert [t.split()[0] for t in server.raw] == ["PREPARE", "PREPARE"]  # once each
     assert server.raw[0].endswith("AS SELECT $1") and server.raw[1].endswith("AS SELECT 2")
-    first = server.raw[0].split()[1]
-    assert server.sent == [f"EXECUTE {first}(%(a)s);\nEXECUTE {server.raw[1].split()[1]}"] * 2
+    first, second = server.raw[0].split()[1], server.raw[1].split()[1]
+    assert server.sent[1:] == [f"EXECUTE {first}(%(a)s);\nEXECUTE {second}"] * 2  # one query
 
 
 @pytest.mark.parametrize(
@@ -83,33 +85,36 @@ def test_an_application_connection_or_a_transaction_sends_the_text_as_it_is(serv
 
 def test_a_text_postgres_cannot_prepare_is_sent_as_it_is_and_not_prepared_again():
     server = Server()
-    run(server, "SELECT %(a)s -- unpreparable")
-    run(server, "SELECT %(a)s -- unpreparable")
+    for _ in range(3):
+        run(server, "SELECT %(a)s -- unpreparable")
     assert len(server.raw) == 1  # one PREPARE tried
-    assert server.sent == ["SELECT %(a)s -- unpreparable"] * 2
+    assert server.sent == ["SELECT %(a)s -- unpreparable"] * 3
 
 
 def test_an_execute_refused_before_anything_ran_forgets_the_statements_and_sends_the_text():
     server = Server(fail="26000")  # the prepared statement is gone
-    assert run(server, "SELECT %(a)s") == "SELECT %(a)s"
-    assert server.raw[-1] == "DEALLOCATE ALL"
+    run(server, "SELECT %(a)s")
+    assert run(server, "SELECT %(a)s") == "SELECT %(a)s"  # EXECUTE refused, the text sent
+    assert server.sent[-2].startswith("EXECUTE") and server.raw[-1] == "DEALLOCATE ALL"
     assert "harvest_prepared" not in server.connection.info
+    run(server, "SELECT %(a)s")
     run(server, "SELECT %(a)s")  # prepared again
     assert server.raw[-1].startswith("PREPARE") and server.sent[-1].startswith("EXECUTE")
 
 
 def test_any_other_execute_error_forgets_the_statements_and_reaches_the_caller():
     server = Server(fail="08006")  # a lost connection: the outcome may be unknown, never resent
+    run(server, "SELECT %(a)s")
     with pytest.raises(sa.exc.DBAPIError):
         run(server, "SELECT %(a)s")
-    assert server.sent == [server.sent[0]] and server.sent[0].startswith("EXECUTE")
+    assert server.sent[-1].startswith("EXECUTE") and len(server.sent) == 2
     assert "harvest_prepared" not in server.connection.info
 
 
 def test_the_least_recently_used_statement_is_deallocated_past_the_cache_size(monkeypatch):
     monkeypatch.setattr(prepared, "SIZE", 2)
     server = Server()
-    for n in (1, 2, 1, 3):  # 1 used again: 2 is the least recently used when 3 comes
+    for n in (1, 1, 2, 2, 1, 3):  # each prepared on its second use; 2 is the least recent
         run(server, f"SELECT {n}")
     names = {t.split(" AS ")[1]: t.split()[1] for t in server.raw if t.startswith("PREPARE")}
     assert server.raw[-1] == f"DEALLOCATE {names['SELECT 2']}"
