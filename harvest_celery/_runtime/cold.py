@@ -78,8 +78,8 @@ def prepare(rt: Any, claim: Claim, behind: Session | None = None) -> tuple[Sessi
         assert row is not None
         if behind is not None:
             if behind.catch_up(history, rt.settings.engine) is None:
-                behind.close()
-                return prepare(rt, claim)  # not a tail it can take (a cancel?): from the start
+                behind.close()  # not a tail it can take (a cancel?): from the start, if short
+                return prepare(rt, claim) if eligible(rt, claim) else (None, None, "not_positioned")
             session = behind
         else:
             activation = Activation(row.id, row.workflow_type, history, rt.settings.engine)

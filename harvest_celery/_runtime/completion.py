@@ -274,20 +274,21 @@ def complete(rt: Runtime, claim: Claim, output: Any) -> None:
     """Record a completion: in one statement when ``choose`` says so, else the ordinary way
     (``record_completion``: inline, or with a decision request)."""
     choice, session = choose(rt, claim)
-    assumed, advanced, behind = rt.sticky_queue, None, None
-    if choice.reason == "not_positioned" and session is not None:  # a replay here left behind
-        behind, session = session, None
-        if not cold.eligible(rt, claim, behind):
+    assumed, advanced = rt.sticky_queue, None
+    behind = session if choice.reason == "not_positioned" else None  # a replay here left behind
+    if choice.reason == "not_warm" or behind is not None:
+        session = None
+        if cold.eligible(rt, claim, behind):
+            try:
+                # caught up over the tail, or cold from the start: still one statement to write
+                session, assumed, reason = cold.prepare(rt, claim, behind)
+            except BaseException:
+                _interrupted(rt, claim, output)  # a shutdown signal during the read
+                raise
+            choice = Choice(INLINE, reason) if session is None else choice
+        elif behind is not None:
             rt.sessions.restore(claim.execution_id, behind)  # the ordinary path catches it up
             behind = None
-    if (choice.reason == "not_warm" or behind is not None) and cold.eligible(rt, claim, behind):
-        try:
-            # caught up over the tail, or cold from the start: still one statement to write
-            session, assumed, reason = cold.prepare(rt, claim, behind)
-        except BaseException:
-            _interrupted(rt, claim, output)  # a shutdown signal during the read
-            raise
-        choice = Choice(INLINE, reason) if session is None else choice
     if session is not None:
         warm = choice.reason is None or (behind is not None and session is behind)
         choice, advanced = _one_statement(rt, claim, output, session, assumed, warm)
