@@ -183,11 +183,7 @@ def choose(rt: Runtime, claim: Claim) -> tuple[Choice, Session | None]:
     ):
         return Choice(INLINE, "not_positioned", detail), session  # behind: ``complete`` catches it up
     if claim.started_seq is None or claim.started_at is None or len(session.events) != claim.started_seq:
-        choice = Choice(
-            INLINE,
-            "not_positioned",
-            detail,
-        )
+        choice = Choice(INLINE, "not_positioned", detail)
     elif open_count != 1:
         # other attempts may append meanwhile: their claims would fail the guard
         choice = Choice(INLINE, "parallel_open", f"{open_count} open")
