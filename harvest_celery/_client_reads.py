@@ -25,7 +25,7 @@ from harvest_celery._core.names import CANCELLED_ERROR, TaskStatus
 from harvest_celery._core.queries import answer, query_arg
 from harvest_celery._errors import InvalidState, WorkflowCancelledError, WorkflowFailed, WorkflowTimedOut
 from harvest_celery._runtime.consumers import waiting_hints
-from harvest_celery._store.records import AttemptError, CancelBranch, Execution, utcnow
+from harvest_celery._store.records import AttemptError, CancelBranch, Execution, RunOutcome, utcnow
 
 _OPEN = (TaskStatus.SCHEDULED.value, TaskStatus.WAITING.value)
 
@@ -172,15 +172,17 @@ class Reads(ClientBase):
             while True:
                 if self._inline is not None:
                     self.drain()
-                status = self.store.status(execution_id)
-                branch = None
+                seen = self.store.outcome(execution_id)  # one read: status, seal, outcome
+                status, branch = seen.status, None
                 following = self.store.continued_to(execution_id) if status == CONTINUED_AS_NEW else None
                 if following is not None:  # a chain: its result is its last run's
                     return following, None
                 if status in TERMINAL_STATUSES:
+                    if seen.cancelled_at is None:  # closed, never sealed: answered from that read
+                        return None, self._outcome(seen)
                     branch = self.store.cancel_branch(execution_id)
-                    if branch is None:
-                        return None, self._outcome(self.store.get(execution_id))
+                    if branch is None:  # unreachable (a seal is never undone); read as closed
+                        return None, self._outcome(seen)
                     if branch.settled:
                         raise self._cancelled_error(execution_id, branch, status)
                 left = None if deadline is None else deadline - time.monotonic()
@@ -211,7 +213,7 @@ class Reads(ClientBase):
         timeout, reason = (request.timeout, request.reason) if request is not None else ("execution", "")
         return WorkflowTimedOut(execution_id, timeout, reason, outcome, error, value)
 
-    def _outcome(self, row: Execution) -> Any:
+    def _outcome(self, row: RunOutcome) -> Any:
         if row.status == TIMED_OUT:  # its branch raised after the timeout request
             error = row.error or {}
             failed = error.get("type") != CANCELLED_ERROR
@@ -220,7 +222,7 @@ class Reads(ClientBase):
         return _outcome(row)
 
 
-def _outcome(row: Execution) -> Any:
+def _outcome(row: RunOutcome) -> Any:
     if row.status == COMPLETED:
         return row.result
     error = row.error or {}

@@ -244,6 +244,19 @@ def timeout_kind(timed_out_at: datetime | None, execution_deadline_at: datetime 
 
 
 @dataclass(frozen=True)
+class RunOutcome:
+    """What ``Harvest.result`` reads on each look at a run (``Store.outcome``): its status, whether
+    a cancel sealed it, and, once it is closed, its result and error (decoded)."""
+
+    id: str
+    status: str
+    result: Any
+    error: Any
+    cancelled_at: datetime | None
+    cancel_reason: str | None
+
+
+@dataclass(frozen=True)
 class Execution:
     id: str
     workflow_type: str

@@ -18,14 +18,21 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from harvest_celery._core import events as ev
-from harvest_celery._core.lifecycle import CANCELLING, CONTINUED_AS_NEW, RUNNING, TERMINATED, WAITING
+from harvest_celery._core.lifecycle import (
+    CANCELLING,
+    CONTINUED_AS_NEW,
+    RUNNING,
+    TERMINAL_STATUSES,
+    TERMINATED,
+    WAITING,
+)
 from harvest_celery._core.limits import slot_text
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._errors import ExecutionNotFound
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import listable, run_prefix
-from harvest_celery._store import admission, limits, links, redaction, runs, sql, updates
+from harvest_celery._store import admission, limits, links, outcomes, redaction, runs, sql, updates
 from harvest_celery._store.blobs import PostgresPayloadStore
 from harvest_celery._store.dialect import Dialect, Pools, dialect_for
 from harvest_celery._store.listener import Listener, PollingListener, listener_of
@@ -33,10 +40,10 @@ from harvest_celery._store.records import (
     AttemptError,
     CancelBranch,
     Execution,
+    RunOutcome,
     RunSnapshot,
     Timings,
     aware,
-    cancel_branch_of,
     utcnow,
 )
 from harvest_celery._store.schema import activity_tasks, attempt_errors, events, executions
@@ -46,6 +53,7 @@ from harvest_celery._store.tx import RawEvent, Tx
 log = logging.getLogger("harvest_celery")
 redaction.install()  # no value a Postgres error quotes reaches harvest's logs
 T = TypeVar("T")
+R = TypeVar("R", Execution, RunOutcome)
 __all__ = ["Execution", "Store", "Timings", "is_transient", "utcnow"]  # the records callers of the store use
 
 # Columns a list reads: never the payload columns (a 200 MB input must not be loaded to list it).
@@ -214,22 +222,36 @@ class Store:
             row = conn.execute(sa.select(executions).where(executions.c.id == execution_id)).first()
         if row is None:
             raise ExecutionNotFound(execution_id)
-        execution = Execution.from_mapping(row._mapping)
+        return self._decoded_run(Execution.from_mapping(row._mapping))
+
+    def outcome(self, execution_id: str) -> RunOutcome:
+        """A run's status, seal and (once closed) result and error, in one read (``_store.outcomes``)."""
+        with self.engine.connect() as conn:
+            row = outcomes.outcome(conn, execution_id)
+        if row is None:
+            raise ExecutionNotFound(execution_id)
+        stored = RunOutcome(
+            row.id, row.status, row.result, row.error, aware(row.cancelled_at), row.cancel_reason
+        )
+        return self._decoded_run(stored) if row.status in TERMINAL_STATUSES else stored
+
+    def _decoded_run(self, run: R) -> R:
+        """``run`` with its payload columns decoded; a read-only view degrades, never fails."""
         decoded = {}
-        for column in EXECUTION_PAYLOAD_COLUMNS:  # a read-only view: degrade, never fail
-            if not hasattr(execution, column):
+        for column in EXECUTION_PAYLOAD_COLUMNS:
+            if not hasattr(run, column):
                 continue  # a payload the view does not show (the admission key)
             try:
-                decoded[column] = self.payloads.decode_value(getattr(execution, column))
+                decoded[column] = self.payloads.decode_value(getattr(run, column))
             except Exception as exc:  # noqa: BLE001 - any store or codec failure: degrade
                 log.warning(
                     "execution %s: %s stays encoded: %s",
-                    execution_id,
+                    run.id,
                     column,
                     exc,
-                    extra={"execution_id": execution_id},  # a run line's field (_runtime.logs)
+                    extra={"execution_id": run.id},  # a run line's field (_runtime.logs)
                 )
-        return dataclasses.replace(execution, **decoded) if decoded else execution
+        return dataclasses.replace(run, **decoded) if decoded else run
 
     def admission(self, execution_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
         """A waiting run's place and its key's slot holders (``_store.admission``); (None, [])
@@ -527,45 +549,11 @@ class Store:
     def cancel_branch(self, execution_id: str) -> CancelBranch | None:
         """The post-cancel branch of a sealed run (None: the run was never sealed by a cancel),
         from the run row, its running task rows and its terminal event — no history load."""
-        running = (
-            sa.select(sa.func.count())
-            .select_from(activity_tasks)
-            .where(
-                (activity_tasks.c.execution_id == execution_id)
-                & (activity_tasks.c.status == TaskStatus.RUNNING.value)
-            )
-            .scalar_subquery()
-        )
-        terminal = (
-            sa.select(events.c.type)
-            .where(
-                (events.c.execution_id == execution_id)
-                & events.c.type.in_([ev.WorkflowCompleted.type, ev.WorkflowFailed.type])
-            )
-            .order_by(events.c.seq)
-            .limit(1)
-            .scalar_subquery()
-        )
-        q = sa.select(
-            executions.c.cancelled_at,
-            executions.c.cancel_reason,
-            executions.c.error,
-            executions.c.decision_requested_at,
-            running.label("running"),
-            terminal.label("terminal"),
-        ).where(executions.c.id == execution_id)
         with self.engine.connect() as conn:
-            row = conn.execute(q).first()
-        if row is None:
+            found, branch = outcomes.cancel_branch(conn, execution_id)
+        if not found:
             raise ExecutionNotFound(execution_id)
-        if row.cancelled_at is None:
-            return None
-        return cancel_branch_of(
-            row.cancel_reason or "",
-            row.decision_requested_at is None and not row.running,
-            row.terminal,
-            row.error,
-        )
+        return branch
 
     def timeout_request(self, execution_id: str) -> ev.WorkflowTimeoutRequested | None:
         """The run's first ``WorkflowTimeoutRequested`` (which deadline, and its reason), if any."""
