@@ -11,10 +11,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery, Task, signals
 from celery.exceptions import SoftTimeLimitExceeded
+from celery.worker import state as worker_state
 
 from harvest_celery._core.registry import ActivityDefinition
 from harvest_celery._dag.builder import preflight_all
@@ -172,6 +174,25 @@ def _route_to_this_process(app: Celery, runtime: Runtime, worker: Any) -> None:
     app.amqp.queues.select_add(queue)  # type: ignore[union-attr]
 
 
+def _pool_idle(worker: Any) -> Callable[[], bool] | None:
+    """For a ``-P threads`` worker: is a thread of its pool free, with no delivered message
+    waiting for one? Then an eager chain takes nothing from other work by going on (any message
+    the broker has could still be delivered to the free thread). Other pools cannot tell from
+    the chain's thread (a prefork child does not see its parent's requests; a solo worker has
+    no second slot), so their chains stop at ``eager_max_chain``."""
+    pool = getattr(getattr(worker, "pool_cls", None), "__module__", "") or ""
+    concurrency = int(getattr(worker, "concurrency", 0) or 0)
+    if "thread" not in pool or concurrency < 2:
+        return None
+    reserved, active = worker_state.reserved_requests, worker_state.active_requests
+
+    def idle() -> bool:
+        running = len(active)
+        return running < concurrency and len(reserved) <= running
+
+    return idle
+
+
 def install(app: Celery, runtime: Runtime) -> None:
     """Register the decision task and connect the hooks (idempotent per app)."""
     if getattr(app, "_harvest_runtime", None) is runtime:
@@ -233,6 +254,7 @@ def _connect_worker_signals(app: Celery, runtime: Runtime) -> None:
         if getattr(sender, "app", None) is not app:
             return
         _route_to_this_process(app, runtime, sender)
+        runtime.pool_idle = _pool_idle(sender)
         # this worker's queues (set before the pool starts, so prefork children inherit them)
         runtime.local_queues = frozenset(app.amqp.queues.consume_from or ())  # type: ignore[union-attr]
         runtime.send_task_events = bool(getattr(sender, "task_events", False))

@@ -53,6 +53,10 @@ from harvest_celery._store.tx import Tx
 
 log = logging.getLogger("harvest_celery")
 T = TypeVar("T")
+# an eager chain goes past ``eager_max_chain`` only while its worker's pool is idle, and never
+# past this many times it: the chain's first message stays unacknowledged (acks_late) until
+# the chain ends, under the broker's consumer_timeout or visibility_timeout
+EAGER_IDLE_FACTOR = 4
 
 
 class Dispatcher(Protocol):
@@ -125,7 +129,12 @@ class Runtime:
         self.event_source: Any = None  # the worker's consumer, once ready (its event dispatcher)
         self.shutting_down = threading.Event()  # set by the worker on a warm or cold shutdown
         self.sticky_queue: str | None = None  # this process's own decision queue, if routed to
-        self._local = threading.local()  # .accept: take one eager dispatch; .held: the taken one
+        # set by a ``-P threads`` worker at init: True while a thread of its pool is free and no
+        # delivered message waits for one (an eager chain may then go past eager_max_chain)
+        self.pool_idle: Callable[[], bool] | None = None
+        # .left: eager runs this scope may still take; .more: past that, while the pool is idle;
+        # .held: the one taken
+        self._local = threading.local()
         # tracing on (Harvest sets it): tracing off costs one ``is None`` check per site
         self.tracer: Tracer | None = None
 
@@ -224,8 +233,18 @@ class Runtime:
             tx.reports.append(report)
 
     def _accepting(self) -> bool:
-        """Is this thread in an eager scope with room for one more activity?"""
-        return bool(getattr(self._local, "accept", False)) and getattr(self._local, "held", None) is None
+        """Is this thread in an eager scope with room for one more activity? Past
+        ``eager_max_chain``, only while the worker's pool is idle (``pool_idle``), up to
+        ``EAGER_IDLE_FACTOR`` times that."""
+        local = self._local
+        if getattr(local, "held", None) is not None:
+            return False
+        if getattr(local, "left", 0) > 0:
+            return True
+        return getattr(local, "more", 0) > 0 and self.pool_idle is not None and self.pool_idle()
+
+    def _stop_chain(self) -> None:
+        self._local.left = self._local.more = 0
 
     def _eager_claim(self) -> EagerClaim | None:
         """The claim a decision written by this thread takes for it (``EagerClaim``), if the
@@ -254,22 +273,26 @@ class Runtime:
     def eager_scope(self, enabled: bool) -> Iterator[Callable[[], Dispatch | None]]:
         """While a worker thread runs a claimed body: completions may hold back one next
         activity for this thread (``take`` it, run it, repeat) — at most ``eager_max_chain`` in
-        a row, so one run cannot keep a slot for ever. Whatever is still held at the end is
+        a row, so one run cannot keep a slot for ever while other work waits; while the pool is
+        idle, up to ``EAGER_IDLE_FACTOR`` times that. Whatever is still held at the end is
         sent."""
-        left = [self.settings.eager_max_chain if enabled and self.local_queues else 0]
-        self._local.accept, self._local.held = left[0] > 0, None
+        cap = self.settings.eager_max_chain if enabled and self.local_queues else 0
+        local = self._local
+        local.left, local.more, local.held = cap, cap * (EAGER_IDLE_FACTOR - 1), None
 
         def take() -> Dispatch | None:
-            held, self._local.held = self._local.held, None
-            if held is not None:
-                left[0] -= 1
-                self._local.accept = left[0] > 0
+            held, local.held = local.held, None
+            if held is not None and local.left > 0:
+                local.left -= 1
+            elif held is not None:
+                local.more -= 1
             return held
 
         try:
             yield take
         finally:
-            held, self._local.held, self._local.accept = self._local.held, None, False
+            held, self._local.held = self._local.held, None
+            self._stop_chain()
             if held is not None and held.claimed is not None:
                 # claimed for this thread, which stops before running it (a shutdown): its
                 # lease expires and the attempt is retried, as if this process had died
@@ -513,7 +536,7 @@ class Runtime:
                 # SystemExit, KeyboardInterrupt, a BaseException of the body's own: the attempt
                 # failed (retried per policy, never left running under a renewed lease); the
                 # exception then goes on to stop what it was meant to stop — so no eager claim
-                self._local.accept = False
+                self._stop_chain()
                 self._traced(claim, started_ns, self._fail_with(claim, exc), exc)
                 raise
             self.complete(claim, output)

@@ -514,7 +514,7 @@ def _types(harvest: Any, rid: str) -> list[str]:
     return [h.event.type for h in harvest.history(rid)]
 
 
-def test_eager_runs_the_next_activity_here_through_the_claim_and_caps_the_chain(
+def test_eager_runs_the_next_activity_here_through_the_claim_and_bounds_the_chain(
     harvest, workers, redis_client, tag
 ):
     from .conftest import effects
@@ -528,7 +528,10 @@ def test_eager_runs_the_next_activity_here_through_the_claim_and_caps_the_chain(
     assert any(eager)  # the eager path really ran
     assert eager[0]  # the first step too: in the harvest.decide task that scheduled it
     longest = max(len(run) for run in "".join("e" if x else "." for x in eager).split("."))
-    assert longest <= 8  # Settings.eager_max_chain: then the broker takes a turn
+    # nothing else waits for this -P threads -c 4 worker: the chain goes past eager_max_chain
+    # (8), never past EAGER_IDLE_FACTOR times it (tests/unit/test_eager_chain_length.py pins
+    # the cap under load)
+    assert 8 < longest <= 32, eager
     # every body had its ActivityStarted, appended by the claim, before it ran
     types = _types(harvest, rid)
     assert types.count("ActivityStarted") == 20 == types.count("ActivityCompleted")
