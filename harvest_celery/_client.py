@@ -29,7 +29,7 @@ from harvest_celery._dag.canvas_run import register_canvas
 from harvest_celery._payloads.codec import Codec
 from harvest_celery._payloads.pipeline import Payloads
 from harvest_celery._payloads.stores import PayloadStore
-from harvest_celery._runtime import logs
+from harvest_celery._runtime import eager_start, logs
 from harvest_celery._runtime import settings as config
 from harvest_celery._runtime.adopt import adopt
 from harvest_celery._runtime.celery import CeleryDispatcher, install, register_activity
@@ -79,6 +79,7 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
         offload_threshold: int = 256 * 1024,
         celery_error_detail: Literal["full", "type"] = "full",
         eager_max_chain: int | None = None,
+        eager_start: bool | None = None,
         inline_decisions: bool | None = None,
         inline_cold_max_events: int = 500,
         sticky_sessions: bool | None = None,
@@ -101,9 +102,8 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
         ``tracing=True`` without the ``otel`` extra raises ``ImportError`` naming it, as early."""
         options = config.checked({k: v for k, v in locals().items() if k in config.BY_NAME})
         tracer = _tracing_module() if options["tracing"] else None  # before anything is built
-        options.update(
-            fast_path_settings(options["fast_paths"], inline_decisions, sticky_sessions, eager_max_chain)
-        )
+        fast = (inline_decisions, sticky_sessions, eager_max_chain, eager_start)
+        options.update(fast_path_settings(options["fast_paths"], *fast))
         self.database_url = database_url or EMBEDDED_URL
         payloads = Payloads(options["codec"], options["payload_store"], options["offload_threshold"])
         self.store = Store(
@@ -255,9 +255,25 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
     def _start(
         self, name: str, payload: Any, execution_id: str, admitting: admission.Prepared, **options: Any
     ) -> None:
-        """A start in a transaction of its own (``starts.start``'s ``options``); tracing on, with
-        its span and the run span's pre-allocated context."""
+        """A start in a transaction of its own (``starts.start``'s ``options``), with the run's
+        first decision when this process can take it (``_runtime.eager_start``); tracing on,
+        with its span and the run span's pre-allocated context."""
+        try:
+            self._start_once(name, payload, execution_id, admitting, self._inline is None, **options)
+        except eager_start.Fallback:
+            self._start_once(name, payload, execution_id, admitting, False, **options)
+
+    def _start_once(
+        self,
+        name: str,
+        payload: Any,
+        execution_id: str,
+        admitting: admission.Prepared,
+        eager: bool,
+        **options: Any,
+    ) -> None:
         traced = self.tracing.begin_start(name) if self.tracing is not None else None
+        decided = None
         with self.store.begin() as tx:
             tx.payloads = payloads_on(self.store, tx.conn)  # its blobs in its own transaction
             admitting.declare(tx, name)
@@ -272,9 +288,14 @@ class Harvest(Operations, Reads, Tasks, Schedules, FlowControl, Updates):
                 admission=admitting.columns(self.store.dialect, tx.payloads, execution_id),
                 **options,
             )
+            if created and eager:
+                decided = eager_start.decide(self.runtime, tx, execution_id, name)
         if traced is not None:
             self.tracing.started(traced, execution_id, created)  # committed: its span, then the sends
-        self._after(tx)
+        if decided is not None:
+            eager_start.after_commit(self.runtime, tx, decided)
+        else:
+            self._after(tx)
 
     def _start_on(
         self,

@@ -47,11 +47,15 @@ class Settings:
     # next activity's queue runs it in the same thread (through the claim) instead of sending
     # it, at most this many in a row (0: off)
     eager_max_chain: int = 8
+    # a start in its own transaction, in a process that registered the workflow, takes the
+    # run's first decision in that transaction (eager_start.py; False: the decision task does)
+    eager_start: bool = True
     # what a failed attempt shows Celery (Flower, Sentry, task_failure): "full" (the exception
     # and its traceback) or "type" (its type only; exception text can quote the payload)
     celery_error_detail: str = "full"
     # False: every step through the decision task — shorthand for inline_decisions=False,
-    # sticky_sessions=False, eager_max_chain=0 (a debugging switch; docs/operations.md)
+    # sticky_sessions=False, eager_max_chain=0, eager_start=False (a debugging switch;
+    # docs/operations.md)
     fast_paths: bool = True
     # harvest's own loggers: "text" (as the application configures them) or "json" (one JSON
     # object per line, _runtime/logs.py); the application's logging is never changed
@@ -67,6 +71,7 @@ class Settings:
     def __post_init__(self) -> None:
         if not self.fast_paths:
             self.inline_decisions, self.sticky_sessions, self.eager_max_chain = False, False, 0
+            self.eager_start = False
 
 
 def _count(low: int) -> Callable[[Any], bool]:
@@ -142,6 +147,7 @@ KEYWORDS: tuple[Keyword, ...] = (
         lambda v: isinstance(v, str) and v in ("full", "type"),
     ),
     Keyword("eager_max_chain", Settings.eager_max_chain, "a count of at least 0 (0: off)", _count(0)),
+    Keyword("eager_start", Settings.eager_start, "True or False", _flag),
     Keyword("inline_decisions", Settings.inline_decisions, "True or False", _flag),
     Keyword("inline_cold_max_events", Settings.inline_cold_max_events, "a count of at least 0", _count(0)),
     Keyword("sticky_sessions", Settings.sticky_sessions, "True or False", _flag),
@@ -284,29 +290,39 @@ def configure_celery(app: Any) -> None:
 
 
 # ── fast_paths ──────────────────────────────────────────────────────────────────────────────
-_FAST = {"inline_decisions": True, "sticky_sessions": True}  # eager_max_chain: any > 0
+_FAST = {"inline_decisions": True, "sticky_sessions": True, "eager_start": True}  # eager_max_chain: any > 0
 
 
 def fast_path_settings(
-    fast_paths: bool, inline_decisions: bool | None, sticky_sessions: bool | None, eager_max_chain: int | None
+    fast_paths: bool,
+    inline_decisions: bool | None,
+    sticky_sessions: bool | None,
+    eager_max_chain: int | None,
+    eager_start: bool | None = None,
 ) -> dict[str, Any]:
-    """The three settings ``fast_paths`` stands for, as ``Settings`` keywords: ``False`` is
-    shorthand for ``inline_decisions=False, sticky_sessions=False, eager_max_chain=0`` (every
-    step through the decision task). An explicit setting (not None) wins when ``fast_paths`` is
-    True; with ``fast_paths=False``, one passed at its fast value is a contradiction: ValueError
-    naming both."""
+    """The four settings ``fast_paths`` stands for, as ``Settings`` keywords: ``False`` is
+    shorthand for ``inline_decisions=False, sticky_sessions=False, eager_max_chain=0,
+    eager_start=False`` (every step through the decision task). An explicit setting (not None)
+    wins when ``fast_paths`` is True; with ``fast_paths=False``, one passed at its fast value is
+    a contradiction: ValueError naming both."""
     given = {
         "inline_decisions": inline_decisions,
         "sticky_sessions": sticky_sessions,
         "eager_max_chain": eager_max_chain,
+        "eager_start": eager_start,
     }
     if not fast_paths:
         for name, value in given.items():
             if value is not None and (value > 0 if name == "eager_max_chain" else value is _FAST[name]):
                 raise ValueError(
                     f"fast_paths=False contradicts {name}={value!r}: fast_paths=False "
-                    "means inline_decisions=False, sticky_sessions=False and "
-                    "eager_max_chain=0; pass one or the other"
+                    "means inline_decisions=False, sticky_sessions=False, "
+                    "eager_max_chain=0 and eager_start=False; pass one or the other"
                 )
-        return {"inline_decisions": False, "sticky_sessions": False, "eager_max_chain": 0}
+        return {
+            "inline_decisions": False,
+            "sticky_sessions": False,
+            "eager_max_chain": 0,
+            "eager_start": False,
+        }
     return {name: value for name, value in given.items() if value is not None}

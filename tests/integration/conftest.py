@@ -369,6 +369,21 @@ def worker_env(workers: dict[str, Worker], **env: str) -> Iterator[None]:
             worker.restart(dict.fromkeys(env, ""))
 
 
+@contextmanager
+def workers_decide(h: Any) -> Iterator[None]:
+    """Starts made through ``h`` in the block take no first decision (``eager_start`` off): a
+    decision worker takes it, as without eager start. For tests of what a worker's decision
+    does (sticky routing, its spans, Flower's decision tasks) or of settings only the test's
+    workers have (offloading, message priority); eager start itself is tested in
+    test_eager_start.py."""
+    settings = h.runtime.settings
+    before, settings.eager_start = settings.eager_start, False
+    try:
+        yield
+    finally:
+        settings.eager_start = before
+
+
 @pytest.fixture
 def tag() -> str:
     return uuid.uuid4().hex[:12]

@@ -30,7 +30,7 @@ from harvest_celery._store import tasks
 from harvest_celery._store.store import utcnow
 from harvest_celery._web.api import create_app
 
-from .conftest import DATABASE_URL, effects, scrape_all, wait_for, worker_env
+from .conftest import DATABASE_URL, effects, scrape_all, wait_for, worker_env, workers_decide
 
 pytestmark = pytest.mark.integration
 
@@ -316,7 +316,8 @@ class FlakyStore(PostgresPayloadStore):
 def test_the_run_graph_degrades_and_retry_answers_503_on_an_oserror(harvest, workers, redis_client, tag):
     from . import dags
 
-    with worker_env(workers, HARVEST_TEST_OFFLOAD="256"):  # the workers offload what is over 256 B
+    # the workers offload what is over 256 B (their store: their decision takes the first step)
+    with worker_env(workers, HARVEST_TEST_OFFLOAD="256"), workers_decide(harvest):
         source = harvest.start_workflow("retryable", {"tag": tag, "pad": "p" * 1024})
         with pytest.raises(WorkflowFailed, match="one or more DAG tasks failed"):
             harvest.result(source, timeout=30)

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from harvest_celery import WorkflowCancelledError, WorkflowFailed
 from harvest_celery._store.schema import events
 
-from .conftest import DATABASE_URL, ROOT, effects, scrape_all, wait_for, worker_env
+from .conftest import DATABASE_URL, ROOT, effects, scrape_all, wait_for, worker_env, workers_decide
 
 pytestmark = pytest.mark.integration
 
@@ -151,7 +151,9 @@ def scheduled_inline(run_id):
 
 def test_an_offloaded_oversized_envelope_is_dispatched(harvest, workers, redis_client, tag):
     # no store: the 3 KB envelope is over a 2 KB cap and refused, as the spec pins
-    with worker_env(workers, HARVEST_TEST_CAP="2048"):
+    # the cap and the store are the workers' settings: their decision workers take each run's
+    # first decision (not this test's start)
+    with worker_env(workers, HARVEST_TEST_CAP="2048"), workers_decide(harvest):
         refused = harvest.start_workflow("offloaded_envelope", {"tag": f"{tag}-no", "pad": 3000})
         with pytest.raises(
             WorkflowFailed,
@@ -164,7 +166,7 @@ def test_an_offloaded_oversized_envelope_is_dispatched(harvest, workers, redis_c
 
     # a store takes what is over 1 KB: the envelope (and the forward input, over the cap too)
     # are stored as references, dispatched, and the compensator gets the whole value
-    with worker_env(workers, HARVEST_TEST_CAP="2048", HARVEST_TEST_OFFLOAD="1024"):
+    with worker_env(workers, HARVEST_TEST_CAP="2048", HARVEST_TEST_OFFLOAD="1024"), workers_decide(harvest):
         run_id = harvest.start_workflow("offloaded_envelope", {"tag": tag, "pad": 3000, "blob": "i" * 3000})
         with pytest.raises(WorkflowFailed) as failed:
             harvest.result(run_id, timeout=30)
@@ -188,7 +190,7 @@ def test_removing_the_store_stalls_a_run_with_references_until_it_is_restored(
 ):
     """docs/payloads.md, a store removed after the run offloaded something: nothing diverges, the
     run's decisions fail on its references and it stays RUNNING; restored, it carries on."""
-    with worker_env(workers, HARVEST_TEST_OFFLOAD="1024"):
+    with worker_env(workers, HARVEST_TEST_OFFLOAD="1024"), workers_decide(harvest):  # the workers' store
         run_id = harvest.start_workflow("offload_then_wait", {"tag": tag, "pad": "p" * 2000})
         wait_for(
             lambda: (

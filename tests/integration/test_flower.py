@@ -32,7 +32,7 @@ import sqlalchemy as sa
 from harvest_celery import WorkflowFailed
 from tests.processes import stop_group
 
-from .conftest import ADMIN_URL, BROKER_URL, LOG_DIR, ROOT, Worker, wait_for
+from .conftest import ADMIN_URL, BROKER_URL, LOG_DIR, ROOT, Worker, wait_for, workers_decide
 
 pytestmark = pytest.mark.integration
 
@@ -173,7 +173,8 @@ def run(env: SimpleNamespace) -> SimpleNamespace:
     secret = uuid.uuid4().hex
     rid = f"order-{uuid.uuid4().hex[:10]}"
     order = {"order_id": rid, "card": f"4111-{secret}"}
-    env.app.harvest.start_workflow("flower_checkout", order, execution_id=rid)
+    with workers_decide(env.app.harvest):  # a decide task for Flower to show
+        env.app.harvest.start_workflow("flower_checkout", order, execution_id=rid)
     with pytest.raises(WorkflowFailed, match="courier refused"):
         env.app.harvest.result(rid, timeout=WAIT)
     ran = _ran(env, rid)

@@ -27,7 +27,7 @@ from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._store import pgwrite
 from harvest_celery._store.tx import RunWrite, Tx
 
-from .conftest import DATABASE_URL, wait_for
+from .conftest import DATABASE_URL, wait_for, workers_decide
 
 BODIES: list[str] = []
 
@@ -526,7 +526,11 @@ def test_eager_runs_the_next_activity_here_through_the_claim_and_bounds_the_chai
     assert all(e["queue"] == "alpha" for e in ran)  # run as its own task, on its own queue
     eager = [e["eager"] for e in ran]
     assert any(eager)  # the eager path really ran
-    assert eager[0]  # the first step too: in the harvest.decide task that scheduled it
+    assert not eager[0]  # the first step was sent by the start, which took the first decision
+    with workers_decide(harvest):  # taken by a decision worker instead: it runs the first step
+        first = harvest.start_workflow("alpha_chain", {"tag": f"{tag}-w", "n": 1})
+        assert harvest.result(first, timeout=60) == 1
+    assert [e["eager"] for e in effects(redis_client, f"{tag}-w")] == [True]  # in that decide task
     longest = max(len(run) for run in "".join("e" if x else "." for x in eager).split("."))
     # nothing else waits for this -P threads -c 4 worker: the chain goes past eager_max_chain
     # (8), never past EAGER_IDLE_FACTOR times it (tests/unit/test_eager_chain_length.py pins
@@ -556,6 +560,23 @@ def test_eager_runs_the_next_activity_here_through_the_claim_and_bounds_the_chai
         and a.recorded_at == b.recorded_at
     ]
     assert len(folded) == sum(eager), (folded, eager)
+
+
+def test_the_start_takes_the_first_decision_and_the_worker_runs_the_first_step(
+    harvest, workers, redis_client, tag
+):
+    """Eager start (docs/operations.md, "The completion paths"): the history holds the first
+    decision as soon as start_workflow returns, taken in this process (its counter), so no
+    harvest.decide message was needed; the worker runs the step it sent."""
+    from .conftest import effects
+
+    before = METRICS.value("decisions", {"workflow": "alpha_chain", "path": "start"})
+    rid = harvest.start_workflow("alpha_chain", {"tag": tag, "n": 3})
+    history = harvest.history(rid)  # the worker may already have claimed the step: [:2]
+    assert [h.event.type for h in history][:2] == ["WorkflowStarted", "ActivityScheduled"]
+    assert METRICS.value("decisions", {"workflow": "alpha_chain", "path": "start"}) == before + 1
+    assert harvest.result(rid, timeout=60) == 3
+    assert [e["value"] for e in effects(redis_client, tag)] == [0, 1, 2]  # each body once
 
 
 def test_no_eager_run_under_a_deadline(harvest, workers, redis_client, tag):
@@ -645,7 +666,8 @@ def _sticky(harvest: Any, rid: str) -> str | None:
 
 
 def test_decisions_are_routed_to_the_process_holding_the_warm_replay(harvest, workers, tag):
-    rid = harvest.start_workflow("approval", {"tag": tag})
+    with workers_decide(harvest):  # the first decision a worker's, so it holds the replay
+        rid = harvest.start_workflow("approval", {"tag": tag})
     holder = wait_for(lambda: _sticky(harvest, rid), what="a warm replay held by a worker")
     assert holder.startswith("harvest@w1-")  # the decision worker's own queue
     harvest.signal(rid, "decision", "yes")  # its decision request goes to that queue
@@ -654,7 +676,8 @@ def test_decisions_are_routed_to_the_process_holding_the_warm_replay(harvest, wo
 
 
 def test_a_decision_routed_to_a_vanished_process_is_taken_by_any_decision_worker(harvest, workers, tag):
-    rid = harvest.start_workflow("approval", {"tag": tag})
+    with workers_decide(harvest):
+        rid = harvest.start_workflow("approval", {"tag": tag})
     wait_for(lambda: _sticky(harvest, rid), what="a warm replay held by a worker")
     with harvest.store.begin() as tx:  # as if its holder died
         tx.update_run(rid, sticky_queue="harvest@gone@nowhere")

@@ -10,16 +10,17 @@ import json
 from typing import Any
 
 from .brokers import is_amqp
-from .conftest import BROKER_URL, wait_for, worker_env
+from .conftest import BROKER_URL, wait_for, worker_env, workers_decide
 
 PRIORITIES = (0, 2, 9)
 
 
 def _received(harvest: Any, redis_client: Any, tag: str) -> dict[int, Any]:
-    runs = {
-        p: harvest.start_workflow("priority_call", {"tag": tag, "label": p, "priority": p})
-        for p in PRIORITIES
-    }
+    with workers_decide(harvest):  # message_priority is the workers' setting here
+        runs = {
+            p: harvest.start_workflow("priority_call", {"tag": tag, "label": p, "priority": p})
+            for p in PRIORITIES
+        }
     for run in runs.values():
         harvest.result(run, timeout=60)
     found = wait_for(

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from .conftest import ADMIN_URL, Worker, wait_for
+from .conftest import ADMIN_URL, Worker, wait_for, workers_decide
 
 APP = "tests.integration.obs_app"
 _PORT = int(os.environ.get("HARVEST_TEST_METRICS_PORT", "19808")) + 4  # beside the session's two
@@ -68,7 +68,8 @@ def env(redis_client: Any) -> Iterator[SimpleNamespace]:
 @pytest.fixture(scope="module")
 def run(env: SimpleNamespace) -> SimpleNamespace:
     rid = f"obs-{uuid.uuid4().hex[:10]}"
-    env.app.harvest.start_workflow("obs_flow", 1, execution_id=rid)
+    with workers_decide(env.app.harvest):  # worker A's decide task runs obs_a_ok eagerly
+        env.app.harvest.start_workflow("obs_flow", 1, execution_id=rid)
     assert env.app.harvest.result(rid, timeout=60) == 23
     history = env.app.harvest.history(rid)
     scheduled = {

@@ -77,7 +77,14 @@ def _sender(vhost: str) -> Harvest:
     app = Celery("sticky_sender", broker=brokers.with_vhost(RABBITMQ, vhost))
     configure_dedicated_celery_app(app)
     brokers.apply_queue_type_to(app, "quorum")
-    harvest = Harvest(DATABASE_URL, app, timings=Timings(redispatch_after=3.0), sticky_queue_expires=EXPIRES)
+    # eager_start=False: a decision worker takes the first decision and holds the replay
+    harvest = Harvest(
+        DATABASE_URL,
+        app,
+        timings=Timings(redispatch_after=3.0),
+        sticky_queue_expires=EXPIRES,
+        eager_start=False,
+    )
     harvest.register(approval)
     return harvest
 

@@ -39,7 +39,7 @@ from harvest_celery._core.engine import replay_history
 from harvest_celery._runtime import sentry
 from harvest_celery._store.schema import executions
 
-from .conftest import Worker, wait_for
+from .conftest import Worker, wait_for, workers_decide
 from .test_observability import _fresh_database
 
 APP = "tests.integration.tracing_app"
@@ -298,12 +298,14 @@ def test_a_decision_killed_before_its_commit_emitted_nothing_and_its_retake_emit
     """Worker A dies inside the start's decision (after its replay and write, before its commit):
     no decision span left; the retake, after the restart, emits one, so the run has as many
     decision spans as one that never crashed."""
-    rid, trace_id, _ = _start(env, "trace_steps", 1)
+    with workers_decide(env.app.harvest):  # worker A takes each first decision
+        rid, trace_id, _ = _start(env, "trace_steps", 1)
     assert env.app.harvest.result(rid, timeout=60) == 1
     expected = len(_decisions(_closed_trace(env, rid, trace_id, "trace_steps")))
     crashed = f"trace_steps-{uuid.uuid4().hex[:8]}"
     env.redis.set(env.app.CRASH_KEY, crashed)
-    rid, trace_id, _ = _start(env, "trace_steps", 1, rid=crashed)
+    with workers_decide(env.app.harvest):  # and dies in this one
+        rid, trace_id, _ = _start(env, "trace_steps", 1, rid=crashed)
     wait_for(lambda: env.a.proc.poll() is not None, timeout=30, what="worker A to die in the decision")
     assert env.a.proc.returncode == 17 and not env.redis.exists(env.app.CRASH_KEY)
     assert _decisions(_trace(env, trace_id)) == []  # nothing left the process before the commit
@@ -314,7 +316,8 @@ def test_a_decision_killed_before_its_commit_emitted_nothing_and_its_retake_emit
 
 def test_a_post_cancel_decision_adds_no_span_and_no_sentry_event(env: SimpleNamespace) -> None:
     harvest = env.app.harvest
-    rid, trace_id, _ = _start(env, "trace_wait", 1)
+    with workers_decide(harvest):  # both decisions a worker's: their spans are the worker's
+        rid, trace_id, _ = _start(env, "trace_wait", 1)
     wait_for(lambda: len(_decisions(_trace(env, trace_id))) == 2, timeout=30, what="two decisions")
     harvest.cancel_workflow_execution(rid, "no")
     with pytest.raises(WorkflowCancelledError):

@@ -56,35 +56,42 @@ def embedded(tmp_path: Any, **kwargs: Any) -> Harvest:
 
 
 # ── fast_paths ────────────────────────────────────────────────────────────────────────────────
-def test_fast_paths_false_stands_for_the_three_settings():
-    assert fast_path_settings(False, None, None, None) == {
-        "inline_decisions": False,
-        "sticky_sessions": False,
-        "eager_max_chain": 0,
-    }
-    assert fast_path_settings(False, False, False, 0) == {
-        "inline_decisions": False,
-        "sticky_sessions": False,
-        "eager_max_chain": 0,
-    }
+def test_fast_paths_false_stands_for_the_four_settings():
+    off = {"inline_decisions": False, "sticky_sessions": False, "eager_max_chain": 0, "eager_start": False}
+    assert fast_path_settings(False, None, None, None) == off
+    assert fast_path_settings(False, False, False, 0, False) == off
     assert fast_path_settings(True, None, None, None) == {}
     assert fast_path_settings(True, None, False, 3) == {"sticky_sessions": False, "eager_max_chain": 3}
+    assert fast_path_settings(True, None, None, None, False) == {"eager_start": False}
 
 
 @pytest.mark.parametrize(
-    ("name", "value"), [("inline_decisions", True), ("sticky_sessions", True), ("eager_max_chain", 1)]
+    ("name", "value"),
+    [("inline_decisions", True), ("sticky_sessions", True), ("eager_max_chain", 1), ("eager_start", True)],
 )
 def test_fast_paths_false_with_a_setting_at_its_fast_value_names_both(name, value):
     with pytest.raises(ValueError, match=rf"fast_paths=False contradicts {name}={value!r}"):
         fast_path_settings(
-            False, **{"inline_decisions": None, "sticky_sessions": None, "eager_max_chain": None, name: value}
+            False,
+            **{
+                "inline_decisions": None,
+                "sticky_sessions": None,
+                "eager_max_chain": None,
+                "eager_start": None,
+                name: value,
+            },
         )
 
 
 def test_harvest_fast_paths_false_sends_every_step_through_the_decision_task(tmp_path):
     h = embedded(tmp_path, fast_paths=False)
     s = h.runtime.settings
-    assert (s.inline_decisions, s.sticky_sessions, s.eager_max_chain) == (False, False, 0)
+    assert (s.inline_decisions, s.sticky_sessions, s.eager_max_chain, s.eager_start) == (
+        False,
+        False,
+        0,
+        False,
+    )
     before = {p: METRICS.value("decisions", {"workflow": "cu_flow", "path": p}) for p in PATHS}
     rid = h.start_workflow("cu_flow", 3)
     assert h.result(rid, timeout=10) == 3

@@ -221,7 +221,8 @@ def answering(*queues):
 
 @pytest.fixture
 def celery_harvest(tmp_path):
-    h = Harvest(f"sqlite:///{tmp_path / 'stuck.db'}", RecordingApp())
+    # eager_start=False: the first decision waits for a decision worker (the hint tested here)
+    h = Harvest(f"sqlite:///{tmp_path / 'stuck.db'}", RecordingApp(), eager_start=False)
     h.migrate()
     h.register(settle_payment, pays)
     return h

@@ -107,7 +107,10 @@ async def le_pair(ctx: WorkflowContext, data: dict[str, Any]) -> Any:
 
 @pytest.fixture
 def h(tmp_path):
-    harvest = Harvest(f"sqlite:///{tmp_path / 'h.db'}").register(le_call, le_pair, le_one, le_two, le_rate)
+    # eager_start=False: a run's first decision is taken by a "worker thread" here (``start``)
+    harvest = Harvest(f"sqlite:///{tmp_path / 'h.db'}", eager_start=False).register(
+        le_call, le_pair, le_one, le_two, le_rate
+    )
     harvest.migrate()
     harvest._inline = None  # deliver messages by hand
     harvest.runtime.dispatcher = InlineDispatcher()
