@@ -45,8 +45,14 @@ def test_kill_9_of_an_activity_worker(faults, point, fault):
 def test_kill_9_of_the_decision_worker_mid_cycle(faults):
     """The first decision of every run hangs inside its transaction (row locked, nothing
     written) in the decision worker, which is killed: the decision request survives in Postgres
-    and the sweeper re-sends it."""
-    runs = faults.start(plan="decide")
+    and the sweeper re-sends it. (The harness's starts take no first decision here: with
+    eager_start, the starting process would hang instead.)"""
+    settings = faults.harvest.runtime.settings
+    settings.eager_start = False
+    try:
+        runs = faults.start(plan="decide")
+    finally:
+        settings.eager_start = True
     hung = faults.wait_hung(runs)
     assert {w.name for w in faults.owners([pid for _p, pid in hung.values()])} == {"decider"}
     t0 = faults.kill_and_restart(hung)

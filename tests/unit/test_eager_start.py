@@ -9,12 +9,13 @@ sends through (the real-worker path is tests/integration/test_core.py)."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
-from harvest_celery import Harvest, WorkflowContext, activity, workflow
+from harvest_celery import Harvest, Timings, WorkflowContext, activity, workflow
 from harvest_celery._runtime.messages import DECIDE_TASK
 from harvest_celery._runtime.metrics import METRICS
 from harvest_celery._store.schema import executions
@@ -151,3 +152,16 @@ def test_no_eager_decision_for_a_run_of_a_limited_workflow(tmp_path):
     inline.queue.clear()
     second = h.start_workflow("es_admitted", 2)
     assert _types(h, second) == ["WorkflowStarted"] and _sent(inline) == []
+
+
+def test_a_first_activity_whose_message_is_lost_after_the_commit_is_sent_again(tmp_path):
+    # the starting process dies between its commit and its send: the scheduled task row is the
+    # durable record, and the sweeper re-sends it after redispatch_after, as for any decision
+    h, inline = _client(tmp_path, timings=Timings(redispatch_after=0.05))
+    rid = h.start_workflow("es_flow", 1)
+    inline.queue.clear()  # the message never left
+    time.sleep(0.1)
+    h.runtime.sweep_once()
+    assert _sent(inline) == ["es_step"]
+    inline.drain(h.runtime, h.registry)
+    assert h.result(rid, timeout=5) == 3
