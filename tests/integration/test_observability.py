@@ -76,7 +76,16 @@ def run(env: SimpleNamespace) -> SimpleNamespace:
         e.event.activity_id: e.event.activity_name for e in history if e.event.type == "ActivityScheduled"
     }
     started = [scheduled[e.event.activity_id] for e in history if e.event.type == "ActivityStarted"]
-    seen = [json.loads(x) for x in env.redis.lrange(f"obs:seen:{rid}", 0, -1)]
+    # The last attempt's outcome closes the run inside the task, before Celery's tracer sends its
+    # task_failure and task_postrun: result() can return before the listeners have written them.
+    postruns = len(EAGER)
+    key = f"obs:seen:{rid}"
+    wait_for(
+        lambda: [json.loads(x)["signal"] for x in env.redis.lrange(key, 0, -1)].count("postrun") >= postruns,
+        timeout=30,
+        what="every attempt's task_postrun",
+    )
+    seen = [json.loads(x) for x in env.redis.lrange(key, 0, -1)]
     return SimpleNamespace(rid=rid, scheduled=scheduled, started=started, seen=seen)
 
 
