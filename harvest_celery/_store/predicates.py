@@ -56,6 +56,17 @@ def colon(name: str) -> str:
     return f":{name}"
 
 
+def unindexed(col: str) -> str:
+    """``col`` as an expression no index on it can serve. Every statement a predicate's SQL goes
+    into finds its row by primary key (the run row, the attempt's task row), and a constant
+    status compared to the bare column lets the planner take the status index instead: in a plan
+    made while the table was young and had no statistics, every equality looks equally
+    selective, the two tie, and a prepared statement keeps that plan (``_store.prepared``) as
+    the table grows, so each step scanned the status's whole range (every completed task row;
+    docs/performance.md, "A status index in a key lookup")."""
+    return f"({col} || '')"
+
+
 def literal(value: Any) -> str:
     """A constant as SQL text: statuses are our own constants, never user input."""
     if isinstance(value, bool):
@@ -96,7 +107,7 @@ class Term:
         if self.op == NOT_NULL:
             return f"{col} IS NOT NULL"
         if self.op == EQUALS:
-            return f"{col} = {literal(self.value)}"
+            return f"{unindexed(col)} = {literal(self.value)}"
         if self.op == PARAM:
             return f"{col} = {param(self.value)}"
         if self.op == SAME:

@@ -24,7 +24,7 @@ from harvest_celery._core import events as ev
 from harvest_celery._core.lifecycle import RUNNING
 from harvest_celery._core.names import TaskStatus
 from harvest_celery._payloads.fields import EXECUTION_PAYLOAD_COLUMNS
-from harvest_celery._store.predicates import TASK, accepts_results, colon, fast_path, literal
+from harvest_celery._store.predicates import TASK, accepts_results, colon, fast_path, literal, unindexed
 from harvest_celery._store.schema import activity_tasks, blobs, events, executions, limits, metadata, timers
 
 DIALECT = postgresql.psycopg2.dialect()  # type: ignore[attr-defined]
@@ -85,8 +85,8 @@ WITH run AS (
     SET status = {RUNNING_TASK}, worker_id = :worker_id, started_at = :now,
         lease_expires_at = CAST(:now AS TIMESTAMPTZ) + make_interval(secs => COALESCE(t.start_to_close, :lease) + 5)
     FROM run
-    WHERE t.execution_id = run.id AND t.activity_id = :activity_id
-      AND t.status = {SCHEDULED} AND t.attempt = :attempt
+    WHERE t.execution_id = :execution_id AND t.activity_id = :activity_id AND t.execution_id = run.id
+      AND {unindexed("t.status")} = {SCHEDULED} AND t.attempt = :attempt
     RETURNING t.activity_name, t.start_to_close, t.event_seq, t.queue
 ), started AS (
     INSERT INTO {EVENTS} (execution_id, seq, type, data, recorded_at)
@@ -129,13 +129,13 @@ WITH run AS (
 ), prev AS (
     SELECT t.execution_id, t.activity_id, t.status IN ({SCHEDULED}, {RUNNING_TASK}) AS held
     FROM {TASKS} AS t JOIN run ON t.execution_id = run.id
-    WHERE t.activity_id = :activity_id
+    WHERE t.execution_id = :execution_id AND t.activity_id = :activity_id
     FOR UPDATE OF t
 ), task AS (
     UPDATE {TASKS} AS t
     SET status = {COMPLETED_TASK}, finished_at = :now, lease_expires_at = NULL
     FROM run, prev
-    WHERE t.execution_id = run.id AND t.activity_id = :activity_id
+    WHERE t.execution_id = :execution_id AND t.activity_id = :activity_id AND t.execution_id = run.id
       AND prev.execution_id = t.execution_id AND prev.activity_id = t.activity_id
       AND ((t.attempt = :attempt AND t.status IN ({RUNNING_TASK}, {RETRY_WAIT}))
            OR (t.attempt = :attempt + 1 AND t.status IN ({SCHEDULED}, {WAITING}))
@@ -274,8 +274,8 @@ SELECT rel.*, (SELECT seq FROM began) AS started_seq FROM rel"""
 # row's columns (NULL: none).
 HAND_OFF_AFTER_WRITE = f"""WITH me AS (
     SELECT activity_name AS name, limit_digest AS digest FROM {TASKS}
-    WHERE execution_id = %(run_id)s AND activity_id = %(g_activity_id)s AND status = {COMPLETED_TASK}
-      AND xmin = xid(pg_current_xact_id_if_assigned())
+    WHERE execution_id = %(run_id)s AND activity_id = %(g_activity_id)s
+      AND {unindexed("status")} = {COMPLETED_TASK} AND xmin = xid(pg_current_xact_id_if_assigned())
 ), {_hand_off("(SELECT name FROM me)", "(SELECT digest FROM me)", "1")}
 SELECT me.name AS limit_name, me.digest AS limit_digest, rel.*, (SELECT seq FROM began) AS started_seq
 FROM (SELECT 1) AS one LEFT JOIN me ON true LEFT JOIN rel ON true"""
@@ -374,7 +374,7 @@ GUARD = f"""run AS (
     UPDATE {TASKS} AS t
     SET status = {COMPLETED_TASK}, finished_at = %(g_now)s, lease_expires_at = NULL
     FROM run
-    WHERE t.execution_id = run.id AND t.activity_id = %(g_activity_id)s
+    WHERE t.execution_id = %(run_id)s AND t.activity_id = %(g_activity_id)s AND t.execution_id = run.id
       AND {fast_path.sql("t", _guard_param, table=TASK)}
     RETURNING t.execution_id
 )"""
