@@ -63,7 +63,7 @@ def unindexed(col: str) -> str:
     made while the table was young and had no statistics, every equality looks equally
     selective, the two tie, and a prepared statement keeps that plan (``_store.prepared``) as
     the table grows, so each step scanned the status's whole range (every completed task row;
-    docs/performance.md, "A status index in a key lookup")."""
+    docs/performance.md, "Activity limits: key lookups on a young database")."""
     return f"({col} || '')"
 
 

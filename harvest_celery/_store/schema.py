@@ -29,6 +29,8 @@ from harvest_celery._core.names import TASK_STATUSES, TaskStatus
 
 # the task rows that hold a slot of their limit (``limits.HOLDING``): a partial index's predicate
 HOLDING_PREDICATE = f"status IN ('{TaskStatus.SCHEDULED.value}', '{TaskStatus.RUNNING.value}')"
+# the task rows waiting for a slot or a token of their limit: the wait-order index's predicate
+WAITING_PREDICATE = f"status = '{TaskStatus.WAITING.value}'"
 
 metadata = MetaData()
 
@@ -161,7 +163,6 @@ activity_tasks = Table(
     Column("limit_digest", String(80)),  # its harvest_limits.key_digest; NULL: not limited
     Column("wait_seq", BigInteger),  # from harvest_wait_seq: FIFO within a priority
     Index("ix_harvest_activity_tasks_status", "status"),
-    Index("ix_harvest_activity_tasks_waiting", "activity_name", "limit_digest", "status"),
     # the rows holding a slot (migration 0019): a settle counts them under its limit row's lock,
     # so the count reads only the limit's live rows, never the completed ones that only grow
     Index(
@@ -172,6 +173,19 @@ activity_tasks = Table(
         sqlite_where=sa_text(HOLDING_PREDICATE),
     ),
     status_check("harvest_activity_tasks", TASK_STATUSES),
+)
+# each limit and key's waiting rows in their wait order (``limits.WAIT_ORDER``; migration 0020):
+# a release reads the first ones and stops, whatever the backlog, and no other status change of
+# a task row writes to it
+Index(
+    "ix_harvest_activity_tasks_wait_order",
+    activity_tasks.c.activity_name,
+    activity_tasks.c.limit_digest,
+    activity_tasks.c.compensation.desc(),
+    activity_tasks.c.priority.desc(),
+    activity_tasks.c.wait_seq,
+    postgresql_where=sa_text(WAITING_PREDICATE),
+    sqlite_where=sa_text(WAITING_PREDICATE),
 )
 
 # The wait order of limited rows (migration 0011; Postgres only: SQLite has one writer)

@@ -7,8 +7,9 @@ primary key with the status index, pick the status index, and keep that generic 
 prepared statement as the table grew: each step then walked the status's whole range (every
 completed task row, every running run). These tests run steps on a database of their own,
 fresh, so its tables are young, then ask for every prepared statement's generic plan on the
-session that prepared them: no status index appears in any (docs/performance.md, "A status
-index in a key lookup").
+session that prepared them: no status index appears in any, and the hand-off takes the next
+waiting row from the wait-order index without sorting the key's backlog (docs/performance.md,
+"Activity limits: key lookups on a young database, and the wait order").
 """
 
 from __future__ import annotations
@@ -106,6 +107,9 @@ def test_no_hot_statement_plans_a_status_index_on_a_young_database(young: Harves
     # the statements that matter were prepared: the claim, the completions and the hand-off
     # all read a task row by its key
     assert sum("harvest_activity_tasks_pkey" in ix for ix in used.values()) >= 2, plans
-    assert any("ix_harvest_activity_tasks_waiting" in ix for ix in used.values()), "no hand-off prepared"
+    hand_offs = [plans[name] for name, ix in used.items() if "ix_harvest_activity_tasks_wait_order" in ix]
+    assert hand_offs, "no hand-off prepared"
+    # the next waiting row comes off the wait-order index: no sort of the key's whole backlog
+    assert all("Sort Key" not in plan for plan in hand_offs), hand_offs
     wrong = {name: ix & STATUS_INDEXES for name, ix in used.items() if ix & STATUS_INDEXES}
     assert wrong == {}, "\n\n".join(plans[name] for name in wrong)
