@@ -75,6 +75,9 @@ NOTIFY_DUE = sa.text(f"SELECT pg_notify({literal(DUES_CHANNEL)}, :due)")
 # Lock the run (``accepts_results``), take the task row only if it is scheduled at this attempt,
 # append ActivityStarted at the run's next seq, bump next_seq, and return the input (and the
 # recorded time) of the row's ActivityScheduled event. No row back means refused.
+# Here and in every key lookup below, the task row is named by its full key from parameters
+# (not only through the join to the locked run) and a status is compared ``unindexed``: a
+# prepared plan made on a young table otherwise keeps reading a status index's whole range.
 CLAIM = sa.text(f"""
 WITH run AS (
     SELECT id, next_seq FROM {RUNS}

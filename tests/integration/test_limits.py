@@ -117,13 +117,13 @@ def in_use(harvest: Any, name: str) -> int:
         )
 
 
-def settles_to_zero(harvest: Any, name: str) -> bool:
+def assert_settles_to_zero(harvest: Any, name: str) -> None:
     """``name``'s slots all free once the settles in flight have committed: the last
     completion's slot, which nobody takes, is settled just after its own commit
     (``Store._settle_after``), so it may still be held when ``result()`` returns."""
     if in_use(harvest, name) != 0:
         wait_for(lambda: in_use(harvest, name) == 0, timeout=10, what=f"{name}'s in_use back to 0")
-    return True
+    assert in_use(harvest, name) == 0
 
 
 def test_200_runs_of_a_concurrency_3_activity_overlap_exactly_3_across_two_processes(
@@ -199,7 +199,7 @@ def test_priority_9_bodies_all_start_before_any_priority_0_body(harvest, limited
     starts = [m["label"] for m in stamps(redis_client, tag) if m["what"] == "start"]
     assert len(starts) == 60
     assert all("-hi-" in label for label in starts[:10]), starts[:12]
-    assert settles_to_zero(harvest, "limited_one")
+    assert_settles_to_zero(harvest, "limited_one")
 
 
 def test_cancel_and_terminate_cancel_waiting_rows_that_are_never_released(
@@ -305,7 +305,7 @@ def test_kill_9_of_a_worker_holding_a_slot_frees_it_only_at_lease_expiry(
     finally:
         victim.start()
     assert max_overlap(stamps(redis_client, tag)) == 1
-    assert settles_to_zero(harvest, "limited_one")
+    assert_settles_to_zero(harvest, "limited_one")
 
 
 def eager_runs() -> float:
@@ -347,7 +347,7 @@ def test_a_limited_activity_runs_eagerly_only_when_its_slot_is_free(
     assert harvest.result(busy, timeout=60) == "busy-second"
     harvest.result(holder, timeout=60)
     assert claimed_in_its_write(harvest, busy) == []  # claimed later, on its own
-    assert settles_to_zero(harvest, "limited_one")
+    assert_settles_to_zero(harvest, "limited_one")
     # under a rate limit, with its token free: taken in the write as well
     before = eager_runs()
     (rated,) = start_calls_of(harvest, "limited_pair", tag, "rated", second="limited_rate")
@@ -388,4 +388,4 @@ def test_a_completion_hands_its_slot_to_the_next_waiting_row_without_the_limit_r
     # nothing waits behind it: its own completion frees the slot under the lock (a recount)
     assert harvest.result(waiting, timeout=60) == f"{tag}-next-0"
     assert harvest.result(holder, timeout=60) == f"{tag}-hold-0"
-    assert settles_to_zero(harvest, "limited_one")
+    assert_settles_to_zero(harvest, "limited_one")
