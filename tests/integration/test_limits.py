@@ -121,9 +121,7 @@ def assert_settles_to_zero(harvest: Any, name: str) -> None:
     """``name``'s slots all free once the settles in flight have committed: the last
     completion's slot, which nobody takes, is settled just after its own commit
     (``Store._settle_after``), so it may still be held when ``result()`` returns."""
-    if in_use(harvest, name) != 0:
-        wait_for(lambda: in_use(harvest, name) == 0, timeout=10, what=f"{name}'s in_use back to 0")
-    assert in_use(harvest, name) == 0
+    wait_for(lambda: in_use(harvest, name) == 0, timeout=10, what=f"{name}'s in_use back to 0")
 
 
 def test_200_runs_of_a_concurrency_3_activity_overlap_exactly_3_across_two_processes(

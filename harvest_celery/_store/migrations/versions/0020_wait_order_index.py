@@ -4,9 +4,8 @@ priority descending, then ``wait_seq``): a partial index of ``waiting`` rows onl
 hand-off, a waker) takes the first waiting rows of its limit and key; through the old index it
 read every waiting row of that key and sorted them, with the limit row's lock held by a settle:
 7.4 ms per release behind a backlog of 20,000 waiting rows, against 0.03 ms through this one
-(``benchmarks/backlog.py``). It
-also holds no entry for a row that is not waiting, so no other status change of any task row
-writes to it. docs/flow-control.md, "What a limit costs".
+(``benchmarks/backlog.py``). It also holds no entry for a row that is not waiting, so no other
+status change of any task row writes to it. docs/flow-control.md, "What a limit costs".
 
 Revision ID: 0020
 Revises: 0019
